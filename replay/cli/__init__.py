@@ -1,0 +1,30 @@
+"""The `replay` command line: parses, prints, picks exit codes; the work lives below.
+
+Each command lives in its own module `replay/cli/<name>_cmd.py` exposing `command`.
+"""
+from __future__ import annotations
+
+import importlib
+
+import click
+
+COMMAND_MODULES = ("show",)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="kernel-replay")
+def main() -> None:
+    """Record GPU kernel calls, replay them against batched, single-vector and reference
+    variants, and bisect git history to the commit that made them diverge.
+
+    \b
+    Exit codes (git bisect run understands them):
+      0    every check passed
+      1    a divergence or contract violation was found
+      2    bad input (unreadable snapshot, unknown op, bad ref, bad option)
+      125  this commit cannot be tested (import or build failure)
+    """
+
+
+for _name in COMMAND_MODULES:
+    main.add_command(importlib.import_module(f"replay.cli.{_name}_cmd").command)

@@ -1,0 +1,31 @@
+"""Error types, each carrying the exit code the CLI reports (see DESIGN.md)."""
+from __future__ import annotations
+
+EXIT_PASS = 0
+EXIT_DIVERGED = 1
+EXIT_BAD_INPUT = 2
+EXIT_UNTESTABLE = 125
+
+
+class ReplayError(Exception):
+    """Bad input: the message is one line naming the file, op or argument."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class SnapshotError(ReplayError):
+    """A snapshot (or one of its files) is missing, corrupt or of an unknown format."""
+
+
+class CaptureError(ReplayError):
+    """A call could not be recorded (argument not representable, write failure)."""
+
+
+class RegistryError(ReplayError):
+    """Unknown op, variant or backend."""
+
+
+class ProviderImportError(ReplayError):
+    """The module that provides an op failed to import: this code cannot be tested."""
+
+    exit_code = EXIT_UNTESTABLE

@@ -1,0 +1,315 @@
+"""Recording calls into a snapshot while a recording is active.
+
+With no recording active a captured function costs one global check. While one is,
+each call's inputs are copied before it runs (so an in-place kernel still replays
+from its true inputs), its outputs and mutated arguments after, with any tags and
+launch records the call made. Capture never crashes the program it records unless
+REPLAY_CAPTURE_STRICT=1: failures are reported once on stderr and in the manifest.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import inspect
+import os
+import sys
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from replay.errors import CaptureError
+from replay.snapshot import SnapshotWriter
+from replay.snapshot import jsonargs
+from replay.snapshot.tensors import Geometry, geometry_of, span_copy_cpu
+
+BLOB_THRESHOLD_BYTES = 64 * 1024
+DEFAULT_TAG_LEVEL = 1
+
+_recording: "Recording | None" = None
+_sink: contextvars.ContextVar["CallSink | None"] = contextvars.ContextVar("replay_sink", default=None)
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """What capture needs to know about the function it records."""
+
+    op: str
+    variant: str
+    provider: str | None
+    state: tuple[str, ...] = ()
+    mutates: tuple[str, ...] = ()
+    outputs: tuple[str, ...] = ()
+
+
+@dataclass
+class CallSink:
+    """Collects the tags and launch records of one running call."""
+
+    level: int
+    tags: dict[str, torch.Tensor] = field(default_factory=dict)
+    launches: list[dict[str, Any]] = field(default_factory=list)
+
+    def add_tag(self, name: str, tensor: torch.Tensor) -> None:
+        key, n = name, 1
+        while key in self.tags:
+            key, n = f"{name}.{n}", n + 1
+        self.tags[key] = tensor.detach().clone()
+
+
+@contextlib.contextmanager
+def collecting(level: int = 2) -> Iterator[CallSink]:
+    """Collect tags (up to `level`) and launch records of the code run inside."""
+    sink = CallSink(level)
+    token = _sink.set(sink)
+    try:
+        yield sink
+    finally:
+        _sink.reset(token)
+
+
+def tag(name: str, tensor: torch.Tensor, level: int = 1) -> torch.Tensor:
+    """Record an intermediate of the current call under `name`; returns `tensor`.
+
+    Level 1 tags are recorded by default; level 2 only with REPLAY_TAGS=2.
+    """
+    sink = _sink.get()
+    if sink is not None and level <= sink.level:
+        sink.add_tag(name, tensor)
+    return tensor
+
+
+def launch(kernel: str, grid: Any = None, *, compiled: Any = None, **info: Any) -> None:
+    """Record a kernel launch (name, grid, path, ...) into the current call.
+
+    `compiled` may be the object a Triton launch returns: its warps, shared memory and
+    registers are recorded when the backend reports them.
+    """
+    sink = _sink.get()
+    if sink is None:
+        return
+    entry: dict[str, Any] = {"kernel": kernel, "grid": list(grid) if grid is not None else None}
+    meta = getattr(compiled, "metadata", None)
+    for attr in ("num_warps", "shared"):
+        if meta is not None and hasattr(meta, attr):
+            entry[attr] = getattr(meta, attr)
+    if getattr(compiled, "n_regs", None) is not None:
+        entry["registers"] = compiled.n_regs
+    entry.update(info)
+    sink.launches.append(jsonargs.encode(entry))
+
+
+def _returned_tensors(result: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    if result is None:
+        return {}
+    if isinstance(result, dict):
+        return dict(result)
+    values = result if isinstance(result, (tuple, list)) else (result,)
+    default = ("out",) if len(values) == 1 else tuple(f"out{i}" for i in range(len(values)))
+    chosen = names if len(names) == len(values) else default
+    return dict(zip(chosen, values))
+
+
+class _BlobIds:
+    """Remembers which blob holds an unchanged tensor so weights are hashed once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[tuple, tuple[weakref.ref, str]] = {}
+
+    @staticmethod
+    def _key(t: torch.Tensor) -> tuple[tuple, torch.Tensor]:
+        base = t._base if t._base is not None else t
+        key = (id(base), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, str(t.device), t._version)
+        return key, base
+
+    def get(self, t: torch.Tensor) -> str | None:
+        key, base = self._key(t)
+        with self._lock:
+            hit = self._ids.get(key)
+        return hit[1] if hit is not None and hit[0]() is base else None
+
+    def put(self, t: torch.Tensor, digest: str) -> None:
+        key, base = self._key(t)
+        with self._lock:
+            self._ids[key] = (weakref.ref(base), digest)
+
+
+class Recording:
+    """An active recording into one snapshot directory."""
+
+    def __init__(self, path: str | Path, *, notes: str = "", tag_level: int | None = None,
+                 strict: bool | None = None, blob_threshold: int = BLOB_THRESHOLD_BYTES):
+        self.strict = strict if strict is not None else os.environ.get("REPLAY_CAPTURE_STRICT") == "1"
+        self.tag_level = tag_level if tag_level is not None else int(os.environ.get("REPLAY_TAGS", DEFAULT_TAG_LEVEL))
+        self.blob_threshold = blob_threshold
+        self.writer = SnapshotWriter(path, notes=notes)
+        self.stopped = False
+        self.calls_written = 0
+        self._blob_ids = _BlobIds()
+        self._reported: set[str] = set()
+        self._report_lock = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        return self.writer.path
+
+    def _report(self, message: str, *, stop: bool) -> None:
+        if self.strict:
+            raise CaptureError(message)
+        with self._report_lock:
+            if stop:
+                self.stopped = True
+            if message in self._reported:
+                return
+            self._reported.add(message)
+        print(f"replay: capture: {message}", file=sys.stderr)
+        try:
+            self.writer.record_error(message)
+        except OSError:
+            pass
+
+    def _store(self, t: torch.Tensor, reusable: bool) -> tuple[torch.Tensor | None, Geometry, str | None]:
+        """Copy a tensor now: inline span, or (large and read-only) a blob digest."""
+        if reusable and t.numel() * t.element_size() >= self.blob_threshold:
+            geometry = geometry_of(t)
+            digest = self._blob_ids.get(t)
+            if digest is None:
+                span, geometry = span_copy_cpu(t)
+                digest = self.writer.put_blob(span)
+                self._blob_ids.put(t, digest)
+            return None, geometry, digest
+        span, geometry = span_copy_cpu(t)
+        return span, geometry, None
+
+    def record(self, spec: CallSpec, fn: Callable, signature: inspect.Signature,
+               args: tuple, kwargs: dict) -> Any:
+        if self.stopped:
+            return fn(*args, **kwargs)
+        index = self.writer.reserve_index()
+        arg_list: list[dict[str, Any]] = []
+        stored: dict[str, tuple[torch.Tensor | None, Geometry, str | None]] = {}
+        try:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            for name, value in bound.arguments.items():
+                if isinstance(value, torch.Tensor):
+                    role = "state" if name in spec.state else "in"
+                    key = f"{role}/{name}"
+                    stored[key] = self._store(value, reusable=role == "in" and name not in spec.mutates)
+                    arg_list.append({"name": name, "tensor": key})
+                else:
+                    try:
+                        arg_list.append({"name": name, "json": jsonargs.encode(value)})
+                    except jsonargs.NotJSONRepresentable as exc:
+                        raise CaptureError(f"op '{spec.op}': argument '{name}' is a {exc}: "
+                                           "neither a tensor nor JSON-representable; call not recorded") from None
+        except CaptureError as exc:
+            self._report(str(exc), stop=False)
+            return fn(*args, **kwargs)
+        except (OSError, TypeError, RuntimeError) as exc:
+            self._report(f"op '{spec.op}': could not copy inputs: {exc}; capture stopped", stop=True)
+            return fn(*args, **kwargs)
+
+        sink = CallSink(self.tag_level)
+        token = _sink.set(sink)
+        started = time.perf_counter()
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _sink.reset(token)
+        duration = time.perf_counter() - started
+        try:
+            self._write(spec, index, arg_list, stored, bound.arguments, result, sink, duration)
+        except CaptureError as exc:
+            self._report(str(exc), stop=False)
+        except (OSError, TypeError, RuntimeError, ValueError) as exc:
+            self._report(f"op '{spec.op}': writing call {index} failed: {exc}; capture stopped", stop=True)
+        return result
+
+    def _write(self, spec: CallSpec, index: int, arg_list: list, stored: dict, arguments: dict,
+               result: Any, sink: CallSink, duration: float) -> None:
+        outputs = _returned_tensors(result, spec.outputs)
+        outputs.update({name: arguments[name] for name in spec.mutates
+                        if isinstance(arguments.get(name), torch.Tensor)})
+        returned_json = {}
+        for name, value in outputs.items():
+            if isinstance(value, torch.Tensor):
+                stored[f"out/{name}"] = self._store(value, reusable=False)
+            else:
+                try:
+                    returned_json[name] = jsonargs.encode(value)
+                except jsonargs.NotJSONRepresentable as exc:
+                    raise CaptureError(f"op '{spec.op}': output '{name}' is a {exc}; call not recorded") from None
+        for name, value in sink.tags.items():
+            stored[f"tag/{name}"] = self._store(value, reusable=False)
+        header = {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": arg_list,
+                  "returns_json": returned_json, "launch": sink.launches,
+                  "meta": {"duration_s": duration, "thread": threading.current_thread().name}}
+        spans = {k: span for k, (span, _, digest) in stored.items() if digest is None}
+        geometries = {k: g for k, (_, g, _) in stored.items()}
+        blobs = {k: digest for k, (_, _, digest) in stored.items() if digest is not None}
+        self.writer.write_call(index, header, spans, geometries, blobs)
+        self.calls_written += 1
+
+
+def active() -> Recording | None:
+    return _recording
+
+
+def start(path: str | Path, **options: Any) -> Recording:
+    """Start recording every captured call into a new snapshot at `path`."""
+    global _recording
+    if _recording is not None:
+        raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
+    _recording = Recording(path, **options)
+    return _recording
+
+
+def stop() -> Recording | None:
+    global _recording
+    rec, _recording = _recording, None
+    return rec
+
+
+@contextlib.contextmanager
+def recording(path: str | Path, **options: Any) -> Iterator[Recording]:
+    """Record every captured call made inside the block into a new snapshot at `path`."""
+    rec = start(path, **options)
+    try:
+        yield rec
+    finally:
+        stop()
+
+
+def start_from_env() -> None:
+    """Honour REPLAY_CAPTURE=path: record the whole process into that snapshot."""
+    path = os.environ.get("REPLAY_CAPTURE")
+    if not path or _recording is not None:
+        return
+    try:
+        start(path)
+    except CaptureError as exc:
+        if os.environ.get("REPLAY_CAPTURE_STRICT") == "1":
+            raise
+        print(f"replay: capture: {exc}; not recording", file=sys.stderr)
+
+
+def wrap(spec: CallSpec, fn: Callable) -> Callable:
+    """Wrap `fn` so calls are recorded while a recording is active."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def captured(*args: Any, **kwargs: Any) -> Any:
+        if _recording is None:
+            return fn(*args, **kwargs)
+        return _recording.record(spec, fn, signature, args, kwargs)
+
+    captured.__replay_spec__ = spec
+    captured.__wrapped__ = fn
+    return captured

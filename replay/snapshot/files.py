@@ -1,0 +1,37 @@
+"""Atomic file writes and content hashes."""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary name beside `path`, flush to disk, then rename over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one complete line with a single write, flushed to disk."""
+    with open(path, "ab") as f:
+        f.write(line.encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,49 @@
+"""manifest.json: format version, producer environment, git state, notes."""
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+FORMAT_VERSION = 1
+
+
+def git_state(directory: Path) -> dict[str, Any] | None:
+    """Commit and dirty flag of the git work tree holding `directory`, or None."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(directory), *args], capture_output=True,
+                              text=True, check=True, timeout=10).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
+def environment() -> dict[str, Any]:
+    import torch
+
+    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                           "cuda": torch.version.cuda, "device": "cpu"}
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name()
+    return env
+
+
+def new_manifest(notes: str = "", source_dir: Path | None = None) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "producer": {"git": git_state(source_dir or Path.cwd())},
+        "environment": environment(),
+        "notes": notes,
+        "capture_errors": [],
+    }

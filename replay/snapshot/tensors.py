@@ -1,0 +1,78 @@
+"""How one tensor is stored: the span of storage its view reaches, plus its geometry.
+
+safetensors holds contiguous arrays only, so a view (a transposed weight, a padded
+row slice, an expanded broadcast) is stored as the flat run of storage elements it
+can touch, with dtype, shape, strides and storage offset kept beside it. Reading
+rebuilds the same view: same strides, same storage offset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPE_NAMES = [
+    "bool", "uint8", "int8", "int16", "int32", "int64",
+    "float16", "bfloat16", "float32", "float64",
+    "float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64",
+]
+DTYPES: dict[str, torch.dtype] = {n: getattr(torch, n) for n in _DTYPE_NAMES if hasattr(torch, n)}
+DTYPE_NAMES: dict[torch.dtype, str] = {dt: n for n, dt in DTYPES.items()}
+
+
+@dataclass(frozen=True)
+class Geometry:
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+
+    @property
+    def span(self) -> int:
+        """Number of storage elements from the view's first element to its last."""
+        if any(s == 0 for s in self.shape):
+            return 0
+        return 1 + sum((s - 1) * st for s, st in zip(self.shape, self.stride))
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype, "shape": list(self.shape), "stride": list(self.stride),
+                "storage_offset": self.storage_offset}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Geometry":
+        return cls(str(obj["dtype"]), tuple(int(s) for s in obj["shape"]),
+                   tuple(int(s) for s in obj["stride"]), int(obj["storage_offset"]))
+
+
+def geometry_of(t: torch.Tensor) -> Geometry:
+    if t.dtype not in DTYPE_NAMES:
+        raise TypeError(f"dtype {t.dtype} is not supported by snapshot format 1")
+    return Geometry(DTYPE_NAMES[t.dtype], tuple(t.shape), tuple(t.stride()), t.storage_offset())
+
+
+def storage_span(t: torch.Tensor, geometry: Geometry | None = None) -> torch.Tensor:
+    """A 1-D view of exactly the storage elements `t` can reach (no copy)."""
+    g = geometry or geometry_of(t)
+    return torch.as_strided(t, (g.span,), (1,), g.storage_offset)
+
+
+def span_copy_cpu(t: torch.Tensor) -> tuple[torch.Tensor, Geometry]:
+    """Copy the reachable storage of `t` to a fresh contiguous CPU tensor."""
+    g = geometry_of(t)
+    span = storage_span(t.detach(), g)
+    copy = span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone()
+    return copy, g
+
+
+def rebuild(span: torch.Tensor, g: Geometry) -> torch.Tensor:
+    """Rebuild the recorded view over `span` (elements before the offset are zero)."""
+    if DTYPES.get(g.dtype) != span.dtype:
+        raise ValueError(f"stored dtype {span.dtype} does not match recorded dtype {g.dtype}")
+    if span.numel() != g.span:
+        raise ValueError(f"stored span has {span.numel()} elements, geometry needs {g.span}")
+    if g.storage_offset:
+        base = torch.zeros(g.storage_offset + g.span, dtype=span.dtype)
+        base[g.storage_offset:] = span
+    else:
+        base = span
+    return torch.as_strided(base, g.shape, g.stride, g.storage_offset)
