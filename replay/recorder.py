@@ -104,7 +104,7 @@ def launch(kernel: str, grid: Any = None, *, compiled: Any = None, **info: Any) 
     sink.launches.append(jsonargs.encode(entry))
 
 
-def _returned_tensors(result: Any, names: tuple[str, ...]) -> dict[str, Any]:
+def returned_values(result: Any, names: tuple[str, ...]) -> dict[str, Any]:
     if result is None:
         return {}
     if isinstance(result, dict):
@@ -234,7 +234,7 @@ class Recording:
 
     def _write(self, spec: CallSpec, index: int, arg_list: list, stored: dict, arguments: dict,
                result: Any, sink: CallSink, duration: float) -> None:
-        outputs = _returned_tensors(result, spec.outputs)
+        outputs = returned_values(result, spec.outputs)
         outputs.update({name: arguments[name] for name in spec.mutates
                         if isinstance(arguments.get(name), torch.Tensor)})
         returned_json = {}

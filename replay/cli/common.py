@@ -18,3 +18,22 @@ def exits_on_replay_error(fn: Callable[..., Any]) -> Callable[..., Any]:
             print(f"replay: error: {exc}", file=sys.stderr)
             sys.exit(exc.exit_code)
     return wrapper
+
+
+def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--json FILE|-`: write the report as JSON to FILE, or to stdout (and print nothing else)."""
+    import click
+
+    return click.option("--json", "json_target", metavar="FILE|-",
+                        help="Write the report as JSON to FILE, or '-' for stdout (then nothing else is printed).")(fn)
+
+
+def write_json(target: str, data: Any) -> None:
+    import json
+
+    text = json.dumps(data, indent=2, default=str)
+    if target == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        with open(target, "w") as f:
+            f.write(text + "\n")

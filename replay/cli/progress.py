@@ -1,0 +1,24 @@
+"""Progress display for long work: a rich bar on a terminal, nothing otherwise."""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any, Callable, Iterator
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+@contextlib.contextmanager
+def call_progress(quiet: bool = False) -> Iterator[Callable[[int, int, Any], None] | None]:
+    """Yield a (done, total, item) callback that advances a bar on stderr, or None."""
+    if quiet or not sys.stderr.isatty():
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), transient=True) as bar:
+        task = bar.add_task("replaying", total=None)
+
+        def advance(done: int, total: int, item: Any) -> None:
+            label = f"call {getattr(item, 'index', '')} {getattr(item, 'op', '')}".strip()
+            bar.update(task, completed=done, total=total, description=label)
+        yield advance

@@ -1,0 +1,75 @@
+"""`replay run`: replay a snapshot against every variant, the reference, or golden outputs."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from replay.cli.common import exits_on_replay_error, json_option, write_json
+from replay.device import use_interpreter_without_gpu
+from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
+
+
+@click.command("run")
+@click.argument("snapshot", type=click.Path(path_type=Path))
+@click.option("--golden-data", "golden", is_flag=False, flag_value="", default=None, metavar="[DIR]",
+              help="Compare the recorded variant's rerun with the recorded outputs (or those of snapshot DIR), "
+                   "bitwise unless --atol/--rtol are given.")
+@click.option("--atol", type=float, help="Absolute tolerance for --golden-data (default: bitwise).")
+@click.option("--rtol", type=float, help="Relative tolerance for --golden-data (default: bitwise).")
+@click.option("--repeat", type=click.IntRange(1), default=1, show_default=True,
+              help="Run each variant N times; any bit difference between runs is reported as nondeterminism.")
+@click.option("--op", "ops", multiple=True, help="Only calls of this op (repeatable).")
+@click.option("--call", "calls", type=int, multiple=True, help="Only this call index (repeatable).")
+@click.option("--variant", "variants", multiple=True, help="Only this variant (repeatable); the reference still runs.")
+@click.option("--fail-fast", is_flag=True, help="Stop at the first diverging call.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]),
+              help="Where to run (default: cuda if present, else cpu with the Triton interpreter).")
+@click.option("--code", "code_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Import the snapshot's kernel providers from DIR first (another commit's checkout).")
+@click.option("-v", "--verbose", is_flag=True, help="List every call, not just the failing ones, for long runs.")
+@json_option
+@exits_on_replay_error
+def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, repeat: int,
+            ops: tuple[str, ...], calls: tuple[int, ...], variants: tuple[str, ...], fail_fast: bool,
+            device: str | None, code_dir: Path | None, verbose: bool, json_target: str | None) -> None:
+    """Replay SNAPSHOT: re-run every recorded call against each variant of its op
+    (batched on the recorded batch, single row by row, and the reference) and
+    name the first call, variant, rows and tag that diverge.
+
+    \b
+    Examples:
+      replay run snapshots/prefill_001
+      replay run snapshots/prefill_001 --op kv_scatter --json -
+      replay run snapshots/prefill_001 --golden-data          # after editing a kernel
+      replay run snapshots/prefill_001 --repeat 5             # hunt a race
+
+    Exit 0 when every check passes, 1 on a divergence, 2 on bad input, 125 when the
+    kernels cannot be imported or built.
+    """
+    available = use_interpreter_without_gpu()
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if device == "cuda" and available != "cuda":
+        raise click.BadParameter("no CUDA device is present", param_hint="--device")
+    from replay.engine import ReplayOptions, replay_snapshot
+    from replay.cli.progress import call_progress
+
+    options = ReplayOptions(
+        device=device or available, code_dir=code_dir,
+        ops=frozenset(ops) or None, calls=frozenset(calls) or None, variants=frozenset(variants) or None,
+        golden=golden is not None, golden_dir=Path(golden) if golden else None,
+        atol=atol, rtol=rtol, repeat=repeat, fail_fast=fail_fast)
+    if (atol is not None or rtol is not None) and golden is None:
+        raise click.BadParameter("only applies with --golden-data", param_hint="--atol/--rtol")
+    with call_progress(quiet=json_target == "-") as progress:
+        report = replay_snapshot(snapshot, options, progress)
+    if json_target:
+        write_json(json_target, report.to_json())
+    if json_target != "-":
+        from rich.console import Console
+        from replay.cli.render import print_run_report
+        print_run_report(Console(), report, verbose)
+    sys.exit(EXIT_UNTESTABLE if report.untestable else EXIT_PASS if report.passed else EXIT_DIVERGED)

@@ -1,0 +1,143 @@
+"""Comparing a tensor with its oracle: bitwise, ULP distance, tolerance metrics, bad rows."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from replay.registry import Tolerance
+
+_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32,
+             torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+@dataclass
+class Comparison:
+    """How `actual` differs from `expected` (both tensors of one name)."""
+
+    bitwise_equal: bool
+    passed: bool
+    numel: int
+    mismatches: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    nmse: float = 0.0
+    cosine: float = 1.0
+    max_ulp: int | None = None
+    first_index: list[int] | None = None
+    first_actual: float | None = None
+    first_expected: float | None = None
+    bad_rows: list[int] = field(default_factory=list)
+    rows: int | None = None
+    problem: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bits (NaNs with equal bits are equal)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype in _INT_VIEW:
+        return torch.equal(a.contiguous().view(_INT_VIEW[a.dtype]), b.contiguous().view(_INT_VIEW[b.dtype]))
+    return torch.equal(a, b)
+
+
+def max_ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """Largest distance in units in the last place between same-dtype floats."""
+    int_dtype = _INT_VIEW.get(a.dtype)
+    if int_dtype is None or a.dtype != b.dtype or a.numel() == 0:
+        return None
+
+    def ordered(t: torch.Tensor) -> torch.Tensor:
+        # Map float bits to integers that sort like the floats (negatives mirrored).
+        i = t.contiguous().view(int_dtype).to(torch.int64)
+        top = torch.iinfo(int_dtype).min
+        return torch.where(i < 0, top - i, i)
+
+    return int((ordered(a) - ordered(b)).abs().max())
+
+
+def row_ranges(rows: list[int]) -> str:
+    """[1,2,3,7] -> '1-3, 7'."""
+    if not rows:
+        return ""
+    parts, start, prev = [], rows[0], rows[0]
+    for r in rows[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ", ".join(parts)
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance | None,
+            batch_axis: int | None = None, *, same_dtype: bool = True) -> Comparison:
+    """Compare within `tolerance` (None: bitwise). Rows are indices along `batch_axis`.
+
+    With `same_dtype` False a dtype difference is allowed (a reference that computes
+    in fp32 against a bf16 kernel); otherwise it fails the comparison.
+    """
+    actual, expected = actual.detach().cpu(), expected.detach().cpu()
+    numel = expected.numel()
+    if actual.shape != expected.shape:
+        return Comparison(False, False, numel, mismatches=numel,
+                          problem=f"shape {list(actual.shape)} != expected {list(expected.shape)}")
+    equal = bitwise_equal(actual, expected)
+    if equal:
+        rows = expected.shape[batch_axis] if batch_axis is not None and expected.dim() else None
+        return Comparison(True, True, numel, max_ulp=0 if expected.dtype in _INT_VIEW else None, rows=rows)
+    a, e = actual.to(torch.float64), expected.to(torch.float64)
+    diff = (a - e).abs()
+    nan_mismatch = torch.isnan(a) != torch.isnan(e)
+    both_nan = torch.isnan(a) & torch.isnan(e)
+    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+    if tolerance is None:
+        bad = ~_elementwise_bits_equal(actual, expected)
+    else:
+        bad = (diff > tolerance.atol + tolerance.rtol * e.abs()) | nan_mismatch
+    finite = torch.isfinite(diff)
+    max_abs = float(diff[finite].max()) if finite.any() else float("inf")
+    rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
+    max_rel = float(rel[finite].max()) if finite.any() else float("inf")
+    denom = float((e[finite] ** 2).sum()) if finite.any() else 0.0
+    nmse = float((diff[finite] ** 2).sum()) / denom if denom > 0 else float(max_abs > 0)
+    cosine = _cosine(a, e)
+    mismatches = int(bad.sum())
+    dtype_ok = actual.dtype == expected.dtype or not same_dtype
+    comparison = Comparison(False, mismatches == 0 and dtype_ok, numel,
+                            mismatches=mismatches, max_abs=max_abs, max_rel=max_rel, nmse=nmse,
+                            cosine=cosine, max_ulp=max_ulp_distance(actual, expected))
+    if not dtype_ok:
+        comparison.problem = f"dtype {actual.dtype} != expected {expected.dtype}"
+    if mismatches:
+        first = [int(i) for i in torch.nonzero(bad)[0]] if bad.dim() else []
+        comparison.first_index = first
+        comparison.first_actual = float(a[tuple(first)])
+        comparison.first_expected = float(e[tuple(first)])
+    if batch_axis is not None and bad.dim() > batch_axis:
+        comparison.rows = bad.shape[batch_axis]
+        per_row = bad.movedim(batch_axis, 0).reshape(bad.shape[batch_axis], -1).any(dim=1)
+        comparison.bad_rows = [int(r) for r in torch.nonzero(per_row).flatten()]
+    return comparison
+
+
+def _elementwise_bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.dtype in _INT_VIEW and a.dtype == b.dtype:
+        int_dtype = _INT_VIEW[a.dtype]
+        return a.contiguous().view(int_dtype) == b.contiguous().view(int_dtype)
+    return a == b
+
+
+def _cosine(a: torch.Tensor, e: torch.Tensor) -> float:
+    fa, fe = a.flatten(), e.flatten()
+    ok = torch.isfinite(fa) & torch.isfinite(fe)
+    fa, fe = fa[ok], fe[ok]
+    na, ne = float(fa.norm()), float(fe.norm())
+    if na == 0 or ne == 0:
+        return 1.0 if na == ne else 0.0
+    return float((fa @ fe) / (na * ne))

@@ -1,0 +1,106 @@
+"""Turning variant runs into checks: against each other, the reference, the recording."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from replay.compare import compare
+from replay.engine.report import Check
+from replay.engine.runner import VariantRun
+from replay.registry import BATCHED, REFERENCE, SINGLE, Op, Tolerance
+
+
+def _tolerance(op: Op, tensor: torch.Tensor) -> Tolerance:
+    return op.tolerance_for(tensor.dtype)
+
+
+def error_checks(runs: Iterable[VariantRun]) -> list[Check]:
+    return [Check("error", r.variant, "-", "run", False, message=f"{r.variant} failed: {r.error}")
+            for r in runs if r.error]
+
+
+def single_vs_batched(op: Op, runs: Mapping[str, VariantRun]) -> list[Check]:
+    """Row-by-row single calls must reproduce the batched call bit for bit."""
+    single, batched = runs.get(SINGLE), runs.get(BATCHED)
+    if single is None or batched is None or single.error or batched.error:
+        return []
+    return [Check("single-vs-batched", BATCHED, SINGLE, name, c.passed, c)
+            for name, expected in batched.outputs.items() if name in single.outputs
+            for c in [compare(batched.outputs[name], single.outputs[name], None, op.batch_axes.get(name))]]
+
+
+def against_outputs(op: Op, run: VariantRun, expected: Mapping[str, torch.Tensor], kind: str,
+                    against: str, tolerance: Tolerance | None | str = "op") -> list[Check]:
+    """Compare a run's outputs with `expected` ('op': the op's tolerance; None: bitwise)."""
+    checks = []
+    for name, want in expected.items():
+        got = run.outputs.get(name)
+        if got is None:
+            checks.append(Check(kind, run.variant, against, name, False,
+                                message=f"{run.variant} produced no output '{name}' ({against} has it)"))
+            continue
+        tol = _tolerance(op, got) if tolerance == "op" else tolerance
+        c = compare(got, want, tol, op.batch_axes.get(name), same_dtype=kind != "vs-reference")
+        checks.append(Check(kind, run.variant, against, name, c.passed, c))
+    return checks
+
+
+def tag_checks(op: Op, run: VariantRun, expected: Mapping[str, torch.Tensor], order: list[str],
+               against: str, tolerance: Tolerance | None | str = "op") -> list[Check]:
+    """Tags shared by the run and `expected`, compared in `order`; first failure first."""
+    checks = []
+    for name in order:
+        got, want = run.tags.get(name), expected.get(name)
+        if got is None or want is None:
+            continue
+        tol = _tolerance(op, got) if tolerance == "op" else tolerance
+        c = compare(got, want, tol, op.batch_axes.get(name), same_dtype=False)
+        checks.append(Check("tag", run.variant, against, name, c.passed, c))
+    return checks
+
+
+def contract_checks(op: Op, inputs: Mapping[str, Any], outputs: Mapping[str, torch.Tensor],
+                    tags: Mapping[str, torch.Tensor], variant: str) -> list[Check]:
+    """Run the op's contracts; outputs seen by a contract include the call's tags by name."""
+    seen = {**tags, **outputs}
+    checks = []
+    for contract in op.contracts:
+        try:
+            violations = contract.check(inputs, seen)
+        except Exception as exc:  # a contract that cannot be evaluated is itself a finding
+            violations = [f"contract raised {type(exc).__name__}: {exc}"]
+        checks.append(Check("contract", variant, "contract", contract.name, not violations,
+                            message="; ".join(f"{contract.name}: {v}" for v in violations)))
+    return checks
+
+
+def repeat_checks(first: VariantRun, again: VariantRun, attempt: int) -> list[Check]:
+    """A rerun on the same inputs must give the same bits: otherwise a race."""
+    checks = []
+    for name, want in first.outputs.items():
+        got = again.outputs.get(name)
+        if got is None:
+            continue
+        c = compare(got, want, None)
+        if not c.passed:
+            checks.append(Check("repeat", first.variant, f"run 1 vs run {attempt}", name, False, c,
+                                message=(f"{first.variant}: nondeterministic '{name}': run {attempt} differs "
+                                         f"from run 1 in {c.mismatches}/{c.numel} elements "
+                                         f"(first at {c.first_index})")))
+    return checks
+
+
+def reference_checks(op: Op, runs: Mapping[str, VariantRun], recorded_tag_order: list[str]) -> list[Check]:
+    """Every variant against the reference: outputs within tolerance, then tags in order."""
+    ref = runs.get(REFERENCE)
+    if ref is None or ref.error:
+        return []
+    order = recorded_tag_order + [t for t in ref.tags if t not in recorded_tag_order]
+    checks = []
+    for name, run in runs.items():
+        if name == REFERENCE or run.error:
+            continue
+        checks += against_outputs(op, run, ref.outputs, "vs-reference", REFERENCE)
+        checks += tag_checks(op, run, ref.tags, order, REFERENCE)
+    return checks

@@ -1,0 +1,94 @@
+"""Comparing two recordings of the same program call by call and tag by tag."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from replay.compare import Comparison, compare
+from replay.registry import Tolerance
+from replay.snapshot import CallRecord, Snapshot
+
+# Within a call, what differs first in data flow: inputs and state, then intermediates, then outputs.
+ROLE_ORDER = ("in", "state", "tag", "out")
+
+
+@dataclass
+class CallDiff:
+    position: int
+    index_a: int
+    index_b: int
+    op: str
+    differences: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"position": self.position, "index_a": self.index_a, "index_b": self.index_b,
+                "op": self.op, "differences": self.differences}
+
+
+@dataclass
+class DiffReport:
+    a: str
+    b: str
+    calls_compared: int = 0
+    structural: list[str] = field(default_factory=list)
+    calls: list[CallDiff] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.structural and not self.calls
+
+    def first(self) -> dict[str, Any] | None:
+        if self.calls:
+            call = self.calls[0]
+            return {"position": call.position, "op": call.op, "index_a": call.index_a,
+                    "index_b": call.index_b, **call.differences[0]}
+        return {"structural": self.structural[0]} if self.structural else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "identical": self.identical, "calls_compared": self.calls_compared,
+                "first_divergence": self.first(), "structural": self.structural,
+                "calls": [c.to_json() for c in self.calls]}
+
+
+def _difference(key: str, problem: str, comparison: Comparison | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"tensor": key, "problem": problem}
+    if comparison is not None:
+        out["comparison"] = comparison.to_json()
+    return out
+
+
+def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None) -> list[dict[str, Any]]:
+    """Differences between two recordings of one call, in data-flow order."""
+    found = []
+    if a.args != b.args:
+        names = [x["name"] for x in a.args if x not in b.args]
+        found.append(_difference("args", f"non-tensor arguments differ ({', '.join(names) or 'order'})"))
+    for role in ROLE_ORDER:
+        ta, tb = a.role(role), b.role(role)
+        for name in list(ta) + [n for n in tb if n not in ta]:
+            key = f"{role}/{name}"
+            if name not in tb or name not in ta:
+                found.append(_difference(key, f"only in {'A' if name in ta else 'B'}"))
+                continue
+            c = compare(tb[name], ta[name], tolerance, 0 if ta[name].dim() else None)
+            if not c.passed:
+                found.append(_difference(key, "values differ", c))
+    return found
+
+
+def diff_snapshots(a: str | Path, b: str | Path, tolerance: Tolerance | None = None) -> DiffReport:
+    """Pair calls by position and report every call whose inputs, tags or outputs differ."""
+    snap_a, snap_b = Snapshot(a), Snapshot(b)
+    report = DiffReport(str(a), str(b))
+    if len(snap_a) != len(snap_b):
+        report.structural.append(f"A has {len(snap_a)} calls, B has {len(snap_b)}")
+    for position, (ea, eb) in enumerate(zip(snap_a.entries, snap_b.entries)):
+        report.calls_compared += 1
+        if ea.op != eb.op:
+            report.structural.append(f"call #{position}: op '{ea.op}' in A, '{eb.op}' in B")
+            break
+        differences = diff_call(snap_a.load(ea), snap_b.load(eb), tolerance)
+        if differences:
+            report.calls.append(CallDiff(position, ea.index, eb.index, ea.op, differences))
+    return report

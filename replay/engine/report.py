@@ -1,0 +1,128 @@
+"""The results of a replay: checks per call, and the run's verdict."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from replay.compare import Comparison, row_ranges
+
+# Which failure explains a call best, most telling first.
+KIND_ORDER = ("error", "contract", "single-vs-batched", "vs-reference", "vs-golden", "vs-recorded",
+              "repeat", "tag")
+
+
+@dataclass
+class Check:
+    """One comparison or contract on one call."""
+
+    kind: str
+    variant: str
+    against: str
+    name: str
+    passed: bool
+    comparison: Comparison | None = None
+    message: str = ""
+
+    @property
+    def rows(self) -> list[int]:
+        return self.comparison.bad_rows if self.comparison else []
+
+    def describe(self) -> str:
+        if self.message:
+            return self.message
+        c = self.comparison
+        if c is None:
+            return f"{self.variant} vs {self.against}: {self.name}"
+        text = f"{self.variant} vs {self.against}: '{self.name}' differs in {c.mismatches}/{c.numel} elements"
+        if c.problem:
+            text = f"{self.variant} vs {self.against}: '{self.name}': {c.problem}"
+        if c.bad_rows:
+            text += f"; rows {row_ranges(c.bad_rows)} of {c.rows} wrong"
+        if c.first_index is not None:
+            text += f"; first at {c.first_index}: {c.first_actual:.6g} vs {c.first_expected:.6g}"
+        if c.max_ulp:
+            text += f" (max {c.max_ulp} ulp)"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "variant": self.variant, "against": self.against,
+                               "name": self.name, "passed": self.passed, "description": self.describe()}
+        if self.comparison is not None:
+            out["comparison"] = self.comparison.to_json()
+        return out
+
+
+@dataclass
+class CallReport:
+    index: int
+    op: str
+    recorded_variant: str
+    checks: list[Check] = field(default_factory=list)
+    variant_seconds: dict[str, float] = field(default_factory=dict)
+    load_seconds: float = 0.0
+    untestable: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.untestable is None and all(c.passed for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return sorted((c for c in self.checks if not c.passed),
+                      key=lambda c: KIND_ORDER.index(c.kind) if c.kind in KIND_ORDER else len(KIND_ORDER))
+
+    def first_tag(self) -> Check | None:
+        """The first tag, in recorded order, that diverged (checks keep that order)."""
+        return next((c for c in self.checks if c.kind == "tag" and not c.passed), None)
+
+    def to_json(self) -> dict[str, Any]:
+        tag = self.first_tag()
+        return {"index": self.index, "op": self.op, "recorded_variant": self.recorded_variant,
+                "passed": self.passed, "untestable": self.untestable,
+                "first_divergent_tag": tag.to_json() if tag else None,
+                "load_seconds": self.load_seconds, "variant_seconds": self.variant_seconds,
+                "checks": [c.to_json() for c in self.checks]}
+
+
+@dataclass
+class RunReport:
+    snapshot: str
+    device: str
+    mode: str
+    calls: list[CallReport] = field(default_factory=list)
+    load_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.calls)
+
+    @property
+    def untestable(self) -> str | None:
+        return next((c.untestable for c in self.calls if c.untestable), None)
+
+    @property
+    def first_failure(self) -> CallReport | None:
+        return next((c for c in self.calls if not c.passed), None)
+
+    def summary(self) -> dict[str, Any] | None:
+        """The first diverging call, its most telling failure, and its first diverging tag."""
+        call = self.first_failure
+        if call is None:
+            return None
+        top = call.failures[0] if call.failures else None
+        tag = call.first_tag()
+        return {"call": call.index, "op": call.op, "variant": top.variant if top else None,
+                "kind": top.kind if top else None, "rows": top.rows if top else [],
+                "rows_total": top.comparison.rows if top and top.comparison else None,
+                "description": top.describe() if top else call.untestable,
+                "tag": tag.name if tag else None, "tag_rows": tag.rows if tag else [],
+                "tag_description": tag.describe() if tag else None}
+
+    def to_json(self) -> dict[str, Any]:
+        return {"snapshot": self.snapshot, "device": self.device, "mode": self.mode,
+                "passed": self.passed, "untestable": self.untestable,
+                "calls_checked": len(self.calls),
+                "calls_failed": sum(not c.passed for c in self.calls),
+                "first_divergence": self.summary(), "load_seconds": self.load_seconds,
+                "total_seconds": self.total_seconds, "calls": [c.to_json() for c in self.calls]}

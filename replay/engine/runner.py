@@ -1,0 +1,123 @@
+"""Running one variant of an op on recorded arguments.
+
+Each run gets fresh copies of the tensor arguments (same strides, same storage
+offset) on the target device, so in-place variants never disturb each other or the
+recording. `single` runs row by row: independently, or in order through shared
+state for ops whose rows are serial (a KV cache filled token by token).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from replay import recorder
+from replay.registry import SINGLE, Op, Variant
+
+
+@dataclass
+class VariantRun:
+    """What one variant produced: outputs (returned and mutated), tags, launches."""
+
+    variant: str
+    outputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    tags: dict[str, torch.Tensor] = field(default_factory=dict)
+    launches: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+    untestable: bool = False
+
+
+def fresh_copy(value: Any, device: str) -> Any:
+    """A copy of a tensor on `device` with the same strides and storage offset."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    extent = value.storage_offset() + (
+        0 if value.numel() == 0 else 1 + sum((s - 1) * st for s, st in zip(value.shape, value.stride())))
+    base = torch.as_strided(value, (extent,), (1,), 0).to(device, copy=True)
+    return torch.as_strided(base, tuple(value.shape), value.stride(), value.storage_offset())
+
+
+def batch_size(op: Op, args: dict[str, Any]) -> int | None:
+    """Rows in this call: the extent of the first argument with a batch axis."""
+    for name, axis in op.batch_axes.items():
+        value = args.get(name)
+        if isinstance(value, torch.Tensor) and value.dim() > axis:
+            return value.shape[axis]
+    return None
+
+
+def row_arguments(op: Op, args: dict[str, Any], row: int) -> dict[str, Any]:
+    if op.split_row is not None:
+        return op.split_row(args, row)
+    return {name: value.narrow(op.batch_axes[name], row, 1)
+            if name in op.batch_axes and isinstance(value, torch.Tensor) else value
+            for name, value in args.items()}
+
+
+def _named_outputs(op: Op, result: Any, args: dict[str, Any]) -> dict[str, torch.Tensor]:
+    outputs = recorder.returned_values(result, op.outputs)
+    outputs.update({name: args[name] for name in op.mutates if isinstance(args.get(name), torch.Tensor)})
+    return {name: value for name, value in outputs.items() if isinstance(value, torch.Tensor)}
+
+
+def _is_build_failure(exc: Exception) -> bool:
+    return type(exc).__name__ in {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources"}
+
+
+def _invoke(variant: Variant, args: dict[str, Any], tag_level: int) -> tuple[Any, recorder.CallSink]:
+    with recorder.collecting(tag_level) as sink:
+        result = variant.fn(**args)
+    return result, sink
+
+
+def run_variant(op: Op, variant: Variant, recorded_args: dict[str, Any], device: str,
+                tag_level: int = 2) -> VariantRun:
+    """Run `variant` on copies of `recorded_args`; failures are kept, not raised."""
+    run = VariantRun(variant.name)
+    args = {name: fresh_copy(value, device) for name, value in recorded_args.items()}
+    rows = batch_size(op, args) if variant.name == SINGLE else None
+    started = time.perf_counter()
+    try:
+        if rows is None:
+            result, sink = _invoke(variant, args, tag_level)
+            run.outputs = _named_outputs(op, result, args)
+            run.tags, run.launches = sink.tags, sink.launches
+        else:
+            _run_rows(op, variant, args, rows, tag_level, run)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    except Exception as exc:  # the code under test may fail in any way; report it
+        run.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        run.untestable = _is_build_failure(exc)
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+def _run_rows(op: Op, variant: Variant, args: dict[str, Any], rows: int, tag_level: int,
+              run: VariantRun) -> None:
+    """Single-row calls, stitched back together along each output's batch axis."""
+    per_row_outputs: list[dict[str, torch.Tensor]] = []
+    per_row_tags: list[dict[str, torch.Tensor]] = []
+    for row in range(rows):
+        # Serial ops share the mutable state across rows; independent rows start fresh.
+        row_args = row_arguments(op, args, row)
+        result, sink = _invoke(variant, row_args, tag_level)
+        per_row_outputs.append(_named_outputs(op, result, row_args))
+        per_row_tags.append(sink.tags)
+        run.launches.extend(sink.launches)
+    run.outputs = _stitch(op, per_row_outputs, args)
+    run.tags = _stitch(op, per_row_tags, {})
+
+
+def _stitch(op: Op, per_row: list[dict[str, torch.Tensor]], args: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """Concatenate rows of batch-axis values; mutated arguments are taken as the rows left them."""
+    stitched: dict[str, torch.Tensor] = {}
+    for name in per_row[0] if per_row else ():
+        if name in op.mutates:
+            stitched[name] = args[name]
+        elif name in op.batch_axes and all(name in r for r in per_row):
+            stitched[name] = torch.cat([r[name] for r in per_row], dim=op.batch_axes[name])
+    return stitched
