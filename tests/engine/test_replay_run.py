@@ -1,0 +1,162 @@
+"""`replay run` on toy ops: passes clean, and names call, variant, rows and tag of planted bugs."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import toy_ops
+from replay import registry
+from replay.cli import main
+
+
+def run_cli(*args: str) -> tuple[int, dict | str, str]:
+    result = CliRunner().invoke(main, list(args))
+    stdout = result.stdout
+    try:
+        return result.exit_code, json.loads(stdout), result.stderr
+    except ValueError:
+        return result.exit_code, stdout, result.stderr
+
+
+@pytest.fixture
+def rowscale_snapshot(tmp_path: Path) -> Path:
+    toy_ops.record_rowscale(tmp_path / "rows")
+    return tmp_path / "rows"
+
+
+@pytest.fixture
+def scatter_snapshot(tmp_path: Path) -> Path:
+    toy_ops.record_scatter(tmp_path / "scatter")
+    return tmp_path / "scatter"
+
+
+def test_clean_snapshot_passes(rowscale_snapshot: Path) -> None:
+    code, report, _ = run_cli("run", str(rowscale_snapshot), "--json", "-")
+    assert code == 0
+    assert report["passed"] and report["calls_checked"] == 3
+    kinds = {c["kind"] for call in report["calls"] for c in call["checks"]}
+    assert {"single-vs-batched", "vs-reference", "vs-recorded", "tag"} <= kinds
+
+
+def test_wrong_batched_rows_named(rowscale_snapshot: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOY_BUG", "rows")
+    code, report, _ = run_cli("run", str(rowscale_snapshot), "--json", "-")
+    assert code == 1
+    first = report["first_divergence"]
+    assert (first["call"], first["op"], first["variant"]) == (0, "toy_rowscale", "batched")
+    assert first["rows"] == list(range(1, 8)) and first["rows_total"] == 8
+    assert first["tag"] == "scaled" and first["tag_rows"] == list(range(1, 8))
+
+
+def test_stale_position_buf_named(scatter_snapshot: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOY_BUG", "stale")
+    code, report, _ = run_cli("run", str(scatter_snapshot), "--json", "-")
+    assert code == 1
+    call = report["calls"][0]
+    contract = [c for c in call["checks"] if c["kind"] == "contract" and not c["passed"]]
+    assert [c["variant"] for c in contract] == ["batched"]
+    assert "positions written [0, 0, 0, 0, 0, 0] but kv_cache_lengths implies [0, 1, 2, 3, 4, 5]" \
+        in contract[0]["description"]
+    assert report["first_divergence"]["tag"] == "positions"
+    assert report["first_divergence"]["tag_rows"] == [1, 2, 3, 4, 5]
+
+
+def test_serial_single_matches_batched_when_correct(scatter_snapshot: Path) -> None:
+    code, report, _ = run_cli("run", str(scatter_snapshot), "--json", "-")
+    assert code == 0, report["first_divergence"]
+    names = {c["name"] for c in report["calls"][0]["checks"] if c["kind"] == "single-vs-batched"}
+    assert names == {"cache", "kv_cache_lengths"}
+
+
+def test_repeat_reports_nondeterminism(rowscale_snapshot: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOY_BUG", "race")
+    code, report, _ = run_cli("run", str(rowscale_snapshot), "--repeat", "3", "--variant", "batched",
+                              "--json", "-")
+    assert code == 1
+    kinds = [c["kind"] for c in report["calls"][0]["checks"] if not c["passed"]]
+    assert "repeat" in kinds
+
+
+def test_repeat_is_quiet_for_deterministic_code(rowscale_snapshot: Path) -> None:
+    code, report, _ = run_cli("run", str(rowscale_snapshot), "--repeat", "3", "--json", "-")
+    assert code == 0
+    assert not [c for call in report["calls"] for c in call["checks"] if c["kind"] == "repeat"]
+
+
+def test_golden_data_catches_edit_after_recording(rowscale_snapshot: Path, tmp_path: Path) -> None:
+    edited = tmp_path / "edited"
+    edited.mkdir()
+    source = Path(toy_ops.__file__).read_text()
+    (edited / "toy_ops.py").write_text(source.replace("scaled = x * 2\n", "scaled = x * 2.0001\n"))
+    code, report, _ = run_cli("run", str(rowscale_snapshot), "--golden-data", "--code", str(edited),
+                              "--json", "-")
+    assert code == 1
+    first = report["first_divergence"]
+    assert first["kind"] == "vs-golden" and first["variant"] == "batched"
+    assert first["tag"] == "scaled"
+    # Within a loose tolerance the same edit passes.
+    code, _, _ = run_cli("run", str(rowscale_snapshot), "--golden-data", "--code", str(edited),
+                         "--rtol", "1e-3", "--json", "-")
+    assert code == 0
+
+
+def test_golden_against_another_snapshot(rowscale_snapshot: Path, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOY_BUG", "rows")
+    toy_ops.record_rowscale(tmp_path / "buggy")
+    monkeypatch.delenv("TOY_BUG")
+    code, report, _ = run_cli("run", str(rowscale_snapshot), "--golden-data", str(tmp_path / "buggy"),
+                              "--json", "-")
+    assert code == 1
+    assert report["first_divergence"]["rows"] == list(range(1, 8))
+
+
+def test_diff_names_first_divergence(rowscale_snapshot: Path, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    code, report, _ = run_cli("diff", str(rowscale_snapshot), str(rowscale_snapshot), "--json", "-")
+    assert code == 0 and report["identical"]
+    monkeypatch.setenv("TOY_BUG", "rows")
+    toy_ops.record_rowscale(tmp_path / "buggy")
+    code, report, _ = run_cli("diff", str(rowscale_snapshot), str(tmp_path / "buggy"), "--json", "-")
+    assert code == 1
+    first = report["first_divergence"]
+    assert first["position"] == 0 and first["tensor"] == "tag/scaled"
+    assert first["comparison"]["bad_rows"] == list(range(1, 8))
+
+
+@pytest.mark.parametrize("make_bad, needle, exit_code", [
+    (lambda p: shutil.rmtree(p), "no such snapshot directory", 2),
+    (lambda p: next((p / "calls").iterdir()).write_bytes(b"garbage"), "000000-toy_rowscale.safetensors", 2),
+    (lambda p: (p / "calls.jsonl").write_text("{not json\n"), "calls.jsonl:1: malformed index line", 2),
+])
+def test_bad_input_one_line(rowscale_snapshot: Path, make_bad, needle: str, exit_code: int) -> None:
+    make_bad(rowscale_snapshot)
+    code, _, stderr = run_cli("run", str(rowscale_snapshot))
+    assert code == exit_code
+    assert needle in stderr and stderr.count("\n") == 1
+
+
+def test_op_gone_from_provider_is_bad_input(rowscale_snapshot: Path) -> None:
+    del registry._OPS["toy_rowscale"]  # as if the provider renamed the op since recording
+    code, _, stderr = run_cli("run", str(rowscale_snapshot))
+    assert code == 2
+    assert "unknown op 'toy_rowscale'" in stderr and "provider 'toy_ops'" in stderr
+
+
+def test_unknown_variant_is_bad_input(rowscale_snapshot: Path) -> None:
+    code, _, stderr = run_cli("run", str(rowscale_snapshot), "--variant", "warp_specialised")
+    assert code == 2
+    assert "has no variant 'warp_specialised' (it has: reference, single, batched)" in stderr
+
+
+def test_provider_import_failure_is_untestable(rowscale_snapshot: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "toy_ops.py").write_text("raise ImportError('kernel build exploded')\n")
+    code, _, stderr = run_cli("run", str(rowscale_snapshot), "--code", str(broken))
+    assert code == 125
+    assert "kernel build exploded" in stderr and stderr.count("\n") == 1
