@@ -23,13 +23,14 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from replay.errors import CaptureError
+from replay.errors import CaptureError, ReplayError
 from replay.snapshot import SnapshotWriter
 from replay.snapshot import jsonargs
-from replay.snapshot.tensors import Geometry, geometry_of, span_copy_cpu
+from replay.snapshot.tensors import Geometry, UnsupportedTensor, geometry_of, span_copy_cpu
 
 BLOB_THRESHOLD_BYTES = 64 * 1024
 DEFAULT_TAG_LEVEL = 1
+TAG_LEVELS = (0, 1, 2)
 
 _recording: "Recording | None" = None
 _sink: contextvars.ContextVar["CallSink | None"] = contextvars.ContextVar("replay_sink", default=None)
@@ -101,7 +102,15 @@ def launch(kernel: str, grid: Any = None, *, compiled: Any = None, **info: Any) 
     if getattr(compiled, "n_regs", None) is not None:
         entry["registers"] = compiled.n_regs
     entry.update(info)
-    sink.launches.append(jsonargs.encode(entry))
+    sink.launches.append({key: _json_or_repr(value) for key, value in entry.items()})
+
+
+def _json_or_repr(value: Any) -> Any:
+    """Launch details are informational: keep what JSON cannot hold as its repr."""
+    try:
+        return jsonargs.encode(value)
+    except jsonargs.NotJSONRepresentable:
+        return repr(value)
 
 
 def returned_values(result: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -116,28 +125,49 @@ def returned_values(result: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 class _BlobIds:
-    """Remembers which blob holds an unchanged tensor so weights are hashed once."""
+    """Remembers which blob holds an unchanged tensor so weights are hashed once.
+
+    The key includes the version counter, so a weight modified in place is stored
+    again. Inference-mode tensors have no version counter: they are hashed each call
+    (content addressing still writes them once).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ids: dict[tuple, tuple[weakref.ref, str]] = {}
 
     @staticmethod
-    def _key(t: torch.Tensor) -> tuple[tuple, torch.Tensor]:
+    def _key(t: torch.Tensor) -> tuple[tuple, torch.Tensor] | None:
+        if t.is_inference():
+            return None
         base = t._base if t._base is not None else t
         key = (id(base), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, str(t.device), t._version)
         return key, base
 
     def get(self, t: torch.Tensor) -> str | None:
-        key, base = self._key(t)
+        keyed = self._key(t)
+        if keyed is None:
+            return None
+        key, base = keyed
         with self._lock:
             hit = self._ids.get(key)
         return hit[1] if hit is not None and hit[0]() is base else None
 
     def put(self, t: torch.Tensor, digest: str) -> None:
-        key, base = self._key(t)
+        keyed = self._key(t)
+        if keyed is None:
+            return
+        key, base = keyed
+        # Drop the entry when the tensor dies, so a long recording does not accumulate them.
+        ref = weakref.ref(base, lambda dead, key=key: self._forget(key, dead))
         with self._lock:
-            self._ids[key] = (weakref.ref(base), digest)
+            self._ids[key] = (ref, digest)
+
+    def _forget(self, key: tuple, dead: weakref.ref) -> None:
+        # Runs from the garbage collector, possibly while this thread holds the lock:
+        # a single dict operation under the GIL needs no lock.
+        if self._ids.get(key, (None,))[0] is dead:
+            self._ids.pop(key, None)
 
 
 class Recording:
@@ -146,7 +176,7 @@ class Recording:
     def __init__(self, path: str | Path, *, notes: str = "", tag_level: int | None = None,
                  strict: bool | None = None, blob_threshold: int = BLOB_THRESHOLD_BYTES):
         self.strict = strict if strict is not None else os.environ.get("REPLAY_CAPTURE_STRICT") == "1"
-        self.tag_level = tag_level if tag_level is not None else int(os.environ.get("REPLAY_TAGS", DEFAULT_TAG_LEVEL))
+        self.tag_level = tag_level if tag_level is not None else _tag_level_from_env()
         self.blob_threshold = blob_threshold
         self.writer = SnapshotWriter(path, notes=notes)
         self.stopped = False
@@ -164,6 +194,8 @@ class Recording:
             raise CaptureError(message)
         with self._report_lock:
             if stop:
+                if self.stopped:  # another thread's failure already stopped capture
+                    return
                 self.stopped = True
             if message in self._reported:
                 return
@@ -174,34 +206,40 @@ class Recording:
         except OSError:
             pass
 
-    def _store(self, t: torch.Tensor, reusable: bool) -> tuple[torch.Tensor | None, Geometry, str | None]:
+    def _store(self, spec: CallSpec, what: str, t: torch.Tensor,
+               reusable: bool) -> tuple[torch.Tensor | None, Geometry, str | None]:
         """Copy a tensor now: inline span, or (large and read-only) a blob digest."""
-        if reusable and t.numel() * t.element_size() >= self.blob_threshold:
+        try:
             geometry = geometry_of(t)
+        except UnsupportedTensor as exc:
+            raise CaptureError(f"op '{spec.op}': {what}: {exc}; call not recorded") from None
+        if reusable and t.numel() * t.element_size() >= self.blob_threshold:
             digest = self._blob_ids.get(t)
             if digest is None:
-                span, geometry = span_copy_cpu(t)
-                digest = self.writer.put_blob(span)
+                digest = self.writer.put_blob(span_copy_cpu(t)[0])
                 self._blob_ids.put(t, digest)
             return None, geometry, digest
-        span, geometry = span_copy_cpu(t)
-        return span, geometry, None
+        return span_copy_cpu(t)[0], geometry, None
 
     def record(self, spec: CallSpec, fn: Callable, signature: inspect.Signature,
                args: tuple, kwargs: dict) -> Any:
         if self.stopped:
             return fn(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:  # the call itself is wrong: let the function raise its own error
+            return fn(*args, **kwargs)
+        bound.apply_defaults()
         index = self.writer.reserve_index()
         arg_list: list[dict[str, Any]] = []
         stored: dict[str, tuple[torch.Tensor | None, Geometry, str | None]] = {}
         try:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
             for name, value in bound.arguments.items():
                 if isinstance(value, torch.Tensor):
                     role = "state" if name in spec.state else "in"
                     key = f"{role}/{name}"
-                    stored[key] = self._store(value, reusable=role == "in" and name not in spec.mutates)
+                    stored[key] = self._store(spec, f"argument '{name}'", value,
+                                              reusable=role == "in" and name not in spec.mutates)
                     arg_list.append({"name": name, "tensor": key})
                 else:
                     try:
@@ -240,14 +278,14 @@ class Recording:
         returned_json = {}
         for name, value in outputs.items():
             if isinstance(value, torch.Tensor):
-                stored[f"out/{name}"] = self._store(value, reusable=False)
+                stored[f"out/{name}"] = self._store(spec, f"output '{name}'", value, reusable=False)
             else:
                 try:
                     returned_json[name] = jsonargs.encode(value)
                 except jsonargs.NotJSONRepresentable as exc:
                     raise CaptureError(f"op '{spec.op}': output '{name}' is a {exc}; call not recorded") from None
         for name, value in sink.tags.items():
-            stored[f"tag/{name}"] = self._store(value, reusable=False)
+            stored[f"tag/{name}"] = self._store(spec, f"tag '{name}'", value, reusable=False)
         header = {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": arg_list,
                   "returns_json": returned_json, "launch": sink.launches,
                   "meta": {"duration_s": duration, "thread": threading.current_thread().name}}
@@ -256,6 +294,13 @@ class Recording:
         blobs = {k: digest for k, (_, _, digest) in stored.items() if digest is not None}
         self.writer.write_call(index, header, spans, geometries, blobs)
         self.calls_written += 1
+
+
+def _tag_level_from_env() -> int:
+    raw = os.environ.get("REPLAY_TAGS", str(DEFAULT_TAG_LEVEL))
+    if raw.strip() not in {str(level) for level in TAG_LEVELS}:
+        raise CaptureError(f"REPLAY_TAGS={raw!r}: must be 0 (off), 1 (tagged) or 2 (everything)")
+    return int(raw)
 
 
 def active() -> Recording | None:
@@ -294,7 +339,7 @@ def start_from_env() -> None:
         return
     try:
         start(path)
-    except CaptureError as exc:
+    except (ReplayError, OSError) as exc:  # an existing snapshot, an unwritable path, a bad setting
         if os.environ.get("REPLAY_CAPTURE_STRICT") == "1":
             raise
         print(f"replay: capture: {exc}; not recording", file=sys.stderr)
@@ -306,9 +351,10 @@ def wrap(spec: CallSpec, fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def captured(*args: Any, **kwargs: Any) -> Any:
-        if _recording is None:
+        rec = _recording  # read once: another thread may stop the recording meanwhile
+        if rec is None:
             return fn(*args, **kwargs)
-        return _recording.record(spec, fn, signature, args, kwargs)
+        return rec.record(spec, fn, signature, args, kwargs)
 
     captured.__replay_spec__ = spec
     captured.__wrapped__ = fn

@@ -1,8 +1,120 @@
-"""`replay show`: placeholder until the foundation helper writes it."""
+"""`replay show`: list a snapshot's calls and tensors, export them as .npy."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
 import click
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from replay.cli.common import exits_on_replay_error, json_option, write_json
+from replay.cli.progress import call_progress
+from replay.inspect import Selection, SnapshotSummary, summarise
+from replay.snapshot import Snapshot
+from replay.snapshot.callfile import ROLES
+
+COLUMNS = ("call", "op", "variant", "role", "name", "dtype", "shape", "strides",
+           "min", "max", "mean", "nan", "inf")
 
 
 @click.command("show")
-def command() -> None:
-    """List a snapshot's calls and tensors."""
-    raise click.UsageError("not yet written")
+@click.argument("snapshot", type=click.Path(path_type=Path))
+@click.option("--call", "calls", type=int, multiple=True, metavar="N", help="Only call N (repeatable).")
+@click.option("--op", "ops", multiple=True, metavar="NAME", help="Only calls of op NAME (repeatable).")
+@click.option("--role", "roles", type=click.Choice(ROLES), multiple=True,
+              help="Only tensors of this role (repeatable): in (arguments before the call), "
+                   "out (outputs and mutated arguments after it), state, tag (intermediates).")
+@click.option("--export", "export_dir", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="Write the chosen tensors to DIR as .npy, one file per tensor named "
+                   "<call>-<op>-<role>-<name>.npy; bfloat16 and fp8 are written as float32 (exact).")
+@json_option
+@exits_on_replay_error
+def command(snapshot: Path, calls: tuple[int, ...], ops: tuple[str, ...], roles: tuple[str, ...],
+            export_dir: Path | None, json_target: str | None) -> None:
+    """List the calls and tensors of SNAPSHOT: index, op, variant, role, name, dtype,
+    shape, strides, min/max/mean (over finite elements) and NaN/inf counts.
+
+    Every file read is checked against its sha256; a corrupt, truncated or unknown
+    file is an error naming it (exit 2).
+
+    \b
+    Examples:
+      replay show snapshots/prefill_001
+      replay show snapshots/prefill_001 --op kv_scatter --role state
+      replay show snapshots/prefill_001 --call 17 --export /tmp/call17
+      replay show snapshots/prefill_001 --json - | jq '.calls[0].tensors'
+    """
+    with call_progress(quiet=json_target == "-") as progress:
+        summary = summarise(Snapshot(snapshot), Selection(calls, ops, roles), export_dir, progress)
+    if json_target is not None:
+        write_json(json_target, summary.to_json())
+        if json_target == "-":
+            return
+    console = Console()
+    if not console.is_terminal:
+        console.width = 200  # piped output: do not fold the table to 80 columns
+    _print_summary(console, summary, export_dir)
+
+
+def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path | None) -> None:
+    console.print(_describe_manifest(summary), markup=False, highlight=False)
+    for error in summary.manifest.get("capture_errors", []):
+        console.print(f"[yellow]capture error:[/] {escape(str(error))}")
+    shared = any(t.blob for c in summary.calls for t in c.tensors)
+    table = Table(title_justify="left", title=f"{len(summary.calls)} of {summary.calls_in_snapshot} calls",
+                  caption="* stored once in blobs/, shared between calls" if shared else None,
+                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    for column in COLUMNS:
+        table.add_column(column, overflow="fold",  # a narrow terminal folds cells rather than dropping them
+                         justify="right" if column in ("call", "min", "max", "mean", "nan", "inf") else "left")
+    for call in summary.calls:
+        rows = []
+        if call.args:
+            rows.append(["args", escape(", ".join(f"{k}={json.dumps(v)}" for k, v in call.args.items()))]
+                        + [""] * (len(COLUMNS) - 5))
+        for t in call.tensors:
+            strides = _tuple(t.stride) + (f" +{t.storage_offset}" if t.storage_offset else "")
+            rows.append([t.role, escape(t.name), t.dtype + ("*" if t.blob else ""), _tuple(t.shape), strides,
+                         _number(t.min), _number(t.max), _number(t.mean), _count(t.nan), _count(t.inf)])
+        for n, row in enumerate(rows):
+            first = n == 0  # the call's index, op and variant head its group of rows
+            table.add_row(str(call.index) if first else "", escape(call.op) if first else "",
+                          escape(call.variant) if first else "", *row)
+        table.add_section()
+    console.print(table)
+    if export_dir is not None:
+        exported = [t for c in summary.calls for t in c.tensors if t.exported]
+        widened = sum(t.exported_dtype != t.dtype for t in exported)
+        note = f" ({widened} bfloat16/fp8 tensors written as float32)" if widened else ""
+        console.print(f"exported {len(exported)} tensors to {export_dir}{note}", markup=False, highlight=False)
+
+
+def _describe_manifest(summary: SnapshotSummary) -> str:
+    m = summary.manifest
+    env = m.get("environment") or {}
+    git = (m.get("producer") or {}).get("git") or {}
+    parts = [f"snapshot {summary.path}", f"format {m.get('format_version')}", f"created {m.get('created', '?')}"]
+    if git.get("commit"):
+        parts.append(f"git {str(git['commit'])[:12]}{' (dirty)' if git.get('dirty') else ''}")
+    parts += [f"{key} {env[key]}" for key in ("device", "torch", "triton", "cuda") if env.get(key)]
+    if m.get("notes"):
+        parts.append(f"notes: {m['notes']}")
+    return " | ".join(parts)
+
+
+def _tuple(values: list[int]) -> str:
+    return "(" + ", ".join(map(str, values)) + ("," if len(values) == 1 else "") + ")"
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return ""
+    return str(value) if isinstance(value, int) else f"{value:.6g}"
+
+
+def _count(n: int) -> str:
+    return f"[red]{n}[/]" if n else "0"

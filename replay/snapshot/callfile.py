@@ -15,11 +15,17 @@ import safetensors.torch
 import torch
 
 META_KEY = "replay.call"
+BLOB_KEY = "data"
 ROLES = ("in", "out", "state", "tag")
 
 
 def serialize(header: dict[str, Any], spans: dict[str, torch.Tensor]) -> bytes:
     return safetensors.torch.save(spans, metadata={META_KEY: json.dumps(header, allow_nan=False)})
+
+
+def serialize_blob(span: torch.Tensor) -> bytes:
+    """A blob file: one tensor under 'data', no metadata (its name is its sha256)."""
+    return safetensors.torch.save({BLOB_KEY: span})
 
 
 def read_header(data: bytes) -> dict[str, Any]:
@@ -30,10 +36,13 @@ def read_header(data: bytes) -> dict[str, Any]:
     if size > len(data) - 8:
         raise ValueError("header runs past the end of the file (truncated?)")
     header = json.loads(data[8:8 + size])
-    meta = header.get("__metadata__") or {}
-    if META_KEY not in meta:
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or META_KEY not in meta:
         raise ValueError(f"no '{META_KEY}' metadata: not a replay call file")
-    return json.loads(meta[META_KEY])
+    call = json.loads(meta[META_KEY])
+    if not isinstance(call, dict):
+        raise ValueError(f"'{META_KEY}' metadata is not a JSON object")
+    return call
 
 
 def read_spans(data: bytes) -> dict[str, torch.Tensor]:

@@ -1,6 +1,7 @@
 """Atomic file writes and content hashes."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
@@ -11,22 +12,20 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def write_atomic(path: Path, data: bytes) -> None:
     """Write to a temporary name beside `path`, flush to disk, then rename over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # A failed write (disk full) must not leave a half-written temporary behind.
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def append_line(path: Path, line: str) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,13 @@ from replay.snapshot.files import sha256_bytes
 from replay.snapshot.manifest import FORMAT_VERSION
 from replay.snapshot.tensors import DTYPES, Geometry, rebuild
 from replay.snapshot.writer import INDEX, MANIFEST, blob_relpath
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception's message folded onto one line (errors are reported as one line)."""
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -32,7 +40,11 @@ class CallEntry:
 
 @dataclass
 class CallRecord:
-    """A recorded call, read back: tensors are rebuilt views keyed '<role>/<name>'."""
+    """A recorded call, read back: tensors are rebuilt views keyed '<role>/<name>'.
+
+    `args` and `returns_json` hold JSON as stored (decode with `arguments()` or
+    jsonargs.decode); `blobs` maps the keys of tensors stored as blobs to their digest.
+    """
 
     index: int
     op: str
@@ -42,6 +54,8 @@ class CallRecord:
     tensors: dict[str, torch.Tensor]
     launch: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    returns_json: dict[str, Any] = field(default_factory=dict)
+    blobs: dict[str, str] = field(default_factory=dict)
 
     def role(self, role: str) -> dict[str, torch.Tensor]:
         """Tensors of one role ('in', 'out', 'state', 'tag'), by name, in recorded order."""
@@ -74,10 +88,10 @@ class Snapshot:
         except FileNotFoundError:
             raise SnapshotError(f"{path}: missing manifest (not a snapshot, or its recording never started)") from None
         except (ValueError, UnicodeDecodeError) as exc:
-            raise SnapshotError(f"{path}: unreadable manifest: {exc}") from None
+            raise SnapshotError(f"{path}: unreadable manifest: {_one_line(exc)}") from None
         version = manifest.get("format_version") if isinstance(manifest, dict) else None
-        if not isinstance(version, int):
-            raise SnapshotError(f"{path}: manifest has no integer format_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise SnapshotError(f"{path}: manifest has no valid format_version (a positive integer)")
         if version > FORMAT_VERSION:
             raise SnapshotError(f"{path}: format version {version} is newer than this tool reads "
                                 f"({FORMAT_VERSION}); upgrade kernel-replay")
@@ -101,8 +115,11 @@ class Snapshot:
                                          str(obj["file"]), str(obj["sha256"]), int(obj["bytes"]),
                                          tuple(obj.get("blobs", ()))))
             except (ValueError, KeyError, TypeError) as exc:
-                raise SnapshotError(f"{path}:{number}: malformed index line: {exc}") from None
+                raise SnapshotError(f"{path}:{number}: malformed index line: {_one_line(exc)}") from None
         entries.sort(key=lambda e: e.index)
+        for before, after in zip(entries, entries[1:]):
+            if before.index == after.index:
+                raise SnapshotError(f"{path}: call index {after.index} appears more than once")
         return entries
 
     def __len__(self) -> int:
@@ -120,7 +137,7 @@ class Snapshot:
                             f"(calls {self.entries[0].index}..{self.entries[-1].index})" if self.entries
                             else f"{self.path}: snapshot has no calls")
 
-    def _read_verified(self, rel: str, expected_sha: str) -> bytes:
+    def _read_verified(self, rel: str, expected_sha: str, expected_bytes: int | None = None) -> bytes:
         path = self.path / rel
         if ".." in Path(rel).parts or Path(rel).is_absolute():
             raise SnapshotError(f"{self.path / INDEX}: refuses path {rel!r} outside the snapshot")
@@ -128,11 +145,18 @@ class Snapshot:
             data = path.read_bytes()
         except FileNotFoundError:
             raise SnapshotError(f"{path}: missing file listed in the index") from None
+        except OSError as exc:
+            raise SnapshotError(f"{path}: unreadable: {_one_line(exc)}") from None
+        if self.verify and expected_bytes is not None and len(data) != expected_bytes:
+            raise SnapshotError(f"{path}: {len(data)} bytes, the index says {expected_bytes} (truncated or corrupt file)")
         if self.verify and sha256_bytes(data) != expected_sha:
             raise SnapshotError(f"{path}: sha256 mismatch (corrupt or truncated file)")
         return data
 
-    def _blob(self, digest: str) -> torch.Tensor:
+    def _blob(self, digest: str, referrer: Path) -> torch.Tensor:
+        """The span stored in blob `digest` (shared: callers must not modify it)."""
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise SnapshotError(f"{referrer}: blob reference {digest!r} is not a sha256 hex digest")
         cached = self._blob_cache.get(digest)
         if cached is not None:
             self._blob_cache.move_to_end(digest)
@@ -140,9 +164,9 @@ class Snapshot:
         rel = blob_relpath(digest)
         data = self._read_verified(rel, digest)
         try:
-            span = callfile.read_spans(data)["data"]
+            span = callfile.read_spans(data)[callfile.BLOB_KEY]
         except Exception as exc:  # safetensors raises several types for bad data
-            raise SnapshotError(f"{self.path / rel}: unreadable tensor data: {exc}") from None
+            raise SnapshotError(f"{self.path / rel}: unreadable tensor data: {_one_line(exc)}") from None
         self._blob_cache[digest] = span
         size = 0
         for key in reversed(list(self._blob_cache)):
@@ -155,24 +179,42 @@ class Snapshot:
         if isinstance(entry, int):
             entry = self.entry(entry)
         path = self.path / entry.file
-        data = self._read_verified(entry.file, entry.sha256)
+        data = self._read_verified(entry.file, entry.sha256, entry.bytes)
         try:
             header = callfile.read_header(data)
             spans = callfile.read_spans(data)
         except Exception as exc:  # malformed JSON or safetensors payload
-            raise SnapshotError(f"{path}: unreadable call file: {exc}") from None
+            raise SnapshotError(f"{path}: unreadable call file: {_one_line(exc)}") from None
+        _check_header(path, header)
         tensors: dict[str, torch.Tensor] = {}
-        for key, geo in header.get("tensors", {}).items():
-            if geo.get("dtype") not in DTYPES:
-                raise SnapshotError(f"{path}: tensor {key!r} has unknown dtype {geo.get('dtype')!r}")
-            span = self._blob(geo["blob"]) if "blob" in geo else spans.get(key)
+        for key, geo in header["tensors"].items():
+            if not isinstance(geo, dict) or geo.get("dtype") not in DTYPES:
+                dtype = geo.get("dtype") if isinstance(geo, dict) else None
+                raise SnapshotError(f"{path}: tensor {key!r} has unknown dtype {dtype!r} "
+                                    f"(known: {', '.join(DTYPES)})")
+            # A blob is shared by many calls: give each call its own copy.
+            span = self._blob(geo["blob"], path).clone() if "blob" in geo else spans.get(key)
             if span is None:
                 raise SnapshotError(f"{path}: tensor {key!r} is described but not stored")
             try:
                 tensors[key] = rebuild(span, Geometry.from_json(geo))
-            except (ValueError, RuntimeError) as exc:
-                raise SnapshotError(f"{path}: tensor {key!r}: {exc}") from None
+            except (ValueError, RuntimeError, KeyError, TypeError) as exc:
+                raise SnapshotError(f"{path}: tensor {key!r}: {_one_line(exc)}") from None
         return CallRecord(index=entry.index, op=header["op"], variant=header["variant"],
-                          provider=header.get("provider"), args=header.get("args", []),
+                          provider=header.get("provider"), args=header["args"],
                           tensors=tensors, launch=header.get("launch", []),
-                          meta=header.get("meta", {}))
+                          meta=header.get("meta", {}), returns_json=header.get("returns_json", {}),
+                          blobs={k: g["blob"] for k, g in header["tensors"].items() if "blob" in g})
+
+
+def _check_header(path: Path, header: dict[str, Any]) -> None:
+    """The call description's required fields have the right types (a clear error if not)."""
+    expected = {"op": str, "variant": str, "args": list, "tensors": dict}
+    for name, kind in expected.items():
+        if not isinstance(header.get(name), kind):
+            raise SnapshotError(f"{path}: call metadata field {name!r} is missing or not a {kind.__name__}")
+    for arg in header["args"]:
+        if not isinstance(arg, dict) or "name" not in arg or ("tensor" in arg) == ("json" in arg):
+            raise SnapshotError(f"{path}: malformed argument entry {arg!r} (needs 'name' and one of 'tensor', 'json')")
+        if "tensor" in arg and arg["tensor"] not in header["tensors"]:
+            raise SnapshotError(f"{path}: argument {arg['name']!r} refers to undescribed tensor {arg['tensor']!r}")

@@ -44,9 +44,15 @@ class Geometry:
                    tuple(int(s) for s in obj["stride"]), int(obj["storage_offset"]))
 
 
+class UnsupportedTensor(TypeError):
+    """A tensor snapshot format 1 cannot hold (unknown dtype, sparse or other non-strided layout)."""
+
+
 def geometry_of(t: torch.Tensor) -> Geometry:
+    if t.layout != torch.strided:
+        raise UnsupportedTensor(f"layout {t.layout} is not supported by snapshot format 1 (strided only)")
     if t.dtype not in DTYPE_NAMES:
-        raise TypeError(f"dtype {t.dtype} is not supported by snapshot format 1")
+        raise UnsupportedTensor(f"dtype {t.dtype} is not supported by snapshot format 1")
     return Geometry(DTYPE_NAMES[t.dtype], tuple(t.shape), tuple(t.stride()), t.storage_offset())
 
 

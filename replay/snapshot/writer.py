@@ -51,7 +51,7 @@ class SnapshotWriter:
 
     def put_blob(self, span: torch.Tensor) -> str:
         """Store a read-only tensor span once, by content; return its digest."""
-        data = callfile.serialize({"blob": True}, {"data": span})
+        data = callfile.serialize_blob(span)
         digest = sha256_bytes(data)
         with self._lock:
             if digest in self._known_blobs:

@@ -1,0 +1,178 @@
+"""What a recording holds for a call, and how capture fails without crashing the program."""
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+import replay
+from replay import recorder
+from replay.errors import CaptureError, SnapshotError
+from replay.snapshot import Snapshot, writer
+
+
+@replay.capture("cap_scale_inplace", mutates=("x",))
+def scale_(x: torch.Tensor, factor: float) -> None:
+    x.mul_(factor)
+
+
+@replay.capture("cap_advance", state=("position_buf",))
+def advance(x: torch.Tensor, position_buf: torch.Tensor) -> torch.Tensor:
+    return x[position_buf.long()]
+
+
+@replay.capture("cap_takes_anything")
+def takes_anything(x: torch.Tensor, extra: object = None) -> torch.Tensor:
+    return x + 1
+
+
+@replay.capture("cap_tagged")
+def tagged(x: torch.Tensor) -> torch.Tensor:
+    y = replay.tag("doubled", x * 2)
+    replay.tag("detail", y + 1, level=2)
+    replay.launch("tagged_kernel", (4, 1, 1), path="direct", num_warps=4, stream=object())
+    return y
+
+
+def stderr_capture_lines(capsys: pytest.CaptureFixture) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("replay: capture:")]
+
+
+def manifest(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def test_in_place_kernel_replays_from_its_true_inputs(tmp_path: Path) -> None:
+    x = torch.arange(6.0)
+    with replay.recording(tmp_path / "snap"):
+        scale_(x, 3.0)
+    record = Snapshot(tmp_path / "snap").load(0)
+    assert torch.equal(record.tensors["in/x"], torch.arange(6.0))  # copied before the call
+    assert torch.equal(record.tensors["out/x"], torch.arange(6.0) * 3)  # recorded after it
+    replayed = record.tensors["in/x"].clone()
+    scale_(replayed, **{k: v for k, v in record.arguments().items() if k != "x"})
+    assert torch.equal(replayed, record.tensors["out/x"])
+
+
+def test_state_arguments_are_stored_under_state(tmp_path: Path) -> None:
+    with replay.recording(tmp_path / "snap"):
+        advance(torch.arange(10.0), torch.tensor([3, 4], dtype=torch.int32))
+    record = Snapshot(tmp_path / "snap").load(0)
+    assert set(record.tensors) == {"in/x", "state/position_buf", "out/out"}
+    assert torch.equal(record.role("state")["position_buf"], torch.tensor([3, 4], dtype=torch.int32))
+    assert [a["tensor"] for a in record.args] == ["in/x", "state/position_buf"]
+
+
+def test_tags_and_launches_are_recorded_into_their_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLAY_TAGS", "2")
+    with replay.recording(tmp_path / "snap"):
+        tagged(torch.ones(3))
+    record = Snapshot(tmp_path / "snap").load(0)
+    assert torch.equal(record.role("tag")["doubled"], torch.full((3,), 2.0))
+    assert torch.equal(record.role("tag")["detail"], torch.full((3,), 3.0))
+    (launch,) = record.launch
+    assert launch["kernel"] == "tagged_kernel" and launch["grid"] == [4, 1, 1]
+    assert launch["path"] == "direct" and launch["num_warps"] == 4
+    assert launch["stream"].startswith("<object object")  # not JSON: kept as its repr, never raised
+
+
+@pytest.mark.parametrize("level, tags", [("0", set()), ("1", {"doubled"}), ("2", {"doubled", "detail"})])
+def test_tag_levels(level: str, tags: set[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLAY_TAGS", level)
+    with replay.recording(tmp_path / "snap"):
+        tagged(torch.ones(3))
+    assert set(Snapshot(tmp_path / "snap").load(0).role("tag")) == tags
+
+
+def test_bad_tag_level_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLAY_TAGS", "3")
+    with pytest.raises(CaptureError, match="REPLAY_TAGS='3'"):
+        replay.recording(tmp_path / "snap").__enter__()
+    assert recorder.active() is None
+
+
+def test_non_json_argument_is_reported_once_and_the_call_skipped(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture) -> None:
+    with replay.recording(tmp_path / "snap"):
+        results = [takes_anything(torch.zeros(2), extra=object()) for _ in range(3)]
+        takes_anything(torch.zeros(2), extra="fine")
+    assert all(torch.equal(r, torch.ones(2)) for r in results)  # the program went on
+    (line,) = stderr_capture_lines(capsys)
+    assert "op 'cap_takes_anything'" in line and "argument 'extra'" in line
+    assert manifest(tmp_path / "snap")["capture_errors"] == [line.removeprefix("replay: capture: ")]
+    snapshot = Snapshot(tmp_path / "snap")
+    assert len(snapshot) == 1 and snapshot.load(snapshot.entries[0]).arguments()["extra"] == "fine"
+
+
+def test_unsupported_tensor_dtype_names_op_and_argument(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with replay.recording(tmp_path / "snap") as rec:
+        takes_anything(torch.zeros(2, dtype=torch.complex64))
+        takes_anything(torch.zeros(2))
+    (line,) = stderr_capture_lines(capsys)
+    assert "op 'cap_takes_anything': argument 'x'" in line and "complex64" in line
+    assert not rec.stopped and len(Snapshot(tmp_path / "snap")) == 1
+
+
+def test_strict_mode_raises_on_non_json_argument(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLAY_CAPTURE_STRICT", "1")
+    with replay.recording(tmp_path / "snap"):
+        with pytest.raises(CaptureError, match="op 'cap_takes_anything': argument 'extra'"):
+            takes_anything(torch.zeros(2), extra=object())
+
+
+def failing_in(directory: str, real: Callable[[Path, bytes], None]) -> Callable[[Path, bytes], None]:
+    """write_atomic failing as on a full disk inside `directory`; the manifest can still be written."""
+    def write(path: Path, data: bytes) -> None:
+        if path.parent.name == directory:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+    return write
+
+
+@pytest.mark.parametrize("directory", [writer.CALLS_DIR, writer.BLOBS_DIR])
+def test_write_failure_is_reported_once_and_capture_stops(directory: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    weight = torch.zeros(128, 128)  # 64 KiB: stored as a blob
+    with replay.recording(tmp_path / "snap") as rec:
+        takes_anything(torch.zeros(2))
+        monkeypatch.setattr(writer, "write_atomic", failing_in(directory, writer.write_atomic))
+        results = [takes_anything(weight) for _ in range(3)]
+    assert all(torch.equal(r, torch.ones(128, 128)) for r in results)
+    assert rec.stopped
+    (line,) = stderr_capture_lines(capsys)
+    assert "No space left on device" in line and "capture stopped" in line
+    assert manifest(tmp_path / "snap")["capture_errors"] == [line.removeprefix("replay: capture: ")]
+    assert len(Snapshot(tmp_path / "snap")) == 1  # the call before the failure
+
+
+def test_strict_mode_raises_on_write_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLAY_CAPTURE_STRICT", "1")
+    monkeypatch.setattr(writer, "write_atomic", failing_in(writer.CALLS_DIR, writer.write_atomic))
+    with replay.recording(tmp_path / "snap"):
+        with pytest.raises(CaptureError, match="No space left on device"):
+            takes_anything(torch.zeros(2))
+
+
+def test_recording_into_an_existing_snapshot_is_refused(tmp_path: Path) -> None:
+    with replay.recording(tmp_path / "snap"):
+        pass
+    with pytest.raises(SnapshotError, match="already holds a snapshot"):
+        replay.recording(tmp_path / "snap").__enter__()
+    assert recorder.active() is None
+
+
+def test_weights_in_inference_mode_are_recorded(tmp_path: Path) -> None:
+    with torch.inference_mode():
+        weight = torch.randn(256, 128)
+        with replay.recording(tmp_path / "snap") as rec:
+            for _ in range(2):
+                takes_anything(weight)
+    assert not rec.stopped
+    snapshot = Snapshot(tmp_path / "snap")
+    assert len(snapshot) == 2 and len(list((tmp_path / "snap" / "blobs").iterdir())) == 1
+    assert torch.equal(snapshot.load(1).tensors["in/x"], weight)

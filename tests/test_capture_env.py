@@ -1,0 +1,49 @@
+"""REPLAY_CAPTURE=path records a whole process; a bad target never stops the program."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+
+from replay.snapshot import Snapshot
+
+PROGRAM = textwrap.dedent("""
+    import torch, replay
+
+    @replay.capture("env_add")
+    def add(x, y):
+        return x + y
+
+    total = torch.zeros(3)
+    for step in range(3):
+        total = add(total, torch.ones(3))
+    print(total.tolist())
+""")
+
+
+def run_program(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", PROGRAM], env=dict(os.environ, **env),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_replay_capture_env_records_the_process(tmp_path: Path) -> None:
+    done = run_program(REPLAY_CAPTURE=str(tmp_path / "snap"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[3.0, 3.0, 3.0]"
+    snapshot = Snapshot(tmp_path / "snap")
+    assert [(r.op, r.tensors["out/out"].tolist()) for r in snapshot] == [
+        ("env_add", [1.0] * 3), ("env_add", [2.0] * 3), ("env_add", [3.0] * 3)]
+    assert torch.equal(snapshot.load(2).tensors["in/x"], torch.full((3,), 2.0))
+
+
+def test_unusable_replay_capture_target_is_reported_and_the_program_runs(tmp_path: Path) -> None:
+    (tmp_path / "snap").mkdir()
+    (tmp_path / "snap" / "manifest.json").write_text("{}")  # already a snapshot
+    done = run_program(REPLAY_CAPTURE=str(tmp_path / "snap"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[3.0, 3.0, 3.0]"
+    assert done.stderr.count("replay: capture:") == 1 and "not recording" in done.stderr

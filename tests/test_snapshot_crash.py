@@ -1,0 +1,75 @@
+"""A recording process killed with SIGKILL leaves a snapshot whose finished calls all replay."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import torch
+
+from fixtures.make_fixture_snapshot import make_fixture_snapshot
+from replay.snapshot import Snapshot
+
+# Records forever: every call writes a 256 KiB blob (its input) and a 256 KiB inline
+# output, so most of the time goes into writing files and a kill lands mid-write.
+RECORDER = textwrap.dedent("""
+    import torch, replay
+
+    @replay.capture("crash_double")
+    def double(x, step):
+        return x * 2
+
+    step = 0
+    while True:
+        double(torch.full((64, 1024), float(step)), step)
+        step += 1
+""")
+CALLS_BEFORE_KILL = 25
+
+
+def index_lines(snapshot: Path) -> int:
+    try:
+        return (snapshot / "calls.jsonl").read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def test_sigkill_mid_recording_leaves_finished_calls_readable(tmp_path: Path) -> None:
+    snapshot = tmp_path / "snap"
+    env = dict(os.environ, REPLAY_CAPTURE=str(snapshot))
+    child = subprocess.Popen([sys.executable, "-c", RECORDER], env=env, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while index_lines(snapshot) < CALLS_BEFORE_KILL:
+            assert child.poll() is None, child.stderr.read().decode()
+            assert time.monotonic() < deadline, "the recorder never reached the kill point"
+            time.sleep(0.02)
+        assert child.poll() is None  # still recording when killed
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+
+    read = Snapshot(snapshot)  # verifies sha256 of every file it loads
+    assert len(read) >= CALLS_BEFORE_KILL
+    for record in read:
+        step = record.arguments()["step"]
+        assert torch.equal(record.tensors["in/x"], torch.full((64, 1024), float(step)))
+        assert torch.equal(record.tensors["out/out"], torch.full((64, 1024), 2.0 * step))
+    assert sorted(e.index for e in read.entries) == list(range(len(read)))
+
+
+def test_cut_off_index_line_and_leftover_temporary_are_ignored(tmp_path: Path) -> None:
+    snapshot = make_fixture_snapshot(tmp_path / "snap")
+    complete = len(Snapshot(snapshot))
+    with open(snapshot / "calls.jsonl", "a") as f:
+        f.write('{"index": 99, "op": "fixture_linear", "variant": "defa')  # killed mid-append
+    (snapshot / "calls" / ".000099-fixture_linear.safetensors.1.2.tmp").write_bytes(b"half a file")
+    read = Snapshot(snapshot)
+    assert len(read) == complete
+    assert all(record.index != 99 for record in read)

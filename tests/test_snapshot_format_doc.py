@@ -1,0 +1,56 @@
+"""docs/FORMAT.md is right: its example producer's snapshot reads back, its dtype table matches."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import safetensors.torch
+import torch
+from click.testing import CliRunner
+
+from replay.cli.show_cmd import command as show
+from replay.snapshot import Snapshot
+from replay.snapshot.tensors import DTYPES
+
+FORMAT_MD = (Path(__file__).parents[1] / "docs" / "FORMAT.md").read_text()
+
+
+def example_producer() -> dict:
+    """Run the worked example's code block and return its namespace."""
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", FORMAT_MD, re.S)
+               if "def write_minimal_snapshot" in block]
+    namespace: dict = {}
+    exec(compile(code, "docs/FORMAT.md", "exec"), namespace)
+    return namespace
+
+
+def test_snapshot_written_by_the_documented_producer_reads_back(tmp_path: Path) -> None:
+    example_producer()["write_minimal_snapshot"](tmp_path / "example")
+    snapshot = Snapshot(tmp_path / "example")
+    assert snapshot.manifest["notes"] == "FORMAT.md example"
+    (call,) = list(snapshot)
+    assert (call.op, call.variant, call.provider) == ("axpy", "single", "example_kernels")
+    w = call.tensors["in/w"]
+    assert (w.stride(), w.tolist()) == ((1, 2), [[1.0, 3.0], [2.0, 4.0]])
+    row = call.tensors["in/row"]
+    assert (row.storage_offset(), row.tolist()) == (2, [7.0, 8.0])
+    assert torch.as_strided(row, (2,), (1,), 0).tolist() == [0.0, 0.0]  # not stored: zero
+    assert torch.equal(call.role("state")["position_buf"], torch.tensor([5, 6], dtype=torch.int32))
+    assert call.tensors["out/out"].tolist() == [2.0, 4.0, 6.0]
+    args = call.arguments()
+    assert math.isinf(args["alpha"]) and args["grid"] == (1, 2.0) and isinstance(args["grid"][1], float)
+    assert call.blobs == {"in/w": snapshot.entries[0].blobs[0]}
+    assert call.launch == [{"kernel": "axpy_kernel", "grid": [1, 1, 1]}]
+    assert CliRunner().invoke(show, [str(tmp_path / "example")]).exit_code == 0
+
+
+def test_dtype_table_matches_the_reader_and_safetensors() -> None:
+    rows = re.findall(r"^\| `(\w+)` \| `(\w+)` \| (\d) \|$", FORMAT_MD, re.M)
+    assert {name for name, _, _ in rows} == set(DTYPES)
+    for name, code, size in rows:
+        data = safetensors.torch.save({"t": torch.zeros(1, dtype=DTYPES[name])})
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        assert header["t"]["dtype"] == code, name
+        assert torch.empty(0, dtype=DTYPES[name]).element_size() == int(size), name
