@@ -157,10 +157,16 @@ def capture(op_name: str, variant: str = "default", *, state: Iterable[str] = ()
 
     The op is declared (by the decorated function's module) if nobody has declared it.
     """
+    state, mutates, outputs = tuple(state), tuple(mutates), tuple(outputs)
+
     def register(fn: Callable) -> Variant:
         found = _OPS.get(op_name)
         if found is None:
             found = op(op_name, state=state, mutates=mutates, outputs=outputs, provider=fn.__module__)
+        elif (state, mutates, outputs) != (found.state, found.mutates, found.outputs) and (state or mutates or outputs):
+            raise RegistryError(f"op '{op_name}' is declared with state={found.state}, mutates={found.mutates}, "
+                                f"outputs={found.outputs}; capture of '{fn.__qualname__}' asks for "
+                                f"state={state}, mutates={mutates}, outputs={outputs}")
         return found.variant(variant, backends=backends)(fn)
     return register
 
