@@ -1,0 +1,161 @@
+"""`replay bisect` end to end: validate, verify both ends, search in rounds, describe the answer."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from replay.bisect import interrupts
+from replay.bisect.cache import CACHE_NAME, ProbeCache, snapshot_digest
+from replay.bisect.errors import BisectError
+from replay.bisect.history import describe_commit, first_parent, load_range, open_repo, resolve_commit
+from replay.bisect.probe import ProbeCommand
+from replay.bisect.prober import Prober
+from replay.bisect.result import BisectResult, ProbeRecord
+from replay.bisect.search import BAD, GOOD, SKIP, BisectSearch, CommitGraph
+from replay.bisect.steps import Step, StepHandler
+from replay.bisect.worktrees import remove_stale
+from replay.snapshot.writer import MANIFEST
+
+
+@dataclass(frozen=True)
+class BisectOptions:
+    good: str
+    bad: str
+    snapshot: Path | None = None  # replayed by the engine, or handed to `run` as $REPLAY_SNAPSHOT
+    repo: Path = Path(".")
+    run: str | None = None  # a shell line run in each worktree instead of the engine
+    jobs: int = 1
+    first_parent: bool = False
+    timeout: float | None = None  # seconds per probe; past it the commit is skipped
+    reuse_cache: bool = True  # False probes every commit again (results are still stored)
+
+
+def run_bisect(options: BisectOptions, on_step: StepHandler | None = None) -> BisectResult:
+    """Find the first commit between options.good and options.bad whose probe fails.
+
+    Raises BisectError (exit 2) on bad input or when a probe contradicts --good or
+    --bad, KeyboardInterrupt on Ctrl-C or SIGTERM; worktrees are gone either way.
+    """
+    emit = _one_at_a_time(on_step)
+    started = time.monotonic()
+    if options.jobs < 1:
+        raise BisectError(f"--jobs {options.jobs}: needs at least 1")
+    repo = open_repo(options.repo)
+    good = resolve_commit(repo, options.good, "--good")
+    bad = resolve_commit(repo, options.bad, "--bad")
+    snapshot = _resolve_snapshot(options.snapshot)
+    command = _probe_command(options.run, snapshot)
+    graph = load_range(repo, good, bad, options.first_parent)
+    for path in remove_stale(repo):
+        emit(Step("prune", f"removed worktree {path}, left behind by a killed run"))
+    cache = ProbeCache(Path(repo.common_dir) / CACHE_NAME, snapshot_digest(snapshot), command.identity)
+    rounds_needed = math.ceil(math.log(len(graph)) / math.log(options.jobs + 1) - 1e-9)
+    emit(Step("start", f"bisecting {len(graph)} commits after {good[:10]} (good) up to {bad[:10]} (bad) "
+                       f"with `{command.label}`, {options.jobs} at a time: about {rounds_needed} rounds",
+              data={"good": good, "bad": bad, "range_size": len(graph), "jobs": options.jobs}))
+    with interrupts.sigterm_as_interrupt():
+        prober = Prober(repo, command, cache, emit, options.jobs, options.timeout, options.reuse_cache)
+        try:
+            return _bisect(repo, graph, good, bad, prober, options.jobs, emit, started)
+        finally:
+            with interrupts.deferred():
+                prober.close()
+
+
+def _one_at_a_time(on_step: StepHandler | None) -> StepHandler:
+    """Probes report from worker threads: handlers never run two at a time."""
+    lock = threading.Lock()
+
+    def emit(step: Step) -> None:
+        if on_step is not None:
+            with lock:
+                on_step(step)
+    return emit
+
+
+def _resolve_snapshot(snapshot: Path | None) -> Path | None:
+    """An absolute path, read from where it stands now, not from each probed commit."""
+    if snapshot is None:
+        return None
+    path = Path(snapshot).expanduser().resolve()
+    if not path.exists():
+        raise BisectError(f"snapshot not found: {snapshot}")
+    if not (path / MANIFEST).is_file():
+        raise BisectError(f"not a snapshot (no {MANIFEST}): {snapshot}")
+    return path
+
+
+def _probe_command(run: str | None, snapshot: Path | None) -> ProbeCommand:
+    if run is not None:
+        return ProbeCommand.shell(run, snapshot)
+    if snapshot is None:
+        raise BisectError("nothing to probe with: give a SNAPSHOT to replay, or --run CMD")
+    return ProbeCommand.engine(snapshot)
+
+
+def _bisect(repo: git.Repo, graph: CommitGraph, good: str, bad: str, prober: Prober, jobs: int,
+            emit: StepHandler, started: float) -> BisectResult:
+    ends = prober.probe([good, bad], "endpoint", 0)
+    _check_ends(ends[good], ends[bad])
+    search, rounds = _search(graph, prober, jobs, emit)
+    warnings = [f"{graph.shas[g][:10]} tested good although it descends from {graph.shas[b][:10]}, "
+                f"which tested bad: the test is not monotone here" for g, b in search.contradictions()]
+    for warning in warnings:
+        emit(Step("warning", warning))
+    outcome = search.outcome()
+    candidates = [describe_commit(repo, graph.shas[i]) for i in outcome.candidates]
+    first_bad = candidates[0] if outcome.first_bad is not None else None
+    first_bad_probe = parent_probe = None
+    if first_bad is not None:
+        first_bad_probe = prober.record_for(first_bad.sha)
+        parent = first_parent(repo, first_bad.sha)
+        if parent is not None:
+            parent_probe = prober.record_for(parent) or prober.probe([parent], "parent", rounds)[parent]
+        emit(Step("done", f"first bad commit {first_bad.short} {first_bad.subject}"))
+    else:
+        emit(Step("done", f"skipped commits leave {len(candidates)} candidates: "
+                          + " ".join(c.short for c in candidates)))
+    return BisectResult(good=good, bad=bad, command=prober.command.label, range_size=len(graph),
+                        first_bad=first_bad, candidates=candidates, first_bad_probe=first_bad_probe,
+                        parent_probe=parent_probe, probes=prober.records, rounds=rounds,
+                        seconds=time.monotonic() - started, warnings=warnings)
+
+
+def _search(graph: CommitGraph, prober: Prober, jobs: int, emit: StepHandler) -> tuple[BisectSearch, int]:
+    """Narrow the range with what the cache knows, then in rounds of `jobs` probes; return the rounds."""
+    search = BisectSearch(graph)
+    index = {sha: i for i, sha in enumerate(graph.shas)}
+    known = [sha for sha in graph.shas[:-1] if prober.cached(sha)]  # the tip is bad already
+    for sha, record in prober.probe(known, "search", 0).items():
+        search.record(index[sha], record.outcome.verdict)
+    if known:
+        emit(Step("cache", f"{len(known)} commits in the range were tested before; "
+                           f"{search.remaining()} may still be first bad"))
+    rounds = 0
+    while batch := search.next_batch(jobs):
+        rounds += 1
+        for sha, record in prober.probe([graph.shas[i] for i in batch], "search", rounds).items():
+            search.record(index[sha], record.outcome.verdict)
+        emit(Step("round", f"round {rounds}: {search.remaining()} commits may be first bad",
+                  data={"round": rounds, "remaining": search.remaining()}))
+    return search, rounds
+
+
+def _check_ends(good: ProbeRecord, bad: ProbeRecord) -> None:
+    problems = []
+    if good.outcome.verdict == BAD:
+        problems.append(f"--good {good.sha[:10]} is actually bad: the probe fails there "
+                        f"({good.outcome.reason}); pick an older good commit")
+    if bad.outcome.verdict == GOOD:
+        problems.append(f"--bad {bad.sha[:10]} is actually good: the probe passes there; "
+                        f"pick a newer bad commit, or check the test")
+    for name, end in (("--good", good), ("--bad", bad)):
+        if end.outcome.verdict == SKIP:
+            problems.append(f"{name} {end.sha[:10]} cannot be tested ({end.outcome.reason})")
+    if problems:
+        raise BisectError("; ".join(problems))

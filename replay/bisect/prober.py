@@ -1,0 +1,81 @@
+"""Probing commits up to `jobs` at a time, each in its own worktree, through the cache."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+import git
+
+from replay.bisect.cache import ProbeCache
+from replay.bisect.devices import device_for, visible_gpus
+from replay.bisect.probe import ProbeCommand, ProbeOutcome, ProbeRunner
+from replay.bisect.result import ProbeRecord
+from replay.bisect.search import SKIP
+from replay.bisect.steps import Step, StepHandler
+from replay.bisect.worktrees import Worktrees
+
+
+class Prober:
+    """Probes commits, up to `jobs` at a time, each in its own worktree; reuses and fills the cache."""
+
+    def __init__(self, repo: git.Repo, command: ProbeCommand, cache: ProbeCache, emit: StepHandler, jobs: int,
+                 timeout: float | None, reuse_cache: bool) -> None:
+        self.command = command
+        self.records: list[ProbeRecord] = []
+        self._reuse = reuse_cache
+        self._cache = cache
+        self._emit = emit
+        self._gpus = visible_gpus(jobs)
+        self._worktrees = Worktrees(repo)
+        self._runner = ProbeRunner(command, timeout, self._worktrees.neutral_dir)
+        self._executor = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="replay-probe")
+
+    def cached(self, sha: str) -> ProbeOutcome | None:
+        return self._cache.get(sha) if self._reuse else None
+
+    def record_for(self, sha: str) -> ProbeRecord | None:
+        return next((r for r in self.records if r.sha == sha), None)
+
+    def probe(self, shas: list[str], purpose: str, round_: int) -> dict[str, ProbeRecord]:
+        """Each commit's record: from the cache, else from probes run in parallel."""
+        done: dict[str, ProbeRecord] = {}
+        to_run = []
+        for sha in shas:
+            outcome = self.cached(sha)
+            if outcome is None:
+                to_run.append(sha)
+            else:
+                done[sha] = self._keep(ProbeRecord(sha, purpose, round_, True, None, outcome))
+        futures = {}
+        for slot, sha in enumerate(to_run):
+            device = device_for(slot, self._gpus)
+            where = f" on GPU {device}" if device is not None else ""
+            message = f"probing {sha[:10]} ({purpose}{f', round {round_}' if round_ else ''}){where}"
+            futures[self._executor.submit(self._probe_one, sha, device, message)] = (sha, device)
+        for future in as_completed(futures):
+            sha, device = futures[future]
+            outcome = future.result()
+            self._cache.put(sha, outcome)
+            done[sha] = self._keep(ProbeRecord(sha, purpose, round_, False, device, outcome))
+        return done
+
+    def _probe_one(self, sha: str, device: str | None, message: str) -> ProbeOutcome:
+        self._emit(Step("probe", message))  # from the worker, so the log shows when it really starts
+        try:
+            with self._worktrees.checkout(sha) as worktree:
+                return self._runner.run(worktree, sha, device)
+        except git.GitCommandError as exc:  # e.g. a disk full: skip the commit, keep bisecting
+            lines = str(exc.stderr).strip().splitlines()
+            return ProbeOutcome(SKIP, None, f"checkout failed: {lines[-1] if lines else exc}", 0.0, None, "")
+
+    def _keep(self, record: ProbeRecord) -> ProbeRecord:
+        self.records.append(record)
+        o = record.outcome
+        how = "cached" if record.cached else f"{o.seconds:.2f} s"
+        self._emit(Step("result", f"{record.sha[:10]} {o.verdict} ({o.reason}, {how})", detail=o.output_tail,
+                        data=record.to_json()))
+        return record
+
+    def close(self) -> None:
+        self._runner.cancel()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._worktrees.close()

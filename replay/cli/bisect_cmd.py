@@ -1,0 +1,80 @@
+"""`replay bisect`: parses options, shows progress, prints the answer; the work is replay.bisect's."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from replay.bisect import BisectOptions, Step, StepLog, fan_out, render, run_bisect
+from replay.cli.common import exits_on_replay_error, json_option, write_json
+
+EXIT_INTERRUPTED = 130
+
+
+@click.command("bisect")
+@click.argument("snapshot", required=False, type=click.Path(path_type=Path))
+@click.option("--good", required=True, metavar="REF", help="A commit where the probe passes (tag, branch, sha).")
+@click.option("--bad", required=True, metavar="REF", help="A later commit where it fails.")
+@click.option("--repo", type=click.Path(path_type=Path), default=Path("."), show_default=True,
+              help="The git repository whose history is bisected.")
+@click.option("--run", "run", metavar="CMD",
+              help="Shell command run inside each probed commit's worktree instead of `replay run` "
+                   "(exit 0 good, 1 bad, 125 skip); $REPLAY_SNAPSHOT and $REPLAY_BISECT_COMMIT are set.")
+@click.option("--jobs", "-j", type=click.IntRange(1), default=1, show_default=True, metavar="K",
+              help="Probe K commits per round in parallel (K+1-section); with several GPUs each probe gets its own.")
+@click.option("--first-parent", is_flag=True, help="Follow only first parents: a merged branch is judged by its merge.")
+@click.option("--timeout", type=click.FloatRange(0, min_open=True), metavar="S",
+              help="Seconds a probe may run; past that the commit is skipped.")
+@click.option("--no-cache", "no_cache", is_flag=True,
+              help="Probe every commit again instead of reusing results kept in .git/replay-bisect-cache.json.")
+@click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Write every step (probes, verdicts, output tails) to FILE.")
+@json_option
+@exits_on_replay_error
+def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | None, jobs: int, first_parent: bool,
+            timeout: float | None, no_cache: bool, log_path: Path | None, json_target: str | None) -> None:
+    """Find the first commit between --good and --bad where SNAPSHOT stops
+    replaying cleanly, or where `--run CMD` starts failing.
+
+    Each probed commit is checked out in a temporary detached git worktree; your
+    working tree, index, HEAD and stash are never touched, even on Ctrl-C.
+    SNAPSHOT is read from where it is now, so today's recording tests last
+    month's kernels, with this installation's `replay run --code WORKTREE`.
+    Both ends are probed first. Results are cached per commit, snapshot and
+    command, so a rerun or a wider range re-tests nothing. Probes that exit with
+    anything but 0, 1 or 125, or time out, are skipped with the reason shown.
+
+    \b
+    Examples:
+      replay bisect --good v1.2 --bad HEAD snapshots/prefill_001
+      replay bisect --good v1.2 --bad main snapshots/prefill_001 --jobs 4 --timeout 600
+      replay bisect --good v1.2 --bad HEAD --run 'pytest -x tests/test_prefill.py'
+      replay bisect --good v1.2 --bad HEAD --first-parent --json - snapshots/prefill_001 > answer.json
+
+    Exit 0 with an answer (even an ambiguous one), 2 on bad input or when --good
+    fails or --bad passes, 130 when interrupted.
+    """
+    options = BisectOptions(good=good, bad=bad, snapshot=snapshot, repo=repo, run=run, jobs=jobs,
+                            first_parent=first_parent, timeout=timeout, reuse_cache=not no_cache)
+    quiet = json_target == "-" or not sys.stderr.isatty()
+    progress = Console(stderr=True, highlight=False)
+    log = StepLog(log_path) if log_path else None
+
+    def show(step: Step) -> None:
+        progress.print(Text.assemble((f"{step.kind:>7} ", "dim"), step.message))
+
+    try:
+        result = run_bisect(options, fan_out(None if quiet else show, log))
+    except KeyboardInterrupt:
+        print("replay: interrupted; worktrees removed, your repository is as it was", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    finally:
+        if log:
+            log.close()
+    if json_target:
+        write_json(json_target, result.to_json())
+    if json_target != "-":
+        Console(highlight=False).print(render(result))
