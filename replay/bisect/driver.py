@@ -141,7 +141,7 @@ def _search(graph: CommitGraph, prober: Prober, jobs: int, emit: StepHandler) ->
         rounds += 1
         for sha, record in prober.probe([graph.shas[i] for i in batch], "search", rounds).items():
             search.record(index[sha], record.outcome.verdict)
-        emit(Step("round", f"round {rounds}: {search.remaining()} commits may be first bad",
+        emit(Step("round", f"{rounds}: {search.remaining()} commit(s) may be first bad",
                   data={"round": rounds, "remaining": search.remaining()}))
     return search, rounds
 

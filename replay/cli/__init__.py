@@ -8,7 +8,7 @@ import importlib
 
 import click
 
-COMMAND_MODULES = ("show", "run", "diff", "bisect")
+COMMAND_MODULES = ("show", "run", "diff", "bisect", "demo")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

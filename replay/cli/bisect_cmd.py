@@ -8,7 +8,6 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from replay.bisect import BisectOptions, Step, StepLog, fan_out, render, run_bisect
 from replay.cli.common import exits_on_replay_error, json_option, write_json
 
 EXIT_INTERRUPTED = 130
@@ -57,6 +56,8 @@ def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | N
     Exit 0 with an answer (even an ambiguous one), 2 on bad input or when --good
     fails or --bad passes, 130 when interrupted.
     """
+    from replay.bisect import BisectOptions, Step, StepLog, fan_out, render, run_bisect  # gitpython: only here
+
     options = BisectOptions(good=good, bad=bad, snapshot=snapshot, repo=repo, run=run, jobs=jobs,
                             first_parent=first_parent, timeout=timeout, reuse_cache=not no_cache)
     quiet = json_target == "-" or not sys.stderr.isatty()

@@ -111,10 +111,12 @@ class RunReport:
         if call is None:
             return None
         top = call.failures[0] if call.failures else None
+        # A contract names no rows; the most telling failure that does supplies them.
+        with_rows = next((c for c in call.failures if c.rows), None)
         tag = call.first_tag()
         return {"call": call.index, "op": call.op, "variant": top.variant if top else None,
-                "kind": top.kind if top else None, "rows": top.rows if top else [],
-                "rows_total": top.comparison.rows if top and top.comparison else None,
+                "kind": top.kind if top else None, "rows": with_rows.rows if with_rows else [],
+                "rows_total": with_rows.comparison.rows if with_rows else None,
                 "description": top.describe() if top else call.untestable,
                 "tag": tag.name if tag else None, "tag_rows": tag.rows if tag else [],
                 "tag_description": tag.describe() if tag else None}
