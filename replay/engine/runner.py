@@ -15,6 +15,7 @@ import torch
 
 from replay import recorder
 from replay.registry import SINGLE, Op, Variant
+from replay.snapshot.tensors import geometry_of
 
 
 @dataclass
@@ -34,8 +35,7 @@ def fresh_copy(value: Any, device: str) -> Any:
     """A copy of a tensor on `device` with the same strides and storage offset."""
     if not isinstance(value, torch.Tensor):
         return value
-    extent = value.storage_offset() + (
-        0 if value.numel() == 0 else 1 + sum((s - 1) * st for s, st in zip(value.shape, value.stride())))
+    extent = value.storage_offset() + geometry_of(value).span
     base = torch.as_strided(value, (extent,), (1,), 0).to(device, copy=True)
     return torch.as_strided(base, tuple(value.shape), value.stride(), value.storage_offset())
 
