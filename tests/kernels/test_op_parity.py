@@ -1,0 +1,74 @@
+"""Every op: batched with M=1 == single bitwise, every batched row == single on that row
+bitwise, and both within the op's per-dtype tolerance of the reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernel_cases
+from kernels import parity
+from kernels.ggml_quant import Q4_K, Q6_K
+from kernels.kquant_matmul import BATCHED_BLOCK_M, TILE_CANDIDATES, kquant_matmul
+
+# (op, case options): every op, plus the other layouts and paths each one has
+CASES = [
+    ("rmsnorm", {}), ("residual_add", {}), ("swiglu", {}),
+    ("rope", {"layout": "neox"}), ("rope", {"layout": "interleaved"}),
+    ("q4k_gemv", {}), ("q6k_gemv", {}),
+    ("kv_scatter", {"paged": True}), ("kv_scatter", {"paged": False}),
+    ("kv_scatter", {"paged": True, "indirect": True}),
+    ("attention", {"paged": True}), ("attention", {"paged": False}),
+]
+
+# larger shapes on the GPU: several warps a row, K walks of many steps with a masked tail
+GPU_SIZES = {"rmsnorm": {"hidden": 5000}, "residual_add": {"hidden": 9000}, "swiglu": {"width": 7000},
+             "rope": {"heads": 32, "head_dim": 128}, "q4k_gemv": {"n": 300, "k": 4864},
+             "q6k_gemv": {"n": 300, "k": 4864}}
+
+ROWS = {"cpu": 4, "cuda": 11}  # 11 crosses the batched GEMV's 8-row tile
+
+
+def _id(case):
+    op, options = case
+    return "-".join([op, *(f"{k}={v}" for k, v in options.items())])
+
+
+def _args(op, options, rows, dtype, dev, seed=0):
+    sizes = GPU_SIZES.get(op, {}) if dev == "cuda" else {}
+    return kernel_cases.make(op, rows, dtype, dev, seed=seed, **options, **sizes)
+
+
+@pytest.mark.parametrize("dtype", kernel_cases.DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_batched_of_one_row_equals_single(case, dtype, dev):
+    op, options = case
+    report = parity.row_parity(op, _args(op, options, 1, dtype, dev))
+    assert report.ok, report.message
+
+
+@pytest.mark.parametrize("dtype", kernel_cases.DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_every_batched_row_equals_single_on_that_row(case, dtype, dev):
+    op, options = case
+    report = parity.row_parity(op, _args(op, options, ROWS[dev], dtype, dev, seed=1))
+    assert report.rows == ROWS[dev]
+    assert report.ok, report.message
+
+
+@pytest.mark.parametrize("dtype", kernel_cases.DTYPES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=_id)
+def test_single_and_batched_match_the_reference(case, dtype, dev):
+    op, options = case
+    assert parity.reference_violations(op, _args(op, options, 1, dtype, dev, seed=2), "single") == []
+    assert parity.reference_violations(op, _args(op, options, ROWS[dev], dtype, dev, seed=3), "batched") == []
+
+
+@pytest.mark.parametrize("fmt", [Q4_K, Q6_K], ids=lambda f: f.name)
+@pytest.mark.parametrize("config", TILE_CANDIDATES, ids=str)
+def test_every_gemv_tile_candidate_keeps_rows_invariant(config, fmt, dev):
+    # whichever candidate tile_config picks, batched rows equal single calls bit for bit
+    weight = kernel_cases.make(f"{fmt.name.lower().replace('_', '')}_gemv", 1, torch.float32, dev, n=16, k=768)["weight"]
+    x = torch.randn(2, 768, generator=torch.Generator().manual_seed(0)).to(dev)
+    batched = kquant_matmul(x, weight, fmt, block_m=BATCHED_BLOCK_M, config=config)
+    for r in range(2):
+        assert torch.equal(batched[r:r + 1], kquant_matmul(x[r:r + 1], weight, fmt, block_m=1, config=config)), r

@@ -1,0 +1,51 @@
+"""Each kernel op has exactly its reference, single and batched variants; asking for anything
+else is a clear error listing what exists, never a fallback to another op or variant."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from kernels import launch
+from kernels.model import TinyLlama
+from replay.errors import RegistryError
+from replay.registry import get_op
+
+
+@pytest.mark.parametrize("name", kernels.OPS)
+def test_every_op_has_its_three_variants_on_both_backends(name):
+    op = get_op(name)
+    assert op.provider == f"kernels.{name}"
+    assert list(op.variants) == ["reference", "single", "batched"]
+    for variant in op.variants.values():
+        assert variant.backends == ("cpu", "cuda")
+        assert variant.fn.__module__ == op.provider
+
+
+def test_unknown_variant_lists_the_variants_that_exist():
+    with pytest.raises(RegistryError, match=r"op 'q6k_gemv' has no variant 'deterministic' "
+                                            r"\(it has: reference, single, batched\)"):
+        get_op("q6k_gemv").get("deterministic", "cuda")
+
+
+def test_unknown_backend_lists_the_backends_that_exist():
+    with pytest.raises(RegistryError, match=r"op 'rmsnorm' variant 'batched' cannot run on backend 'rocm' "
+                                            r"\(it runs on: cpu, cuda\)"):
+        get_op("rmsnorm").get("batched", "rocm")
+
+
+def test_unknown_op_lists_the_registered_ops():
+    with pytest.raises(RegistryError, match=r"unknown op 'q5k_gemv' \(registered: .*q4k_gemv.*q6k_gemv"):
+        get_op("q5k_gemv")
+
+
+def test_model_asks_the_registry_for_its_backend(monkeypatch):
+    monkeypatch.setattr(get_op("attention").get("single"), "backends", ("cuda",))
+    with pytest.raises(RegistryError, match="op 'attention' variant 'single' cannot run on backend 'cpu'"):
+        TinyLlama(device="cpu")
+
+
+def test_triton_variant_on_cpu_without_the_interpreter_says_so(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match="rmsnorm: Triton kernels on CPU tensors need TRITON_INTERPRET=1"):
+        launch.check_device("rmsnorm", torch.zeros(1))
