@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from replay.engine import checks
 from replay.engine.report import CallReport, RunReport
@@ -57,12 +57,12 @@ class _Providers:
             raise RegistryError(f"{snapshot}: call {record.index}: {exc} ({where})") from None
 
 
-def _variants_to_run(op: Op, record: CallRecord, options: ReplayOptions) -> list[str]:
+def _variants_to_run(op: Op, recorded_variant: str | None, options: ReplayOptions) -> list[str]:
     backend = options.device
     if options.variants:
         wanted = list(options.variants)
-    elif options.golden:
-        wanted = [record.variant]
+    elif options.golden and recorded_variant:
+        wanted = [recorded_variant]
     else:
         wanted = list(op.variants)
     for name in wanted:
@@ -72,29 +72,34 @@ def _variants_to_run(op: Op, record: CallRecord, options: ReplayOptions) -> list
     return [n for n in wanted if backend in op.variants[n].backends]
 
 
-def replay_call(op: Op, record: CallRecord, golden: CallRecord | None, options: ReplayOptions) -> CallReport:
-    """Run the chosen variants of one recorded call and check them."""
-    report = CallReport(record.index, record.op, record.variant)
-    inputs = record.arguments()
+def check_arguments(op: Op, inputs: dict[str, Any], options: ReplayOptions,
+                    recorded: CallRecord | None = None, golden: CallRecord | None = None) -> CallReport:
+    """Run the chosen variants of `op` on `inputs` and check them against each other,
+    the reference and the contracts; with `recorded`, against that recording too
+    (its outputs, or in golden mode those of `golden` when given, as the oracle).
+    """
+    if options.golden and recorded is None:
+        raise ValueError("golden mode needs the recorded call")
+    report = CallReport(recorded.index if recorded else -1, op.name, recorded.variant if recorded else "-")
     runs: dict[str, VariantRun] = {}
-    for name in _variants_to_run(op, record, options):
+    for name in _variants_to_run(op, recorded.variant if recorded else None, options):
         runs[name] = run_variant(op, op.variants[name], inputs, options.device, options.tag_level)
         report.variant_seconds[name] = runs[name].seconds
-        untestable = runs[name].untestable
-        if untestable:
+        if runs[name].untestable:
             report.untestable = f"{name}: {runs[name].error}"
         for attempt in range(2, options.repeat + 1):
             again = run_variant(op, op.variants[name], inputs, options.device, options.tag_level)
             report.checks += checks.repeat_checks(runs[name], again, attempt)
     report.checks += checks.error_checks(runs.values())
-    recorded_tags = record.role("tag")
-    report.checks += checks.contract_checks(op, inputs, record.role("out"), recorded_tags,
-                                            f"{record.variant} (recorded)")
+    recorded_tags = recorded.role("tag") if recorded else {}
+    if recorded:
+        report.checks += checks.contract_checks(op, inputs, recorded.role("out"), recorded_tags,
+                                                f"{recorded.variant} (recorded)")
     for run in runs.values():
         if not run.error:
             report.checks += checks.contract_checks(op, inputs, run.outputs, run.tags, run.variant)
     if options.golden:
-        oracle = golden or record
+        oracle = golden or recorded
         against = "golden" if golden else "recorded"
         tol = options.explicit_tolerance
         for run in runs.values():
@@ -103,13 +108,18 @@ def replay_call(op: Op, record: CallRecord, golden: CallRecord | None, options: 
             report.checks += checks.against_outputs(op, run, oracle.role("out"), "vs-golden", against, tol)
             oracle_tags = oracle.role("tag")
             report.checks += checks.tag_checks(op, run, oracle_tags, list(oracle_tags), against, tol)
-    else:
-        report.checks += checks.single_vs_batched(op, runs)
-        report.checks += checks.reference_checks(op, runs, list(recorded_tags))
-        replayed = runs.get(record.variant)
-        if replayed is not None and not replayed.error:
-            report.checks += checks.against_outputs(op, replayed, record.role("out"), "vs-recorded", "recorded")
+        return report
+    report.checks += checks.single_vs_batched(op, runs)
+    report.checks += checks.reference_checks(op, runs, list(recorded_tags))
+    replayed = runs.get(recorded.variant) if recorded else None
+    if replayed is not None and not replayed.error:
+        report.checks += checks.against_outputs(op, replayed, recorded.role("out"), "vs-recorded", "recorded")
     return report
+
+
+def replay_call(op: Op, record: CallRecord, golden: CallRecord | None, options: ReplayOptions) -> CallReport:
+    """Run the chosen variants of one recorded call and check them."""
+    return check_arguments(op, record.arguments(), options, record, golden)
 
 
 def replay_snapshot(path: str | Path, options: ReplayOptions, progress: ProgressFn | None = None) -> RunReport:
