@@ -24,8 +24,8 @@ import triton.language as tl
 
 import replay
 from kernels import bugs, kv_cache, launch
-from kernels.parity import bit_view
 from kernels.tolerances import EXACT
+from replay.compare import bit_pattern
 
 
 def split_row(args: dict[str, Any], r: int) -> dict[str, Any]:
@@ -176,16 +176,16 @@ def _rows_written(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> tupl
     where it already held the new row (rewriting equal data).
     """
     table = inputs.get("block_table")
-    old = [bit_view(kv_cache.by_position(inputs[n], table)) for n in ("k_cache", "v_cache")]
-    new = [bit_view(kv_cache.by_position(outputs[n], table)) for n in ("k_cache", "v_cache")]
+    old = [bit_pattern(kv_cache.by_position(inputs[n], table)) for n in ("k_cache", "v_cache")]
+    new = [bit_pattern(kv_cache.by_position(outputs[n], table)) for n in ("k_cache", "v_cache")]
     changed = ((old[0] != new[0]) | (old[1] != new[1])).flatten(1).any(1)
     found = set(torch.nonzero(changed.cpu()).flatten().tolist())
     before = int(inputs["kv_cache_lengths"].reshape(-1)[0])
     misplaced = []
     for row in range(inputs["k"].shape[0]):
         p = before + row
-        if p < new[0].shape[0] and torch.equal(new[0][p], bit_view(inputs["k"][row])) \
-                and torch.equal(new[1][p], bit_view(inputs["v"][row])):
+        if p < new[0].shape[0] and torch.equal(new[0][p], bit_pattern(inputs["k"][row])) \
+                and torch.equal(new[1][p], bit_pattern(inputs["v"][row])):
             found.add(p)
         else:
             misplaced.append(row)

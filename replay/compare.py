@@ -10,6 +10,15 @@ from replay.registry import Tolerance
 
 _INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32,
              torch.float16: torch.int16, torch.bfloat16: torch.int16}
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bit_pattern(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor's stored bits as integers of its width (other dtypes as they are), so that
+    NaN == NaN and -0.0 != 0.0 compare as stored."""
+    if t.dtype.is_floating_point:
+        return t.contiguous().view(_INT_OF_WIDTH[t.element_size()])
+    return t
 
 
 @dataclass
@@ -40,9 +49,7 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same shape, dtype and bits (NaNs with equal bits are equal)."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
-    if a.dtype in _INT_VIEW:
-        return torch.equal(a.contiguous().view(_INT_VIEW[a.dtype]), b.contiguous().view(_INT_VIEW[b.dtype]))
-    return torch.equal(a, b)
+    return torch.equal(bit_pattern(a), bit_pattern(b))
 
 
 def max_ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int | None:
@@ -127,9 +134,8 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
 
 
 def _elementwise_bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    if a.dtype in _INT_VIEW and a.dtype == b.dtype:
-        int_dtype = _INT_VIEW[a.dtype]
-        return a.contiguous().view(int_dtype) == b.contiguous().view(int_dtype)
+    if a.dtype == b.dtype:
+        return bit_pattern(a) == bit_pattern(b)
     return a == b
 
 

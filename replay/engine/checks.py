@@ -30,6 +30,16 @@ def single_vs_batched(op: Op, runs: Mapping[str, VariantRun]) -> list[Check]:
             for c in [compare(batched.outputs[name], single.outputs[name], None, op.batch_axes.get(name))]]
 
 
+def single_vs_batched_tags(op: Op, runs: Mapping[str, VariantRun], recorded_tag_order: list[str]) -> list[Check]:
+    """Tags both produced, bit for bit (kind 'tag' against single), in recorded order. Checked after
+    the reference's tags, so that a divergence from the reference is the one named first."""
+    single, batched = runs.get(SINGLE), runs.get(BATCHED)
+    if single is None or batched is None or single.error or batched.error:
+        return []
+    order = recorded_tag_order + [t for t in batched.tags if t not in recorded_tag_order]
+    return tag_checks(op, batched, single.tags, order, SINGLE, None)
+
+
 def against_outputs(op: Op, run: VariantRun, expected: Mapping[str, torch.Tensor], kind: str,
                     against: str, tolerance: Tolerance | None | str = "op") -> list[Check]:
     """Compare a run's outputs with `expected` ('op': the op's tolerance; None: bitwise)."""

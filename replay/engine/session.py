@@ -111,6 +111,7 @@ def check_arguments(op: Op, inputs: dict[str, Any], options: ReplayOptions,
         return report
     report.checks += checks.single_vs_batched(op, runs)
     report.checks += checks.reference_checks(op, runs, list(recorded_tags))
+    report.checks += checks.single_vs_batched_tags(op, runs, list(recorded_tags))
     replayed = runs.get(recorded.variant) if recorded else None
     if replayed is not None and not replayed.error:
         report.checks += checks.against_outputs(op, replayed, recorded.role("out"), "vs-recorded", "recorded")

@@ -1,12 +1,12 @@
 """Every op: batched with M=1 == single bitwise, every batched row == single on that row
-bitwise, and both within the op's per-dtype tolerance of the reference."""
+bitwise, and both within the op's per-dtype tolerance of the reference, as the replay engine
+checks them (outputs and tags)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import kernel_cases
-from kernels import parity
 from kernels.ggml_quant import Q4_K, Q6_K
 from kernels.kquant_matmul import BATCHED_BLOCK_M, TILE_CANDIDATES, kquant_matmul
 
@@ -38,29 +38,38 @@ def _args(op, options, rows, dtype, dev, seed=0):
     return kernel_cases.make(op, rows, dtype, dev, seed=seed, **options, **sizes)
 
 
+def _row_parity(op, args, dev):
+    """Batched on all rows against single row by row, bit for bit: the engine's checks of them."""
+    report = kernel_cases.check(op, args, dev, "batched", "single")
+    return report, kernel_cases.against(report, "single")
+
+
 @pytest.mark.parametrize("dtype", kernel_cases.DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_batched_of_one_row_equals_single(case, dtype, dev):
     op, options = case
-    report = parity.row_parity(op, _args(op, options, 1, dtype, dev))
-    assert report.ok, report.message
+    report, checks = _row_parity(op, _args(op, options, 1, dtype, dev), dev)
+    assert all(c.passed for c in checks), kernel_cases.explain(report, checks)
 
 
 @pytest.mark.parametrize("dtype", kernel_cases.DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_every_batched_row_equals_single_on_that_row(case, dtype, dev):
     op, options = case
-    report = parity.row_parity(op, _args(op, options, ROWS[dev], dtype, dev, seed=1))
-    assert report.rows == ROWS[dev]
-    assert report.ok, report.message
+    report, checks = _row_parity(op, _args(op, options, ROWS[dev], dtype, dev, seed=1), dev)
+    assert all(c.passed for c in checks), kernel_cases.explain(report, checks)
+    assert {c.comparison.rows for c in checks if c.comparison and c.comparison.rows} == {ROWS[dev]}
 
 
 @pytest.mark.parametrize("dtype", kernel_cases.DTYPES, ids=str)
 @pytest.mark.parametrize("case", CASES, ids=_id)
 def test_single_and_batched_match_the_reference(case, dtype, dev):
     op, options = case
-    assert parity.reference_violations(op, _args(op, options, 1, dtype, dev, seed=2), "single") == []
-    assert parity.reference_violations(op, _args(op, options, ROWS[dev], dtype, dev, seed=3), "batched") == []
+    for variant, rows, seed in (("single", 1, 2), ("batched", ROWS[dev], 3)):
+        report = kernel_cases.check(op, _args(op, options, rows, dtype, dev, seed=seed), dev, variant)
+        checks = kernel_cases.against(report, "reference")
+        assert all(c.passed for c in checks), kernel_cases.explain(report, checks)
+        assert {c.variant for c in checks} == {variant}
 
 
 @pytest.mark.parametrize("fmt", [Q4_K, Q6_K], ids=lambda f: f.name)
