@@ -91,12 +91,18 @@ def test_nondeterministic_kernel_caught_by_repeat(tmp_path: Path) -> None:
 
 
 def test_kernel_edited_after_recording_caught_by_golden_data(tmp_path: Path) -> None:
+    # Golden data is bitwise, so the baseline is recorded here, on this machine's device.
+    recorded = tmp_path / "prefill"
+    record = subprocess.run([sys.executable, "-c", "import sys; from kernels.model import record_prefill; "
+                             "record_prefill(sys.argv[1])", str(recorded)], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "KERNELS_PLANTED_BUGS": ""})
+    assert record.returncode == 0, record.stderr
     tree = edited_kernels(tmp_path, "rmsnorm.py", lambda source: source.replace(
         "tl.sum(x * x, axis=0) / H + eps)", "tl.sum(x * x, axis=0) / H + 2 * eps)"))
-    code, report = replay_json("run", str(SNAPSHOT), "--op", "rmsnorm", "--golden-data", "--code", str(tree))
+    code, report = replay_json("run", str(recorded), "--op", "rmsnorm", "--golden-data", "--code", str(tree))
     assert code == 1
     first = report["first_divergence"]
     assert (first["op"], first["variant"], first["kind"], first["call"]) == ("rmsnorm", "batched", "vs-golden", 0)
     assert first["tag"] == "rstd" and first["tag_rows"]
-    code, report = replay_json("run", str(SNAPSHOT), "--op", "rmsnorm", "--golden-data")
+    code, report = replay_json("run", str(recorded), "--op", "rmsnorm", "--golden-data")
     assert code == 0, report["first_divergence"]
