@@ -136,6 +136,8 @@ def test_help_has_an_example() -> None:
     assert "replay show snapshots/prefill_001 --call 17 --export" in result.stdout
 
 
+@pytest.mark.skipif(not REPLAY.exists(), reason="the console script exists only where the project is pip-installed "
+                                               "(CI installs it; the GPU image runs from the source tree)")
 def test_console_script_shows_the_fixture(fixture_snapshot: Path) -> None:
     done = subprocess.run([str(REPLAY), "show", str(fixture_snapshot), "--op", "fixture_rmsnorm"],
                           capture_output=True, text=True, timeout=120)

@@ -72,8 +72,13 @@ def tag_checks(op: Op, run: VariantRun, expected: Mapping[str, torch.Tensor], or
 
 def contract_checks(op: Op, inputs: Mapping[str, Any], outputs: Mapping[str, torch.Tensor],
                     tags: Mapping[str, torch.Tensor], variant: str) -> list[Check]:
-    """Run the op's contracts; outputs seen by a contract include the call's tags by name."""
-    seen = {**tags, **outputs}
+    """Run the op's contracts on the CPU; outputs seen by a contract include the call's tags by name.
+
+    Recorded inputs live on the CPU and replayed outputs on the replay device: one place
+    for both keeps every contract free of device bookkeeping.
+    """
+    inputs = {k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    seen = {k: v.cpu() for k, v in {**tags, **outputs}.items()}
     checks = []
     for contract in op.contracts:
         try:

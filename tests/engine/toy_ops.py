@@ -66,7 +66,7 @@ def _write(k, cache, kv_cache_lengths, seq_len_buf, positions):
 
 @scatter.reference
 def scatter_reference(k, cache, kv_cache_lengths, seq_len_buf, position_buf, positions):
-    expected = kv_cache_lengths[0] + torch.arange(int(seq_len_buf[0]), dtype=torch.int32)
+    expected = kv_cache_lengths[0] + torch.arange(int(seq_len_buf[0]), dtype=torch.int32, device=k.device)
     _write(k, cache, kv_cache_lengths, seq_len_buf, expected)
 
 
