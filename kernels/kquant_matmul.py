@@ -1,18 +1,24 @@
 """x [M, K] @ W^T for W [N, K] stored in ggml Q4_K or Q6_K super-blocks; shared by both GEMV ops.
 
-One kernel serves the single-vector GEMV (BLOCK_M = 1) and the small-M batched GEMM
-(BLOCK_M = 8). A program owns BLOCK_N weight rows and walks K a fixed KB super-blocks at a
-time. Each step dequantises its weight tile once, bit-exactly as ggml does (the products
-d*scale and scale*q are formed in fp32 like dequantize_row_q4_K/q6_K), then, for each of its
-x rows in turn, reduces tile * x_row to one partial per weight row and adds it to that row's
-fp32 accumulator.
+One kernel serves the single-vector GEMV (BLOCK_M = 1) and the small-M batched GEMM (BLOCK_M up
+to 4). A program owns BLOCK_N weight rows and walks K with LANES lanes, each lane owning 64
+weights of one super-block (Q4_K: one 32-byte run of quants, sub-blocks 2c and 2c + 1; Q6_K: 16
+positions of one half, all four quarters), so a step covers LANES / 4 super-blocks. A lane
+turns its quants into ggml's fp32 weights (kernels/kquant_bits.py: bit fields read in place,
+no int-to-float conversion, products that are exact, so the weights are ggml's to the bit) and
+folds them into fp32 running sums, one per (weight row, lane, byte slot, x row): a fixed chain
+of fused multiply-adds over K. Nothing crosses lanes until one reduction over slots and lanes
+at the end. A step's weight words are loaded while the step before computes.
 
-Row invariance by construction: a row's partial is the same tensor expression on the same
-tile whatever BLOCK_M is and whichever rows ride along, the K walk is fixed by (N, K) alone
-(`tile_config`), and rows past M are skipped, not computed. So batched row r == single(row r)
-to the bit, on CPU (interpreter) and GPU.
+Row invariance by construction: an x row's sums are the same chain of operations on the same
+weights whatever BLOCK_M is and whichever rows ride along, and the K walk (LANES, hence the
+lane layout and the tail step) comes from (device, N, K) alone (`tile_config`). Rows past M or
+N re-read the last row and are computed but never stored. So batched row r == single(row r) to
+the bit, on CPU (interpreter) and GPU.
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -20,173 +26,225 @@ import triton.language as tl
 
 from kernels import launch
 from kernels.ggml_quant import DEQUANTIZERS, QK_K, Q4_K, QuantFormat, columns_of
+from kernels.kquant_bits import (E23, _bytes_in_place, _field, _fp16_low, _funnel, _funnel4, _in_place_scale,
+                                 _int8_at, _load, _load4, _words5)
 
-BATCHED_BLOCK_M = 8
-
-
-@triton.jit
-def _fp16_at(w_ptr, offsets, mask):
-    """fp32 value of the little-endian fp16 stored at byte `offsets` (only 2-byte aligned)."""
-    lo = tl.load(w_ptr + offsets, mask=mask, other=0).to(tl.int32)
-    hi = tl.load(w_ptr + offsets + 1, mask=mask, other=0).to(tl.int32)
-    return (lo | (hi << 8)).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+# x rows a batched program takes at most: each dequantised weight serves them all, but the K loop is
+# unrolled over them (8 rows: 255 registers and a minute of compiling for Q6_K; 4 rows: 27 s)
+BATCHED_BLOCK_M = 4
 
 
 @triton.jit
-def _small_uint_to_f32(q, bias: tl.constexpr):
-    """Exact float(q) - bias for 0 <= q < 2^23: OR into the mantissa of 2^23, subtract.
-
-    Cheaper on a GPU than an int-to-float conversion instruction.
-    """
-    return (q | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + bias)
-
-
-@triton.jit
-def _q4k_scaled(w_ptr, blk, j, valid):
-    """ggml's d * scale_j and dmin * min_j for sub-blocks j [U] of blocks at byte offsets blk [BN, U].
-
-    get_scale_min_k4: the 6-bit scale and min of sub-block j are split over three of the 12 bytes.
-    """
-    low = (j < 4)[None, :]
-    a = tl.load(w_ptr + blk + 4 + tl.where(j < 4, j, j + 4)[None, :], mask=valid, other=0).to(tl.int32)
-    b = tl.load(w_ptr + blk + 4 + tl.where(j < 4, j + 4, j - 4)[None, :], mask=valid, other=0).to(tl.int32)
-    c = tl.load(w_ptr + blk + 4 + j[None, :], mask=valid, other=0).to(tl.int32)
-    sc = tl.where(low, a & 63, (a & 15) | ((b >> 6) << 4))
-    mn = tl.where(low, b & 63, (a >> 4) | ((c >> 6) << 4))
-    d1 = _fp16_at(w_ptr, blk, valid) * _small_uint_to_f32(sc, 0.0)
-    m1 = _fp16_at(w_ptr, blk + 2, valid) * _small_uint_to_f32(mn, 0.0)
-    return d1[:, :, None], m1[:, :, None]
+def _x8(x_row, cols, ok, TAIL: tl.constexpr):
+    """fp32 x[cols + j] and x[cols + 4 + j] for cols [L] as two [1, L, 4] tensors (slot j): one 16-byte
+    load a lane for bf16 and fp16. (A lane's columns lie a chunk apart from its neighbours', so each
+    load instruction touches a cache line a lane: fewer, wider loads mean fewer L1 wavefronts.)"""
+    x = _load(x_row + cols[None, :, None] + tl.arange(0, 8)[None, None, :], ok[:, :, None], TAIL).to(tl.float32)
+    return tl.split(tl.permute(tl.reshape(x, (1, x.shape[1], 2, 4)), (0, 1, 3, 2)))
 
 
 @triton.jit
-def _q4k_tile(w_ptr, row_off, row_mask, kb0, nb, KB: tl.constexpr):
-    """Weights of super-blocks kb0..kb0+KB-1 as two fp32 tiles [BLOCK_N, KB*4, 32].
+def _q4k_load(wrow, kb0, nb, LANES: tl.constexpr):
+    """The words lane u needs: the header (d | dmin, 12 scale bytes) and quant bytes 32c .. 32c + 31
+    (c = u % 4) of super-block kb0 + u // 4, clamped to the last super-block (the step masks x there)."""
+    u = tl.arange(0, LANES)
+    kb = tl.minimum(kb0 + u // 4, nb - 1)
+    blk = wrow + (kb * 36)[None, :]  # [BN, L] int32 pointers: 144-byte blocks, 16-byte aligned
+    c = (u % 4)[None, :]
+    return _load4(blk) + _load4(blk + 4 + c * 8) + _load4(blk + 8 + c * 8)
 
-    Unit u is 32-byte chunk c = u % 4 of super-block kb0 + u // 4; its low nibbles are
-    sub-block 2c (tile 0, weights 64c + l), its high nibbles sub-block 2c+1 (tile 1, + 32).
-    """
-    u = tl.arange(0, KB * 4)
+
+@triton.jit
+def _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: tl.constexpr, TAIL: tl.constexpr):
+    """Lane u: weights 64c + i (low nibbles, sub-block 2c) and 64c + 32 + i (high nibbles, sub-block 2c + 1)
+    for i < 32 of super-block kb0 + u // 4, from _q4k_load's words. Word t holds positions 4t + j; byte j
+    of a word is slot j of the last axis."""
+    u = tl.arange(0, LANES)
     kb = kb0 + u // 4
     c = u % 4
-    blk = row_off[:, None] + kb[None, :] * 144  # [BN, U] byte offset of the super-block
-    valid = row_mask[:, None] & (kb < nb)[None, :]
-    q_off = blk[:, :, None] + (16 + c * 32)[None, :, None] + tl.arange(0, 32)[None, None, :]
-    byte = tl.load(w_ptr + q_off, mask=valid[:, :, None], other=0).to(tl.int32)
-    d_lo, m_lo = _q4k_scaled(w_ptr, blk, 2 * c, valid)
-    d_hi, m_hi = _q4k_scaled(w_ptr, blk, 2 * c + 1, valid)
-    w_lo = d_lo * _small_uint_to_f32(byte & 15, 0.0) - m_lo
-    w_hi = d_hi * _small_uint_to_f32(byte >> 4, 0.0) - m_hi
-    return w_lo, w_hi
-
-
-@triton.jit
-def _q6k_scale(w_ptr, blk, index, valid, WRONG_SCALE: tl.constexpr):
-    """int8 scales[index] as fp32 [BN, U] for scale indices [U] of blocks at byte offsets blk [BN, U]."""
-    if WRONG_SCALE:  # planted bug "q6k_scale_index"
-        index = tl.where(index == 15, 14, index)
-    sc = tl.load(w_ptr + blk + 192 + index[None, :], mask=valid, other=0).to(tl.int8, bitcast=True)
-    return sc.to(tl.float32)
-
-
-@triton.jit
-def _q6k_tile(w_ptr, row_off, row_mask, kb0, nb, KB: tl.constexpr, WRONG_SCALE: tl.constexpr):
-    """Weights of super-blocks kb0..kb0+KB-1 as four fp32 tiles [BLOCK_N, KB*4, 16], one per quarter g.
-
-    Unit u is lanes 16h..16h+15 (h = u % 2) of half n = (u % 4) // 2 of super-block kb0 + u // 4.
-    Weight 128n + 32g + l keeps its low 4 bits in ql[64n + 32(g % 2) + l] (the high nibble
-    when g >= 2), its top 2 bits in qh[32n + l] >> 2g, and uses scale 8n + 2g + l // 16.
-    """
-    u = tl.arange(0, KB * 4)
-    kb = kb0 + u // 4
-    n = (u % 4) // 2
-    h = u % 2
-    blk = row_off[:, None] + kb[None, :] * 210
-    valid = row_mask[:, None] & (kb < nb)[None, :]
-    lane = (h * 16)[:, None] + tl.arange(0, 16)[None, :]  # [U, 16]
-    base = w_ptr + blk[:, :, None]
-    mask = valid[:, :, None]
-    ql_a = tl.load(base + ((n * 64)[:, None] + lane)[None, :, :], mask=mask, other=0).to(tl.int32)
-    ql_b = tl.load(base + ((n * 64 + 32)[:, None] + lane)[None, :, :], mask=mask, other=0).to(tl.int32)
-    qh = tl.load(base + ((128 + n * 32)[:, None] + lane)[None, :, :], mask=mask, other=0).to(tl.int32)
-    d = _fp16_at(w_ptr, blk + 208, valid)
-    first = n * 8 + h
-    # ggml's d * sc[is], then times (q - 32)
-    d0 = (d * _q6k_scale(w_ptr, blk, first, valid, WRONG_SCALE))[:, :, None]
-    d1 = (d * _q6k_scale(w_ptr, blk, first + 2, valid, WRONG_SCALE))[:, :, None]
-    d2 = (d * _q6k_scale(w_ptr, blk, first + 4, valid, WRONG_SCALE))[:, :, None]
-    d3 = (d * _q6k_scale(w_ptr, blk, first + 6, valid, WRONG_SCALE))[:, :, None]
-    w0 = d0 * _small_uint_to_f32((ql_a & 15) | ((qh & 3) << 4), 32.0)
-    w1 = d1 * _small_uint_to_f32((ql_b & 15) | (((qh >> 2) & 3) << 4), 32.0)
-    w2 = d2 * _small_uint_to_f32((ql_a >> 4) | (((qh >> 4) & 3) << 4), 32.0)
-    w3 = d3 * _small_uint_to_f32((ql_b >> 4) | ((qh >> 6) << 4), 32.0)
-    return w0, w1, w2, w3
-
-
-@triton.jit
-def _kquant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, nb, stride_xm, stride_om, row_bytes,
-                          Q4K: tl.constexpr, SUB: tl.constexpr, KB: tl.constexpr, STAGES: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WRONG_SCALE: tl.constexpr):
-    pid_n = tl.program_id(0)
-    first_m = tl.program_id(1) * BLOCK_M
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    row_off = rows.to(tl.int64) * row_bytes
-    slot = tl.arange(0, BLOCK_M)
-    K = nb * 256
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # column of x under tile element (unit u, lane) of tile 0; tile p sits 32 p columns further
-    u = tl.arange(0, KB * 4)
-    if Q4K:
-        unit_cols = (u // 4) * 256 + (u % 4) * 64
-    else:
-        unit_cols = (u // 4) * 256 + ((u % 4) // 2) * 128 + (u % 2) * 16
-    unit_cols = unit_cols[:, None] + tl.arange(0, SUB)[None, :]
-    for kb0 in tl.range(0, nb, KB, num_stages=STAGES):
-        cols = kb0 * 256 + unit_cols
-        if Q4K:
-            w0, w1 = _q4k_tile(w_ptr, row_off, row_mask, kb0, nb, KB)
-        else:
-            w0, w1, w2, w3 = _q6k_tile(w_ptr, row_off, row_mask, kb0, nb, KB, WRONG_SCALE)
+    ok = (kb < nb)[None, :]
+    d_dmin, s0, s1, s2 = loaded[0], loaded[1], loaded[2], loaded[3]
+    # get_scale_min_k4 of sub-blocks 2c and 2c + 1: their bytes sit side by side at bit 16 (c % 2)
+    sh = ((c % 2) * 16)[None, :]
+    a0 = s0 >> sh
+    a1 = s1 >> sh
+    a2 = s2 >> sh
+    low = (c < 2)[None, :]
+    sc = tl.where(low, a0 & 0x3F3F, (a2 & 0x0F0F) | ((a0 >> 2) & 0x3030))
+    mn = tl.where(low, a1 & 0x3F3F, ((a2 >> 4) & 0x0F0F) | ((a1 >> 2) & 0x3030))
+    d = _fp16_low(d_dmin)
+    dmin = _fp16_low(d_dmin >> 16)
+    # ggml's d * scale and dmin * min (exact products), and d scaled by 2^-p for a nibble read in place
+    # at bit p (q 2^p): d 2^-p times it is d q exactly, so fma(d 2^-p, q 2^p, -m) is ggml's (d * q) - m
+    # (a high nibble also sits 4 bits up in its byte; from byte 2 on it is read from q >> 16)
+    d_lo = (d * _field(sc, 0x3F, e23))[:, :, None] * _in_place_scale(3)
+    m_lo = -(dmin * _field(mn, 0x3F, e23))[:, :, None]
+    d_hi = (d * (_field(sc, 0x3F00, e23) * 0.00390625))[:, :, None] * (_in_place_scale(2) * 0.0625)
+    m_hi = -(dmin * (_field(mn, 0x3F00, e23) * 0.00390625))[:, :, None]
+    cols = kb * 256 + c * 64
+    for pair in tl.static_range(4):  # words t = 2 pair and 2 pair + 1
+        lo0 = tl.fma(d_lo, _bytes_in_place(loaded[4 + 2 * pair], e23, 0xF, 3), m_lo)
+        hi0 = tl.fma(d_hi, _bytes_in_place(loaded[4 + 2 * pair], e23, 0xF0, 2), m_hi)
+        lo1 = tl.fma(d_lo, _bytes_in_place(loaded[5 + 2 * pair], e23, 0xF, 3), m_lo)
+        hi1 = tl.fma(d_hi, _bytes_in_place(loaded[5 + 2 * pair], e23, 0xF0, 2), m_hi)
+        summed = ()
         for r in tl.static_range(BLOCK_M):
-            if first_m + r < M:
-                x = x_ptr + (first_m + r).to(tl.int64) * stride_xm + cols
-                x0 = tl.load(x, mask=cols < K, other=0.0).to(tl.float32)
-                x1 = tl.load(x + 32, mask=cols + 32 < K, other=0.0).to(tl.float32)
-                prod = w0 * x0[None, :, :] + w1 * x1[None, :, :]
-                if not Q4K:
-                    x2 = tl.load(x + 64, mask=cols + 64 < K, other=0.0).to(tl.float32)
-                    x3 = tl.load(x + 96, mask=cols + 96 < K, other=0.0).to(tl.float32)
-                    prod += w2 * x2[None, :, :] + w3 * x3[None, :, :]
-                partial = tl.sum(tl.sum(prod, axis=2), axis=1)
-                acc = tl.where(slot[:, None] == r, acc + partial[None, :], acc)
-    m = first_m + slot
-    out = out_ptr + m.to(tl.int64)[:, None] * stride_om + rows[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(m < M)[:, None] & row_mask[None, :])
+            x_lo0, x_lo1 = _x8(x_rows[r], cols + 8 * pair, ok, TAIL)
+            x_hi0, x_hi1 = _x8(x_rows[r], cols + 8 * pair + 32, ok, TAIL)
+            acc = tl.fma(lo0, x_lo0, accs[r])
+            acc = tl.fma(hi0, x_hi0, acc)
+            acc = tl.fma(lo1, x_lo1, acc)
+            summed = summed + (tl.fma(hi1, x_hi1, acc),)
+        accs = summed
+    return accs
 
 
-# (BLOCK_N, KB, num_warps, num_stages) the GPU benchmark sweeps; tile_config picks among them
-TILE_CANDIDATES = ((2, 4, 1, 1), (4, 2, 1, 3), (4, 4, 2, 1), (8, 2, 2, 1), (8, 4, 4, 1), (16, 2, 4, 1))
+@triton.jit
+def _q6k_quarters(a, b, hi):
+    """The 6-bit q of quarters 0..3 from one word each of ql[64n + 16h ..] (a), ql[64n + 32 + 16h ..] (b) and
+    qh[32n + 16h ..] (hi): q of position 4k + j in byte j of each."""
+    return ((a & 0x0F0F0F0F) | ((hi << 4) & 0x30303030), (b & 0x0F0F0F0F) | ((hi << 2) & 0x30303030),
+            ((a >> 4) & 0x0F0F0F0F) | (hi & 0x30303030), ((b >> 4) & 0x0F0F0F0F) | ((hi >> 2) & 0x30303030))
 
 
-def tile_config(device: torch.device, n: int, nb: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, KB, num_warps, num_stages) from the device kind and the weight's shape, never from M.
+@triton.jit
+def _q6k_load(w32, row_byte, kb0, nb, LANES: tl.constexpr):
+    """The aligned words under lane u's part of super-block kb0 + u // 4 (clamped to the last one; the step
+    masks x there): the block is only 2-byte aligned, so each 16-byte run takes five words."""
+    u = tl.arange(0, LANES)
+    kb = tl.minimum(kb0 + u // 4, nb - 1)
+    n = (u // 2) % 2
+    h = u % 2
+    start = row_byte + (kb * 210)[None, :]
+    blk = w32 + (start >> 2)  # the aligned word the block starts in
+    run = (n * 16 + h * 4)[None, :]  # in words
+    sc = blk + (48 + n * 2)[None, :]
+    return (_words5(blk + run) + _words5(blk + run + 8) + _words5(blk + (32 + n * 8 + h * 4)[None, :])
+            + (tl.load(sc), tl.load(sc + 1), tl.load(sc + 2), tl.load(blk + 52)))
 
-    The K walk (KB super-blocks a step) fixes each output's summation order, so it must not
-    depend on how many rows arrive together.
-    """
-    if device.type == "cpu":  # interpreter: few large programs
-        return min(256, launch.next_pow2(n)), min(2, nb), 4, 1
-    # one-warp programs over two weight rows, four super-blocks a step: the fastest candidate
-    # for both formats at M = 1 and M = 8 on an H100 (docs/PERFORMANCE.md)
-    return 2, min(4, launch.next_pow2(nb)), 1, 1
+
+@triton.jit
+def _q6k_step(accs, x_rows, loaded, row_byte, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: tl.constexpr,
+              TAIL: tl.constexpr, WRONG_SCALE: tl.constexpr):
+    """Lane u takes positions l = 16h .. 16h + 15 (h = u % 2) of half n = u // 2 % 2 of super-block
+    kb0 + u // 4, all four quarters g: weights 128n + 32g + l. Their low 4 bits are in
+    ql[64n + 32 (g % 2) + l] (the high nibble when g >= 2), their top 2 bits in qh[32n + l] at bit 2g,
+    and their scale is sc[8n + 2g + h]. Word k of a run holds positions 16h + 4k + j, byte j in slot j."""
+    u = tl.arange(0, LANES)
+    kb = kb0 + u // 4
+    n = (u // 2) % 2
+    h = u % 2
+    ok = (kb < nb)[None, :]
+    # the block starts 0 or 2 bytes into its first aligned word (clamped as _q6k_load clamps)
+    shift = (((row_byte + (tl.minimum(kb, nb - 1) * 210)[None, :]) & 2) * 8).to(tl.int32)
+    qa = _funnel4(loaded, 0, shift)  # ql[64n + 16h ..]: quarters 0 (low nibbles) and 2
+    qb = _funnel4(loaded, 5, shift)  # ql[64n + 32 + 16h ..]: quarters 1 and 3
+    qh = _funnel4(loaded, 10, shift)  # qh[32n + 16h ..]
+    sc_lo = _funnel(loaded[15], loaded[16], shift)  # sc[8n .. 8n + 3]
+    sc_hi = _funnel(loaded[16], loaded[17], shift)  # sc[8n + 4 .. 8n + 7]
+    d = _fp16_low(loaded[18] >> shift)
+    at = (h * 8)[None, :]
+    at3 = at + 16
+    if WRONG_SCALE:  # planted bug "q6k_scale_index": sub-block 15 (n = 1, g = 3, h = 1) takes scale 14
+        at3 = tl.where(((n == 1) & (h == 1))[None, :], 16, at3)
+    # ggml's d * sc, exact; D q is exact too, so fma(D 2^-p, q 2^p, -32 D) is D (q - 32) rounded once,
+    # as ggml's (d * sc) * (q - 32)
+    scales = (d * _int8_at(sc_lo, at), d * _int8_at(sc_lo, at + 16), d * _int8_at(sc_hi, at),
+              d * _int8_at(sc_hi, at3))
+    in_place = _in_place_scale(3)
+    cols = kb * 256 + n * 128 + h * 16
+    for pair in tl.static_range(2):  # words k = 2 pair and 2 pair + 1
+        q0 = _q6k_quarters(qa[2 * pair], qb[2 * pair], qh[2 * pair])
+        q1 = _q6k_quarters(qa[2 * pair + 1], qb[2 * pair + 1], qh[2 * pair + 1])
+        for g in tl.static_range(4):
+            scale = scales[g][:, :, None]
+            w0 = tl.fma(scale * in_place, _bytes_in_place(q0[g], e23, 0x3F, 3), scale * -32.0)
+            w1 = tl.fma(scale * in_place, _bytes_in_place(q1[g], e23, 0x3F, 3), scale * -32.0)
+            summed = ()
+            for r in tl.static_range(BLOCK_M):
+                x0, x1 = _x8(x_rows[r], cols + 32 * g + 8 * pair, ok, TAIL)
+                summed = summed + (tl.fma(w1, x1, tl.fma(w0, x0, accs[r])),)
+            accs = summed
+    return accs
+
+
+@triton.jit
+def _kquant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, nb, stride_xm, stride_om, row_bytes, e23,
+                          Q4K: tl.constexpr, LANES: tl.constexpr, STAGES: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WRONG_SCALE: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    first_m = tl.program_id(1) * BLOCK_M
+    w32 = w_ptr.to(tl.pointer_type(tl.int32))
+    row_byte = (tl.minimum(rows, N - 1).to(tl.int64) * row_bytes)[:, None]
+    x_rows = ()
+    accs = ()
+    for r in tl.static_range(BLOCK_M):
+        x_rows = x_rows + (x_ptr + tl.minimum(first_m + r, M - 1).to(tl.int64) * stride_xm,)
+        accs = accs + (tl.zeros([BLOCK_N, LANES, 4], dtype=tl.float32),)
+    KB: tl.constexpr = LANES // 4  # super-blocks a step
+    full = nb - nb % KB
+    # each step's weight words are loaded one step ahead, so they arrive while the step before computes;
+    # loads past K re-read the last super-block, and a last, partial step masks x there (adding exact zeros)
+    if Q4K:
+        loaded = _q4k_load(w32 + row_byte // 4, 0, nb, LANES)
+    else:
+        loaded = _q6k_load(w32, row_byte, 0, nb, LANES)
+    for kb0 in tl.range(0, full, KB, num_stages=STAGES):
+        if Q4K:
+            ahead = _q4k_load(w32 + row_byte // 4, kb0 + KB, nb, LANES)
+            accs = _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M, LANES, False)
+        else:
+            ahead = _q6k_load(w32, row_byte, kb0 + KB, nb, LANES)
+            accs = _q6k_step(accs, x_rows, loaded, row_byte, kb0, nb, e23, BLOCK_M, LANES, False, WRONG_SCALE)
+        loaded = ahead
+    if full < nb:
+        if Q4K:
+            accs = _q4k_step(accs, x_rows, loaded, full, nb, e23, BLOCK_M, LANES, True)
+        else:
+            accs = _q6k_step(accs, x_rows, loaded, row_byte, full, nb, e23, BLOCK_M, LANES, True, WRONG_SCALE)
+    for r in tl.static_range(BLOCK_M):
+        m = first_m + r
+        if m < M:
+            tl.store(out_ptr + m.to(tl.int64) * stride_om + rows,
+                     tl.sum(tl.sum(accs[r], axis=2), axis=1).to(out_ptr.dtype.element_ty), mask=rows < N)
+
+
+class GemvTile(NamedTuple):
+    """How the kernel walks a weight: BLOCK_N rows a program, LANES lanes (LANES / 4 super-blocks) a step."""
+    block_n: int
+    lanes: int
+    warps: int
+    stages: int
+
+
+# the tiles the GPU benchmark sweeps (a test checks row invariance under each); tile_config picks one
+TILE_CANDIDATES = (GemvTile(4, 32, 1, 1), GemvTile(2, 32, 1, 1), GemvTile(8, 32, 1, 1), GemvTile(4, 64, 2, 1))
+
+
+def tile_config(device: torch.device, n: int, nb: int) -> GemvTile:
+    """The tile from the device kind and the weight's shape, never from M: it fixes each output's
+    summation order, so it must not depend on how many rows arrive together."""
+    if device.type == "cpu":  # interpreter: few, wide programs and steps
+        return GemvTile(min(1024, launch.next_pow2(n)), 4 * min(16, launch.next_pow2(nb)), 4, 1)
+    return TILE_CANDIDATES[0]  # one-warp programs over four weight rows (docs/PERFORMANCE.md)
+
+
+def _aligned(weight: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
+    """The weight, copied if its rows do not start where the kernel's word loads need them
+    (4-byte boundaries for Q4_K; 2-byte for Q6_K, whose 210-byte blocks are never better)."""
+    need = 4 if fmt == Q4_K else 2
+    if weight.data_ptr() % need or weight.stride(0) % need:
+        return weight.contiguous().clone()
+    return weight
 
 
 def kquant_matmul(x: torch.Tensor, weight: torch.Tensor, fmt: QuantFormat, *, block_m: int,
                   wrong_scale: bool = False, config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """x [M, K] (fp32/fp16/bf16) times the quantised weight [N, K] transposed -> [M, N] in x's dtype.
 
-    `config` (BLOCK_N, KB, num_warps, num_stages) overrides `tile_config`: for tuning sweeps only, since
-    the variants' row invariance relies on every call with a weight using the same one.
+    `block_m`: the x rows a program takes at most (1: single; BATCHED_BLOCK_M: batched). `config`
+    (a GemvTile) overrides `tile_config`: for tuning sweeps only, since the variants' row invariance
+    relies on every call with a weight using the same one.
     """
     op = f"{fmt.name.lower().replace('_', '')}_gemv"
     launch.check_device(op, x, weight)
@@ -198,11 +256,15 @@ def kquant_matmul(x: torch.Tensor, weight: torch.Tensor, fmt: QuantFormat, *, bl
         raise ValueError(f"{op}: weight rows must be contiguous bytes, strides {weight.stride()}")
     m, n, nb = x.shape[0], weight.shape[0], k // QK_K
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_n, kb, warps, stages = config or tile_config(x.device, n, nb)
-    launch.run(_kquant_matmul_kernel, (triton.cdiv(n, block_n), triton.cdiv(m, block_m)),
-               x, weight, out, m, n, nb, x.stride(0), out.stride(0), weight.stride(0),
-               Q4K=fmt is Q4_K, SUB=fmt.sub_block, KB=kb, STAGES=stages, BLOCK_M=block_m, BLOCK_N=block_n,
-               WRONG_SCALE=wrong_scale, num_warps=warps)
+    if m == 0 or n == 0:
+        return out
+    weight = _aligned(weight, fmt)
+    tile = GemvTile(*config) if config is not None else tile_config(x.device, n, nb)
+    block_m = min(block_m, launch.next_pow2(m))  # no program takes more rows than there are
+    launch.run(_kquant_matmul_kernel, (triton.cdiv(n, tile.block_n), triton.cdiv(m, block_m)),
+               x, weight, out, m, n, nb, x.stride(0), out.stride(0), weight.stride(0), E23,
+               Q4K=fmt == Q4_K, LANES=tile.lanes, STAGES=tile.stages, BLOCK_M=block_m, BLOCK_N=tile.block_n,
+               WRONG_SCALE=wrong_scale, num_warps=tile.warps)
     return out
 
 

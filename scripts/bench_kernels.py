@@ -1,13 +1,14 @@
 """Benchmark the kernels on a GPU against the best PyTorch expression of each op and against
 the memory-bandwidth floor (bytes moved / device-to-device copy bandwidth measured here).
 
-    PYTHONPATH=. python3 scripts/bench_kernels.py [--sweep] [--quick]
+    PYTHONPATH=. python3 scripts/bench_kernels.py [--sweep] [--quick] [--only rows|gemv] [--jobs N]
 
 Times are GPU time only: each call is captured into a CUDA graph 20 times, each time after
 writing 128 MiB (evicting the 50 MB L2, so weights come from HBM); the same graph without the
 call is subtracted. Median of 10 replays. No host launch overhead is counted, for kernels and
 PyTorch alike. Prints a table; with $OUT set, writes $OUT/bench_kernels.json. --sweep also
-times the GEMV tile candidates.
+times the GEMV tile candidates; --only times just the row ops or just the GEMVs; --jobs N
+first compiles every GEMV kernel the run will time in N processes (Triton caches them on disk).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import triton
 import kernels  # noqa: F401  (registers every op)
 from kernels import ggml_quant
 from kernels.ggml_quant import QK_K, Q4_K, Q6_K, QuantFormat
-from kernels.kquant_matmul import TILE_CANDIDATES, kquant_matmul
+from kernels.kquant_matmul import BATCHED_BLOCK_M, TILE_CANDIDATES, kquant_matmul
 from kernels.rope import rope_tables
 from replay.registry import get_op
 
@@ -176,7 +177,7 @@ def random_blocks(fmt: QuantFormat, n: int, k: int) -> torch.Tensor:
     """Random quantised bytes with sane fp16 super-block scales (no NaN or inf)."""
     blocks = torch.randint(0, 256, (n, k // QK_K, fmt.block_bytes), dtype=torch.uint8, device="cuda")
     scale = torch.full((n, k // QK_K, 1), 1e-3, dtype=torch.float16, device="cuda").view(torch.uint8)
-    fields = (0, 2) if fmt is Q4_K else (208,)
+    fields = (0, 2) if fmt == Q4_K else (208,)
     for at in fields:
         blocks[..., at:at + 2] = scale
     return blocks.reshape(n, -1)
@@ -217,25 +218,61 @@ def gemv_benches(quick: bool, copy_bw: float) -> list[Row]:
     return rows
 
 
-def sweep_gemv() -> list[dict]:
-    """Every candidate tile config at M=1 (GEMV) and M=8 (batched), and the default one with
-    smaller row tiles (BLOCK_M 4, 2) at M=8, on the target shapes."""
-    results = []
+def sweep_plan() -> list[tuple[QuantFormat, int, int, int, int, tuple | None]]:
+    """(format, N, K, M, BLOCK_M, tile) of every sweep point: each candidate tile at M=1 (GEMV) and
+    M=8 (batched), and two tiles with 8-row programs at M=8, on the target shapes."""
+    plan = []
     for fmt in (Q4_K, Q6_K):
         for n, k in GEMV_SHAPES[:2]:
-            weight = random_blocks(fmt, n, k)
-            for m, block_m in ((1, 1), (8, 8), (8, 4), (8, 2)):
-                x = torch.randn(m, k, dtype=BF16, device="cuda")
-                for config in TILE_CANDIDATES if block_m in (1, 8) else TILE_CANDIDATES[:1]:
-                    bench = lambda: kquant_matmul(x, weight, fmt, block_m=block_m, config=config)
-                    try:
-                        us = bench_us(bench)
-                    except Exception as exc:
-                        us = None
-                        print(f"sweep {fmt.name} {config}: {type(exc).__name__}: {exc}", file=sys.stderr)
-                    results.append({"format": fmt.name, "N": n, "K": k, "M": m, "BLOCK_M": block_m,
-                                    "config": config, "us": us,
-                                    "weight_GBps": None if us is None else weight.numel() / us / 1e3})
+            plan += [(fmt, n, k, m, block_m, tile) for m, block_m in ((1, 1), (8, BATCHED_BLOCK_M))
+                     for tile in TILE_CANDIDATES]
+            plan += [(fmt, n, k, 8, 8, TILE_CANDIDATES[0]), (fmt, n, k, 8, 8, TILE_CANDIDATES[2])]
+    return plan
+
+
+def default_plan(quick: bool) -> list[tuple[QuantFormat, int, int, int, int, tuple | None]]:
+    """The GEMV calls gemv_benches times, as sweep points (tile None: tile_config's)."""
+    return [(fmt, n, k, m, 1 if m == 1 else BATCHED_BLOCK_M, None) for fmt in (Q4_K, Q6_K)
+            for n, k in (GEMV_SHAPES[:2] if quick else GEMV_SHAPES) for m in GEMV_ROWS]
+
+
+def _run_point(point: tuple) -> str:
+    """One call of a plan point (compiling it, the first time); '' or what went wrong."""
+    fmt, n, k, m, block_m, tile = point
+    try:
+        x = torch.randn(m, k, dtype=BF16, device="cuda")
+        kquant_matmul(x, random_blocks(fmt, n, k), fmt, block_m=block_m, config=tile)
+        torch.cuda.synchronize()
+        return ""
+    except Exception as exc:  # the timing run meets it again and reports it
+        return f"{fmt.name} {point[1:]}: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def precompile(plan: list[tuple], jobs: int) -> None:
+    """Compile every kernel the plan will time in `jobs` processes; Triton's disk cache serves the timing run."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+        for problem in pool.imap_unordered(_run_point, plan):
+            if problem:
+                print(f"precompile: {problem}", file=sys.stderr, flush=True)
+
+
+def sweep_gemv() -> list[dict]:
+    """Times every sweep point, printing each as it goes."""
+    results = []
+    weights: dict[tuple, torch.Tensor] = {}
+    for fmt, n, k, m, block_m, tile in sweep_plan():
+        weight = weights.setdefault((fmt.name, n, k), random_blocks(fmt, n, k))
+        x = torch.randn(m, k, dtype=BF16, device="cuda")
+        try:
+            us = bench_us(lambda: kquant_matmul(x, weight, fmt, block_m=block_m, config=tile))
+        except Exception as exc:
+            us = None
+            print(f"sweep {fmt.name} {tile}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        results.append({"format": fmt.name, "N": n, "K": k, "M": m, "BLOCK_M": block_m, "config": tile, "us": us,
+                        "weight_GBps": None if us is None else weight.numel() / us / 1e3})
+        print(f"sweep {fmt.name} N={n} K={k} M={m} BLOCK_M={block_m} config={tuple(tile)}: "
+              f"{us and round(us, 1)} µs", flush=True)
     return results
 
 
@@ -259,15 +296,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sweep", action="store_true", help="also time GEMV tile configs")
     parser.add_argument("--quick", action="store_true", help="smaller shapes, fewer GEMV cases")
+    parser.add_argument("--only", choices=("rows", "gemv"), help="time only the row ops or only the GEMVs")
+    parser.add_argument("--jobs", type=int, default=0, help="first compile the GEMV kernels in N processes")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA device", file=sys.stderr)
         return 2
+    if args.jobs and args.only != "rows":
+        precompile(default_plan(args.quick) + (sweep_plan() if args.sweep else []), args.jobs)
     torch.manual_seed(0)
     copies = copy_bandwidth()
     copy_bw = max(copies.values())
     rows = []
-    for op, shape, call, candidates, moved in row_op_benches(args.quick):
+    for op, shape, call, candidates, moved in row_op_benches(args.quick) if args.only != "gemv" else ():
         notes: dict = {}
         torch_us, expr = best_torch(candidates, notes) if candidates else (None, "")
         us = bench_us(call)
@@ -276,16 +317,14 @@ def main() -> int:
         rows.append(Row(op, shape, us, moved, frac, torch_us, expr,
                         f">= {target:.0%} copy bw" if target else "", None if target is None else frac >= target,
                         notes))
-    rows += gemv_benches(args.quick, copy_bw)
-    print(table(rows, copy_bw))
+    if args.only != "rows":
+        rows += gemv_benches(args.quick, copy_bw)
+    print(table(rows, copy_bw), flush=True)
     report = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
               "torch": torch.__version__, "triton": triton.__version__, "command": " ".join(sys.argv),
               "copy_bandwidth_Bps": copy_bw, "copy_bandwidth_by_method_Bps": copies, "rows": [asdict(r) for r in rows]}
-    if args.sweep:
+    if args.sweep and args.only != "rows":
         report["sweep"] = sweep_gemv()
-        for entry in report["sweep"]:
-            print(f"sweep {entry['format']} N={entry['N']} K={entry['K']} M={entry['M']} BLOCK_M={entry['BLOCK_M']} "
-                  f"config={entry['config']}: {entry['us'] and round(entry['us'], 1)} µs")
     if os.environ.get("OUT"):
         path = Path(os.environ["OUT"]) / "bench_kernels.json"
         path.write_text(json.dumps(report, indent=1))

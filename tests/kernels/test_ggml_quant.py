@@ -82,8 +82,8 @@ def test_quantiser_round_trip_error_is_within_half_a_step(fmt):
     back = ggml_quant.DEQUANTIZERS[fmt.name](torch.from_numpy(blocks)).numpy()
     assert np.all(back[0, :256] == 0.0)
     groups = w.reshape(8, -1, fmt.sub_block)
-    span = groups.max(-1) - np.minimum(groups.min(-1), 0) if fmt is Q4_K else 2 * np.abs(groups).max(-1)
-    levels = 15 if fmt is Q4_K else 62
+    span = groups.max(-1) - np.minimum(groups.min(-1), 0) if fmt == Q4_K else 2 * np.abs(groups).max(-1)
+    levels = 15 if fmt == Q4_K else 62
     # half a quantisation step, plus the scale's own 6/8-bit rounding (a few percent of the span)
     bound = span / levels * 0.5 + span * 0.04
     assert np.all(np.abs(back - w).reshape(groups.shape) <= bound[..., None] + 1e-6)
@@ -100,6 +100,20 @@ def test_kernel_dequantises_bit_exactly_like_the_reference(fmt, dev):
     out = kquant_matmul(x, weight, fmt, block_m=8)
     expected = ggml_quant.DEQUANTIZERS[fmt.name](weight)[:, picks.to(dev)].T
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("offset", [1, 2], ids=lambda o: f"offset{o}")
+@pytest.mark.parametrize("fmt", [Q4_K, Q6_K], ids=lambda f: f.name)
+def test_kernel_reads_weights_that_start_off_a_word_boundary(fmt, offset, dev):
+    # a weight viewed out of a larger byte buffer: the kernel's word loads must not care
+    weight = torch.from_numpy(ggml_quant.QUANTIZERS[fmt.name](
+        np.random.default_rng(2).standard_normal((6, 512)).astype(np.float32))).to(dev)
+    buffer = torch.zeros(weight.numel() + offset, dtype=torch.uint8, device=dev)
+    shifted = buffer[offset:].view(weight.shape)
+    shifted.copy_(weight)
+    assert shifted.data_ptr() % 4 == offset
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2)).to(dev)
+    assert torch.equal(kquant_matmul(x, shifted, fmt, block_m=4), kquant_matmul(x, weight, fmt, block_m=4))
 
 
 def test_weight_of_wrong_width_is_rejected():

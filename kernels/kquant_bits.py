@@ -1,0 +1,105 @@
+"""Triton helpers that read ggml's packed k-quant fields as exact fp32 values, cheaply.
+
+Shared by the Q4_K and Q6_K steps of kernels/kquant_matmul.py. Every value they produce is exact
+(no rounding), so the weights built from them are ggml's to the bit.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# 2^23's fp32 bits: a kernel argument, so it sits in a register and `_field`'s mask and OR fuse into
+# one LOP3 (a second immediate operand would need its own instruction)
+E23 = 0x4B000000
+
+
+@triton.jit
+def _field(word, MASK: tl.constexpr, e23):
+    """Exact float of word & MASK read in place, i.e. the field times 2^its bit offset (MASK within bits 0..22).
+
+    OR-ed into the mantissa of 2^23, then 2^23 subtracted: no int-to-float conversion, which issues
+    at a quarter of the rate of the integer and float operations around it.
+    """
+    return ((word & MASK) | e23).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _load(ptr, ok, TAIL: tl.constexpr):
+    """tl.load(ptr); in the K walk's TAIL step, only where ok (0 elsewhere). Full steps carry no mask."""
+    if TAIL:
+        return tl.load(ptr, mask=ok, other=0)
+    else:
+        return tl.load(ptr)
+
+
+@triton.jit
+def _split4(v):
+    """v [A, B, 4] -> its four [A, B] slices (one thread holds all four)."""
+    a, b = tl.split(tl.reshape(v, (v.shape[0], v.shape[1], 2, 2)))
+    v0, v2 = tl.split(a)
+    v1, v3 = tl.split(b)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _load4(ptr):
+    """ptr[..., 0:4] for pointers ptr [A, B] as four [A, B] tensors: one vector load a lane when aligned."""
+    return _split4(tl.load(ptr[:, :, None] + tl.arange(0, 4)[None, None, :]))
+
+
+@triton.jit
+def _fp16_low(word):
+    """fp32 value of the fp16 in the low 16 bits of word."""
+    return word.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _funnel(lo, hi, shift):
+    """Bits shift .. shift + 31 of the 64-bit hi:lo, i.e. the word starting shift / 8 bytes into lo (one SHF)."""
+    wide = (hi.to(tl.int64) << 32) | (lo.to(tl.int64) & 0xFFFFFFFF)
+    return (wide >> shift).to(tl.int32)
+
+
+@triton.jit
+def _words5(ptr):
+    """The five aligned words ptr[0..4] for pointers ptr [A, B]: a 16-byte run that starts 0 or 2 bytes into
+    ptr[0] (what a 2-byte aligned Q6_K super-block has), for _funnel4."""
+    return tl.load(ptr), tl.load(ptr + 1), tl.load(ptr + 2), tl.load(ptr + 3), tl.load(ptr + 4)
+
+
+@triton.jit
+def _funnel4(words, FIRST: tl.constexpr, shift):
+    """The run's four words from the five aligned ones at words[FIRST ..], each shift / 8 bytes on."""
+    return (_funnel(words[FIRST], words[FIRST + 1], shift), _funnel(words[FIRST + 1], words[FIRST + 2], shift),
+            _funnel(words[FIRST + 2], words[FIRST + 3], shift), _funnel(words[FIRST + 3], words[FIRST + 4], shift))
+
+
+@triton.jit
+def _int8_at(word, shift):
+    """fp32 of the signed byte at bit `shift` of word."""
+    return (word >> shift).to(tl.int8).to(tl.float32)
+
+
+@triton.jit
+def _byte_offsets(SPLIT: tl.constexpr):
+    """[1, 1, 4]: where _bytes_in_place reads byte j's field: bit 8j of q, or for j >= SPLIT bit 8(j - 2) of
+    q >> 16 (a field must end below bit 23, 2^23's exponent)."""
+    j = tl.arange(0, 4)[None, None, :]
+    return tl.where(j < SPLIT, 8 * j, 8 * j - 16)
+
+
+@triton.jit
+def _bytes_in_place(q, e23, MASK: tl.constexpr, SPLIT: tl.constexpr):
+    """The field MASK of each byte j of words q [BN, L] as exact floats [BN, L, 4], read in place: times
+    2^_byte_offsets(SPLIT)[j]. The slot masks are constants, so on a GPU a slot costs one mask-and-OR and
+    one subtraction."""
+    at = _byte_offsets(SPLIT)
+    src = tl.where(tl.arange(0, 4)[None, None, :] < SPLIT, q[:, :, None], (q >> 16)[:, :, None])
+    return _field(src, MASK << at, e23)
+
+
+@triton.jit
+def _in_place_scale(SPLIT: tl.constexpr):
+    """[1, 1, 4]: 2^-_byte_offsets(SPLIT), which turns a field read in place back into its value (exactly)."""
+    at = _byte_offsets(SPLIT)
+    return tl.where(at == 0, 1.0, tl.where(at == 8, 0.00390625, 0.0000152587890625))
