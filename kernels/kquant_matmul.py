@@ -230,10 +230,9 @@ def tile_config(device: torch.device, n: int, nb: int) -> GemvTile:
 
 
 def _aligned(weight: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
-    """The weight, copied if its rows do not start where the kernel's word loads need them
-    (4-byte boundaries for Q4_K; 2-byte for Q6_K, whose 210-byte blocks are never better)."""
-    need = 4 if fmt == Q4_K else 2
-    if weight.data_ptr() % need or weight.stride(0) % need:
+    """The weight, copied if the kernel's aligned word loads cannot reach it as it lies: its first byte must
+    sit on a 4-byte boundary, and its rows on 4-byte (Q4_K) or 2-byte (Q6_K: 210-byte blocks) ones."""
+    if weight.data_ptr() % 4 or weight.stride(0) % (4 if fmt == Q4_K else 2):
         return weight.contiguous().clone()
     return weight
 
