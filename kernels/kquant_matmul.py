@@ -110,7 +110,8 @@ def _q6k_quarters(a, b, hi):
 @triton.jit
 def _q6k_load(w32, row_byte, kb0, nb, LANES: tl.constexpr):
     """The aligned words under lane u's part of super-block kb0 + u // 4 (clamped to the last one; the step
-    masks x there): the block is only 2-byte aligned, so each 16-byte run takes five words."""
+    masks x there), then the bit shift (0 or 16) at which the block starts in its first word: the block is
+    only 2-byte aligned, so each 16-byte run takes five words."""
     u = tl.arange(0, LANES)
     kb = tl.minimum(kb0 + u // 4, nb - 1)
     n = (u // 2) % 2
@@ -119,12 +120,13 @@ def _q6k_load(w32, row_byte, kb0, nb, LANES: tl.constexpr):
     blk = w32 + (start >> 2)  # the aligned word the block starts in
     run = (n * 16 + h * 4)[None, :]  # in words
     sc = blk + (48 + n * 2)[None, :]
+    shift = ((start & 2) * 8).to(tl.int32)
     return (_words5(blk + run) + _words5(blk + run + 8) + _words5(blk + (32 + n * 8 + h * 4)[None, :])
-            + (tl.load(sc), tl.load(sc + 1), tl.load(sc + 2), tl.load(blk + 52)))
+            + (tl.load(sc), tl.load(sc + 1), tl.load(sc + 2), tl.load(blk + 52), shift))
 
 
 @triton.jit
-def _q6k_step(accs, x_rows, loaded, row_byte, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: tl.constexpr,
+def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: tl.constexpr,
               TAIL: tl.constexpr, WRONG_SCALE: tl.constexpr):
     """Lane u takes positions l = 16h .. 16h + 15 (h = u % 2) of half n = u // 2 % 2 of super-block
     kb0 + u // 4, all four quarters g: weights 128n + 32g + l. Their low 4 bits are in
@@ -135,8 +137,7 @@ def _q6k_step(accs, x_rows, loaded, row_byte, kb0, nb, e23, BLOCK_M: tl.constexp
     n = (u // 2) % 2
     h = u % 2
     ok = (kb < nb)[None, :]
-    # the block starts 0 or 2 bytes into its first aligned word (clamped as _q6k_load clamps)
-    shift = (((row_byte + (tl.minimum(kb, nb - 1) * 210)[None, :]) & 2) * 8).to(tl.int32)
+    shift = loaded[19]
     qa = _funnel4(loaded, 0, shift)  # ql[64n + 16h ..]: quarters 0 (low nibbles) and 2
     qb = _funnel4(loaded, 5, shift)  # ql[64n + 32 + 16h ..]: quarters 1 and 3
     qh = _funnel4(loaded, 10, shift)  # qh[32n + 16h ..]
@@ -195,13 +196,13 @@ def _kquant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, nb, stride_xm, stride_om,
             accs = _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M, LANES, False)
         else:
             ahead = _q6k_load(w32, row_byte, kb0 + KB, nb, LANES)
-            accs = _q6k_step(accs, x_rows, loaded, row_byte, kb0, nb, e23, BLOCK_M, LANES, False, WRONG_SCALE)
+            accs = _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M, LANES, False, WRONG_SCALE)
         loaded = ahead
     if full < nb:
         if Q4K:
             accs = _q4k_step(accs, x_rows, loaded, full, nb, e23, BLOCK_M, LANES, True)
         else:
-            accs = _q6k_step(accs, x_rows, loaded, row_byte, full, nb, e23, BLOCK_M, LANES, True, WRONG_SCALE)
+            accs = _q6k_step(accs, x_rows, loaded, full, nb, e23, BLOCK_M, LANES, True, WRONG_SCALE)
     for r in tl.static_range(BLOCK_M):
         m = first_m + r
         if m < M:
@@ -233,7 +234,7 @@ def _aligned(weight: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
     """The weight, copied if the kernel's aligned word loads cannot reach it as it lies: its first byte must
     sit on a 4-byte boundary, and its rows on 4-byte (Q4_K) or 2-byte (Q6_K: 210-byte blocks) ones."""
     if weight.data_ptr() % 4 or weight.stride(0) % (4 if fmt == Q4_K else 2):
-        return weight.contiguous().clone()
+        return weight.clone(memory_format=torch.contiguous_format)
     return weight
 
 
