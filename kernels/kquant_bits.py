@@ -75,12 +75,6 @@ def _funnel4(words, FIRST: tl.constexpr, shift):
 
 
 @triton.jit
-def _int8_at(word, shift):
-    """fp32 of the signed byte at bit `shift` of word."""
-    return (word >> shift).to(tl.int8).to(tl.float32)
-
-
-@triton.jit
 def _byte_offsets(SPLIT: tl.constexpr):
     """[1, 1, 4]: where _bytes_in_place reads byte j's field: bit 8j of q, or for j >= SPLIT bit 8(j - 2) of
     q >> 16 (a field must end below bit 23, 2^23's exponent)."""

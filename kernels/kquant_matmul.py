@@ -1,14 +1,16 @@
 """x [M, K] @ W^T for W [N, K] stored in ggml Q4_K or Q6_K super-blocks; shared by both GEMV ops.
 
 One kernel serves the single-vector GEMV (BLOCK_M = 1) and the small-M batched GEMM (BLOCK_M up
-to 4). A program owns BLOCK_N weight rows and walks K with LANES lanes, each lane owning 64
-weights of one super-block (Q4_K: one 32-byte run of quants, sub-blocks 2c and 2c + 1; Q6_K: 16
-positions of one half, all four quarters), so a step covers LANES / 4 super-blocks. A lane
-turns its quants into ggml's fp32 weights (kernels/kquant_bits.py: bit fields read in place,
-no int-to-float conversion, products that are exact, so the weights are ggml's to the bit) and
-folds them into fp32 running sums, one per (weight row, lane, byte slot, x row): a fixed chain
-of fused multiply-adds over K. Nothing crosses lanes until one reduction over slots and lanes
-at the end. A step's weight words are loaded while the step before computes.
+to 4). A program owns BLOCK_N weight rows and walks K with LANES lanes, eight to a super-block,
+so a step covers LANES / 8 super-blocks. Lane v of a super-block owns the 32 weights under its
+16-byte share of the quant bytes (Q4_K: qs[16v ..], low and high nibbles; Q6_K: ql[16v ..] with
+the matching qh bits), so the eight lanes read a block's quants side by side and a warp's weight
+loads are whole cache lines. A lane turns its quants into ggml's fp32 weights
+(kernels/kquant_bits.py: bit fields read in place, no int-to-float conversion, products that are
+exact, so the weights are ggml's to the bit) and folds them into fp32 running sums, one per
+(weight row, lane, byte slot, x row): a fixed chain of fused multiply-adds over K. Nothing
+crosses lanes until one reduction over slots and lanes at the end. A step's weight words are
+loaded while the step before computes.
 
 Row invariance by construction: an x row's sums are the same chain of operations on the same
 weights whatever BLOCK_M is and whichever rows ride along, and the K walk (LANES, hence the
@@ -26,11 +28,11 @@ import triton.language as tl
 
 from kernels import launch
 from kernels.ggml_quant import DEQUANTIZERS, QK_K, Q4_K, QuantFormat, columns_of
-from kernels.kquant_bits import (E23, _bytes_in_place, _field, _fp16_low, _funnel, _funnel4, _in_place_scale,
-                                 _int8_at, _load, _load4, _words5)
+from kernels.kquant_bits import (E23, _bytes_in_place, _field, _fp16_low, _funnel4, _in_place_scale,
+                                 _load, _load4, _words5)
 
 # x rows a batched program takes at most: each dequantised weight serves them all, but the K loop is
-# unrolled over them (8 rows: 255 registers and a minute of compiling for Q6_K; 4 rows: 27 s)
+# unrolled over them (8 rows spill registers on sm_90; 4 rows fit in 255: docs/PERFORMANCE.md)
 BATCHED_BLOCK_M = 4
 
 
@@ -44,24 +46,31 @@ def _x8(x_row, cols, ok, TAIL: tl.constexpr):
 
 
 @triton.jit
-def _q4k_load(wrow, kb0, nb, LANES: tl.constexpr):
-    """The words lane u needs: the header (d | dmin, 12 scale bytes) and quant bytes 32c .. 32c + 31
-    (c = u % 4) of super-block kb0 + u // 4, clamped to the last super-block (the step masks x there)."""
+def _lane(LANES: tl.constexpr):
+    """Lane u's super-block (of the step's LANES / 8) and its place v (0..7) in it."""
     u = tl.arange(0, LANES)
-    kb = tl.minimum(kb0 + u // 4, nb - 1)
+    return u // 8, u % 8
+
+
+@triton.jit
+def _q4k_load(wrow, kb0, nb, LANES: tl.constexpr):
+    """The words lane (s, v) needs: the header (d | dmin, 12 scale bytes) and quant bytes 16v .. 16v + 15 of
+    super-block kb0 + s, clamped to the last super-block (the step masks x there). The eight lanes of a
+    super-block read its 128 quant bytes side by side: one 512-byte run of four blocks a warp load."""
+    s, v = _lane(LANES)
+    kb = tl.minimum(kb0 + s, nb - 1)
     blk = wrow + (kb * 36)[None, :]  # [BN, L] int32 pointers: 144-byte blocks, 16-byte aligned
-    c = (u % 4)[None, :]
-    return _load4(blk) + _load4(blk + 4 + c * 8) + _load4(blk + 8 + c * 8)
+    return _load4(blk) + _load4(blk + (4 + v * 4)[None, :])
 
 
 @triton.jit
 def _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: tl.constexpr, TAIL: tl.constexpr):
-    """Lane u: weights 64c + i (low nibbles, sub-block 2c) and 64c + 32 + i (high nibbles, sub-block 2c + 1)
-    for i < 32 of super-block kb0 + u // 4, from _q4k_load's words. Word t holds positions 4t + j; byte j
-    of a word is slot j of the last axis."""
-    u = tl.arange(0, LANES)
-    kb = kb0 + u // 4
-    c = u % 4
+    """Lane (s, v): quant bytes 16v + i (i < 16) of super-block kb0 + s, i.e. weights 64c + 16h + i (low
+    nibbles, sub-block 2c) and 64c + 32 + 16h + i (high nibbles, sub-block 2c + 1), c = v // 2, h = v % 2.
+    Word t of the lane's quants holds i = 4t + j; byte j of a word is slot j of the last axis."""
+    s, v = _lane(LANES)
+    kb = kb0 + s
+    c = v // 2
     ok = (kb < nb)[None, :]
     d_dmin, s0, s1, s2 = loaded[0], loaded[1], loaded[2], loaded[3]
     # get_scale_min_k4 of sub-blocks 2c and 2c + 1: their bytes sit side by side at bit 16 (c % 2)
@@ -81,8 +90,8 @@ def _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: 
     m_lo = -(dmin * _field(mn, 0x3F, e23))[:, :, None]
     d_hi = (d * (_field(sc, 0x3F00, e23) * 0.00390625))[:, :, None] * (_in_place_scale(2) * 0.0625)
     m_hi = -(dmin * (_field(mn, 0x3F00, e23) * 0.00390625))[:, :, None]
-    cols = kb * 256 + c * 64
-    for pair in tl.static_range(4):  # words t = 2 pair and 2 pair + 1
+    cols = kb * 256 + c * 64 + (v % 2) * 16
+    for pair in tl.static_range(2):  # words t = 2 pair and 2 pair + 1
         lo0 = tl.fma(d_lo, _bytes_in_place(loaded[4 + 2 * pair], e23, 0xF, 3), m_lo)
         hi0 = tl.fma(d_hi, _bytes_in_place(loaded[4 + 2 * pair], e23, 0xF0, 2), m_hi)
         lo1 = tl.fma(d_lo, _bytes_in_place(loaded[5 + 2 * pair], e23, 0xF, 3), m_lo)
@@ -100,72 +109,69 @@ def _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: 
 
 
 @triton.jit
-def _q6k_quarters(a, b, hi):
-    """The 6-bit q of quarters 0..3 from one word each of ql[64n + 16h ..] (a), ql[64n + 32 + 16h ..] (b) and
-    qh[32n + 16h ..] (hi): q of position 4k + j in byte j of each."""
-    return ((a & 0x0F0F0F0F) | ((hi << 4) & 0x30303030), (b & 0x0F0F0F0F) | ((hi << 2) & 0x30303030),
-            ((a >> 4) & 0x0F0F0F0F) | (hi & 0x30303030), ((b >> 4) & 0x0F0F0F0F) | ((hi >> 2) & 0x30303030))
-
-
-@triton.jit
-def _q6k_load(w32, row_byte, kb0, nb, LANES: tl.constexpr):
-    """The aligned words under lane u's part of super-block kb0 + u // 4 (clamped to the last one; the step
-    masks x there), then the bit shift (0 or 16) at which the block starts in its first word: the block is
-    only 2-byte aligned, so each 16-byte run takes five words."""
-    u = tl.arange(0, LANES)
-    kb = tl.minimum(kb0 + u // 4, nb - 1)
-    n = (u // 2) % 2
-    h = u % 2
+def _q6k_load(w_ptr, row_byte, kb0, nb, LANES: tl.constexpr, WRONG_SCALE: tl.constexpr):
+    """What lane (s, v) needs of super-block kb0 + s (clamped to the last one; the step masks x there): the
+    aligned words under ql[16v ..], then under qh[32n + 16h ..] (n = v // 4, h = v % 2), each a 16-byte run
+    that the block's 2-byte alignment spreads over five words; its two int8 scales; d; and the bit shift
+    (0 or 16) at which the block starts in its first word."""
+    s, v = _lane(LANES)
+    kb = tl.minimum(kb0 + s, nb - 1)
+    n = v // 4
+    h = v % 2
     start = row_byte + (kb * 210)[None, :]
-    blk = w32 + (start >> 2)  # the aligned word the block starts in
-    run = (n * 16 + h * 4)[None, :]  # in words
-    sc = blk + (48 + n * 2)[None, :]
+    blk = w_ptr.to(tl.pointer_type(tl.int32)) + (start >> 2)  # the aligned word the block starts in
+    sc = w_ptr.to(tl.pointer_type(tl.int8)) + start + (192 + n * 8 + ((v // 2) % 2) * 2 + h)[None, :]
+    sc_hi = sc + 4
+    if WRONG_SCALE:  # planted bug "q6k_scale_index": sub-block 15 (lane 7's high nibbles) takes scale 14
+        sc_hi -= (v == 7)[None, :].to(tl.int64)
+    d = (w_ptr + start + 208).to(tl.pointer_type(tl.float16))
     shift = ((start & 2) * 8).to(tl.int32)
-    return (_words5(blk + run) + _words5(blk + run + 8) + _words5(blk + (32 + n * 8 + h * 4)[None, :])
-            + (tl.load(sc), tl.load(sc + 1), tl.load(sc + 2), tl.load(blk + 52), shift))
+    return (_words5(blk + (v * 4)[None, :]) + _words5(blk + (32 + n * 8 + h * 4)[None, :])
+            + (tl.load(sc), tl.load(sc_hi), tl.load(d), shift))
 
 
 @triton.jit
-def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: tl.constexpr,
-              TAIL: tl.constexpr, WRONG_SCALE: tl.constexpr):
-    """Lane u takes positions l = 16h .. 16h + 15 (h = u % 2) of half n = u // 2 % 2 of super-block
-    kb0 + u // 4, all four quarters g: weights 128n + 32g + l. Their low 4 bits are in
-    ql[64n + 32 (g % 2) + l] (the high nibble when g >= 2), their top 2 bits in qh[32n + l] at bit 2g,
-    and their scale is sc[8n + 2g + h]. Word k of a run holds positions 16h + 4k + j, byte j in slot j."""
-    u = tl.arange(0, LANES)
-    kb = kb0 + u // 4
-    n = (u // 2) % 2
-    h = u % 2
+def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: tl.constexpr, TAIL: tl.constexpr):
+    """Lane (s, v) takes ql[16v + i] (i < 16) of super-block kb0 + s: with v = 4n + 2p + h, the low 4 bits of
+    positions l = 16h + i of quarter g = p (low nibbles) and g = p + 2 (high nibbles) of half n, weights
+    128n + 32g + l. Their top 2 bits are in qh[32n + l] at bit 2g, their scales sc[8n + 2g + h]. Word t of
+    a run holds i = 4t + j, byte j in slot j."""
+    s, v = _lane(LANES)
+    kb = kb0 + s
+    n = v // 4
+    p = (v // 2) % 2
     ok = (kb < nb)[None, :]
-    shift = loaded[19]
-    qa = _funnel4(loaded, 0, shift)  # ql[64n + 16h ..]: quarters 0 (low nibbles) and 2
-    qb = _funnel4(loaded, 5, shift)  # ql[64n + 32 + 16h ..]: quarters 1 and 3
-    qh = _funnel4(loaded, 10, shift)  # qh[32n + 16h ..]
-    sc_lo = _funnel(loaded[15], loaded[16], shift)  # sc[8n .. 8n + 3]
-    sc_hi = _funnel(loaded[16], loaded[17], shift)  # sc[8n + 4 .. 8n + 7]
-    d = _fp16_low(loaded[18] >> shift)
-    at = (h * 8)[None, :]
-    at3 = at + 16
-    if WRONG_SCALE:  # planted bug "q6k_scale_index": sub-block 15 (n = 1, g = 3, h = 1) takes scale 14
-        at3 = tl.where(((n == 1) & (h == 1))[None, :], 16, at3)
+    shift = loaded[13]
+    ql = _funnel4(loaded, 0, shift)
+    qh = _funnel4(loaded, 5, shift)
+    d = loaded[12].to(tl.float32)
+    sc_lo = loaded[10].to(tl.float32)
+    sc_hi = loaded[11].to(tl.float32)
     # ggml's d * sc, exact; D q is exact too, so fma(D 2^-p, q 2^p, -32 D) is D (q - 32) rounded once,
     # as ggml's (d * sc) * (q - 32)
-    scales = (d * _int8_at(sc_lo, at), d * _int8_at(sc_lo, at + 16), d * _int8_at(sc_hi, at),
-              d * _int8_at(sc_hi, at3))
+    lo_scale = (d * sc_lo)[:, :, None]
+    hi_scale = (d * sc_hi)[:, :, None]
     in_place = _in_place_scale(3)
-    cols = kb * 256 + n * 128 + h * 16
-    for pair in tl.static_range(2):  # words k = 2 pair and 2 pair + 1
-        q0 = _q6k_quarters(qa[2 * pair], qb[2 * pair], qh[2 * pair])
-        q1 = _q6k_quarters(qa[2 * pair + 1], qb[2 * pair + 1], qh[2 * pair + 1])
-        for g in tl.static_range(4):
-            scale = scales[g][:, :, None]
-            w0 = tl.fma(scale * in_place, _bytes_in_place(q0[g], e23, 0x3F, 3), scale * -32.0)
-            w1 = tl.fma(scale * in_place, _bytes_in_place(q1[g], e23, 0x3F, 3), scale * -32.0)
-            summed = ()
-            for r in tl.static_range(BLOCK_M):
-                x0, x1 = _x8(x_rows[r], cols + 32 * g + 8 * pair, ok, TAIL)
-                summed = summed + (tl.fma(w1, x1, tl.fma(w0, x0, accs[r])),)
-            accs = summed
+    hs = 2 * p[None, :]  # quarter g's top bits sit at bit 2g of qh: shifted to bits 0-1 (g = p) or 4-5 (p + 2)
+    cols = kb * 256 + n * 128 + p * 32 + (v % 2) * 16
+    for pair in tl.static_range(2):  # words t = 2 pair and 2 pair + 1
+        ws = ()
+        for t in tl.static_range(2):
+            a = ql[2 * pair + t]
+            hi = qh[2 * pair + t] >> hs
+            q_lo = (a & 0x0F0F0F0F) | ((hi << 4) & 0x30303030)
+            q_hi = ((a >> 4) & 0x0F0F0F0F) | (hi & 0x30303030)
+            ws = ws + (tl.fma(lo_scale * in_place, _bytes_in_place(q_lo, e23, 0x3F, 3), lo_scale * -32.0),
+                       tl.fma(hi_scale * in_place, _bytes_in_place(q_hi, e23, 0x3F, 3), hi_scale * -32.0))
+        summed = ()
+        for r in tl.static_range(BLOCK_M):
+            x_lo0, x_lo1 = _x8(x_rows[r], cols + 8 * pair, ok, TAIL)
+            x_hi0, x_hi1 = _x8(x_rows[r], cols + 8 * pair + 64, ok, TAIL)
+            acc = tl.fma(ws[0], x_lo0, accs[r])
+            acc = tl.fma(ws[1], x_hi0, acc)
+            acc = tl.fma(ws[2], x_lo1, acc)
+            summed = summed + (tl.fma(ws[3], x_hi1, acc),)
+        accs = summed
     return accs
 
 
@@ -182,27 +188,27 @@ def _kquant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, nb, stride_xm, stride_om,
     for r in tl.static_range(BLOCK_M):
         x_rows = x_rows + (x_ptr + tl.minimum(first_m + r, M - 1).to(tl.int64) * stride_xm,)
         accs = accs + (tl.zeros([BLOCK_N, LANES, 4], dtype=tl.float32),)
-    KB: tl.constexpr = LANES // 4  # super-blocks a step
+    KB: tl.constexpr = LANES // 8  # super-blocks a step
     full = nb - nb % KB
     # each step's weight words are loaded one step ahead, so they arrive while the step before computes;
     # loads past K re-read the last super-block, and a last, partial step masks x there (adding exact zeros)
     if Q4K:
         loaded = _q4k_load(w32 + row_byte // 4, 0, nb, LANES)
     else:
-        loaded = _q6k_load(w32, row_byte, 0, nb, LANES)
+        loaded = _q6k_load(w_ptr, row_byte, 0, nb, LANES, WRONG_SCALE)
     for kb0 in tl.range(0, full, KB, num_stages=STAGES):
         if Q4K:
             ahead = _q4k_load(w32 + row_byte // 4, kb0 + KB, nb, LANES)
             accs = _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M, LANES, False)
         else:
-            ahead = _q6k_load(w32, row_byte, kb0 + KB, nb, LANES)
-            accs = _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M, LANES, False, WRONG_SCALE)
+            ahead = _q6k_load(w_ptr, row_byte, kb0 + KB, nb, LANES, WRONG_SCALE)
+            accs = _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M, LANES, False)
         loaded = ahead
     if full < nb:
         if Q4K:
             accs = _q4k_step(accs, x_rows, loaded, full, nb, e23, BLOCK_M, LANES, True)
         else:
-            accs = _q6k_step(accs, x_rows, loaded, full, nb, e23, BLOCK_M, LANES, True, WRONG_SCALE)
+            accs = _q6k_step(accs, x_rows, loaded, full, nb, e23, BLOCK_M, LANES, True)
     for r in tl.static_range(BLOCK_M):
         m = first_m + r
         if m < M:
@@ -211,7 +217,7 @@ def _kquant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, nb, stride_xm, stride_om,
 
 
 class GemvTile(NamedTuple):
-    """How the kernel walks a weight: BLOCK_N rows a program, LANES lanes (LANES / 4 super-blocks) a step."""
+    """How the kernel walks a weight: BLOCK_N rows a program, LANES lanes (LANES / 8 super-blocks) a step."""
     block_n: int
     lanes: int
     warps: int
@@ -226,7 +232,7 @@ def tile_config(device: torch.device, n: int, nb: int) -> GemvTile:
     """The tile from the device kind and the weight's shape, never from M: it fixes each output's
     summation order, so it must not depend on how many rows arrive together."""
     if device.type == "cpu":  # interpreter: few, wide programs and steps
-        return GemvTile(min(1024, launch.next_pow2(n)), 4 * min(16, launch.next_pow2(nb)), 4, 1)
+        return GemvTile(min(1024, launch.next_pow2(n)), 8 * min(16, launch.next_pow2(nb)), 4, 1)
     return TILE_CANDIDATES[0]  # one-warp programs over four weight rows (docs/PERFORMANCE.md)
 
 
