@@ -132,14 +132,14 @@ def _q6k_load(w_ptr, row_byte, kb0, nb, LANES: tl.constexpr, WRONG_SCALE: tl.con
 
 @triton.jit
 def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: tl.constexpr, TAIL: tl.constexpr):
-    """Lane (s, v) takes ql[16v + i] (i < 16) of super-block kb0 + s: with v = 4n + 2p + h, the low 4 bits of
-    positions l = 16h + i of quarter g = p (low nibbles) and g = p + 2 (high nibbles) of half n, weights
+    """Lane (s, v) takes ql[16v + i] (i < 16) of super-block kb0 + s: with v = 4n + 2q + h, the low 4 bits of
+    positions l = 16h + i of quarter g = q (low nibbles) and g = q + 2 (high nibbles) of half n, weights
     128n + 32g + l. Their top 2 bits are in qh[32n + l] at bit 2g, their scales sc[8n + 2g + h]. Word t of
     a run holds i = 4t + j, byte j in slot j."""
     s, v = _lane(LANES)
     kb = kb0 + s
     n = v // 4
-    p = (v // 2) % 2
+    quarter = (v // 2) % 2  # g of the low nibbles; the high ones are quarter + 2
     ok = (kb < nb)[None, :]
     shift = loaded[13]
     ql = _funnel4(loaded, 0, shift)
@@ -151,9 +151,11 @@ def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: 
     # as ggml's (d * sc) * (q - 32)
     lo_scale = (d * sc_lo)[:, :, None]
     hi_scale = (d * sc_hi)[:, :, None]
-    in_place = _in_place_scale(3)
-    hs = 2 * p[None, :]  # quarter g's top bits sit at bit 2g of qh: shifted to bits 0-1 (g = p) or 4-5 (p + 2)
-    cols = kb * 256 + n * 128 + p * 32 + (v % 2) * 16
+    lo_in_place, lo_offset = lo_scale * _in_place_scale(3), lo_scale * -32.0
+    hi_in_place, hi_offset = hi_scale * _in_place_scale(3), hi_scale * -32.0
+    # quarter g's top bits sit at bit 2g of qh: shifted to bits 0-1 (g = quarter) or 4-5 (quarter + 2)
+    hs = 2 * quarter[None, :]
+    cols = kb * 256 + n * 128 + quarter * 32 + (v % 2) * 16
     for pair in tl.static_range(2):  # words t = 2 pair and 2 pair + 1
         ws = ()
         for t in tl.static_range(2):
@@ -161,8 +163,8 @@ def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: 
             hi = qh[2 * pair + t] >> hs
             q_lo = (a & 0x0F0F0F0F) | ((hi << 4) & 0x30303030)
             q_hi = ((a >> 4) & 0x0F0F0F0F) | (hi & 0x30303030)
-            ws = ws + (tl.fma(lo_scale * in_place, _bytes_in_place(q_lo, e23, 0x3F, 3), lo_scale * -32.0),
-                       tl.fma(hi_scale * in_place, _bytes_in_place(q_hi, e23, 0x3F, 3), hi_scale * -32.0))
+            ws = ws + (tl.fma(lo_in_place, _bytes_in_place(q_lo, e23, 0x3F, 3), lo_offset),
+                       tl.fma(hi_in_place, _bytes_in_place(q_hi, e23, 0x3F, 3), hi_offset))
         summed = ()
         for r in tl.static_range(BLOCK_M):
             x_lo0, x_lo1 = _x8(x_rows[r], cols + 8 * pair, ok, TAIL)

@@ -8,8 +8,8 @@ import torch
 
 from replay.registry import Tolerance
 
-_INT_VIEW = {torch.float64: torch.int64, torch.float32: torch.int32,
-             torch.float16: torch.int16, torch.bfloat16: torch.int16}
+# float formats whose bit patterns, read as integers, order like the values (the ULP distance)
+_ULP_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16})
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -54,14 +54,14 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def max_ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int | None:
     """Largest distance in units in the last place between same-dtype floats."""
-    int_dtype = _INT_VIEW.get(a.dtype)
-    if int_dtype is None or a.dtype != b.dtype or a.numel() == 0:
+    if a.dtype not in _ULP_DTYPES or a.dtype != b.dtype or a.numel() == 0:
         return None
 
     def ordered(t: torch.Tensor) -> torch.Tensor:
         # Map float bits to integers that sort like the floats (negatives mirrored).
-        i = t.contiguous().view(int_dtype).to(torch.int64)
-        top = torch.iinfo(int_dtype).min
+        bits = bit_pattern(t)
+        i = bits.to(torch.int64)
+        top = torch.iinfo(bits.dtype).min
         return torch.where(i < 0, top - i, i)
 
     return int((ordered(a) - ordered(b)).abs().max())
@@ -97,7 +97,7 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
     equal = bitwise_equal(actual, expected)
     if equal:
         rows = expected.shape[batch_axis] if batch_axis is not None and expected.dim() else None
-        return Comparison(True, True, numel, max_ulp=0 if expected.dtype in _INT_VIEW else None, rows=rows)
+        return Comparison(True, True, numel, max_ulp=0 if expected.dtype in _ULP_DTYPES else None, rows=rows)
     a, e = actual.to(torch.float64), expected.to(torch.float64)
     diff = (a - e).abs()
     nan_mismatch = torch.isnan(a) != torch.isnan(e)
