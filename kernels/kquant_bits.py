@@ -84,7 +84,7 @@ def _byte_offsets(SPLIT: tl.constexpr):
 
 @triton.jit
 def _bytes_in_place(q, e23, MASK: tl.constexpr, SPLIT: tl.constexpr):
-    """The field MASK of each byte j of words q [BN, L] as exact floats [BN, L, 4], read in place: times
+    """The field MASK of each byte j of words q [R, L] as exact floats [R, L, 4], read in place: times
     2^_byte_offsets(SPLIT)[j]. The slot masks are constants, so on a GPU a slot costs one mask-and-OR and
     one subtraction."""
     at = _byte_offsets(SPLIT)

@@ -1,7 +1,8 @@
 """x [M, K] @ W^T for W [N, K] stored in ggml Q4_K or Q6_K super-blocks; shared by both GEMV ops.
 
 One kernel serves the single-vector GEMV (BLOCK_M = 1) and the small-M batched GEMM (BLOCK_M up
-to 4). A program owns BLOCK_N weight rows and walks K with LANES lanes, eight to a super-block,
+to 4). A program owns BLOCK_N weight rows, held in ROW_GROUPS tensors (on a GPU one row each, see
+GemvTile), and walks K with LANES lanes, eight to a super-block,
 so a step covers LANES / 8 super-blocks. Lane v of a super-block owns the 32 weights under its
 16-byte share of the quant bytes (Q4_K: qs[16v ..], low and high nibbles; Q6_K: ql[16v ..] with
 the matching qh bits), so the eight lanes read a block's quants side by side and a warp's weight
@@ -13,8 +14,9 @@ crosses lanes until one reduction over slots and lanes at the end. A step's weig
 loaded while the step before computes.
 
 Row invariance by construction: an x row's sums are the same chain of operations on the same
-weights whatever BLOCK_M is and whichever rows ride along, and the K walk (LANES, hence the
-lane layout and the tail step) comes from (device, N, K) alone (`tile_config`). Rows past M or
+weights whatever BLOCK_M and BLOCK_N are and whichever rows ride along, and the K walk (LANES and
+warps, hence the lane layout, the tail step and the final reduction) comes from (device, N, K)
+alone (`tile_config`). Rows past M or
 N re-read the last row and are computed but never stored. So batched row r == single(row r) to
 the bit, on CPU (interpreter) and GPU.
 """
@@ -32,7 +34,7 @@ from kernels.kquant_bits import (E23, _bytes_in_place, _field, _fp16_low, _funne
                                  _load, _load4, _words5)
 
 # x rows a batched program takes at most: each dequantised weight serves them all, but the K loop is
-# unrolled over them (8 rows spill registers on sm_90; 4 rows fit in 255: docs/PERFORMANCE.md)
+# unrolled over them (8 rows spill registers on sm_90; 4 rows fit: docs/PERFORMANCE.md)
 BATCHED_BLOCK_M = 4
 
 
@@ -59,19 +61,14 @@ def _q4k_load(wrow, kb0, nb, LANES: tl.constexpr):
     super-block read its 128 quant bytes side by side: one 512-byte run of four blocks a warp load."""
     s, v = _lane(LANES)
     kb = tl.minimum(kb0 + s, nb - 1)
-    blk = wrow + (kb * 36)[None, :]  # [BN, L] int32 pointers: 144-byte blocks, 16-byte aligned
+    blk = wrow + (kb * 36)[None, :]  # [R, L] int32 pointers: 144-byte blocks, 16-byte aligned
     return _load4(blk) + _load4(blk + (4 + v * 4)[None, :])
 
 
 @triton.jit
-def _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: tl.constexpr, TAIL: tl.constexpr):
-    """Lane (s, v): quant bytes 16v + i (i < 16) of super-block kb0 + s, i.e. weights 64c + 16h + i (low
-    nibbles, sub-block 2c) and 64c + 32 + 16h + i (high nibbles, sub-block 2c + 1), c = v // 2, h = v % 2.
-    Word t of the lane's quants holds i = 4t + j; byte j of a word is slot j of the last axis."""
-    s, v = _lane(LANES)
-    kb = kb0 + s
-    c = v // 2
-    ok = (kb < nb)[None, :]
+def _q4k_scales(loaded, c, e23):
+    """(d_lo, m_lo, d_hi, m_hi): what turns lane (s, v)'s low nibbles (sub-block 2c) and high nibbles
+    (sub-block 2c + 1), read in place, into ggml's weights (see _q4k_weights)."""
     d_dmin, s0, s1, s2 = loaded[0], loaded[1], loaded[2], loaded[3]
     # get_scale_min_k4 of sub-blocks 2c and 2c + 1: their bytes sit side by side at bit 16 (c % 2)
     sh = ((c % 2) * 16)[None, :]
@@ -90,21 +87,41 @@ def _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: 
     m_lo = -(dmin * _field(mn, 0x3F, e23))[:, :, None]
     d_hi = (d * (_field(sc, 0x3F00, e23) * 0.00390625))[:, :, None] * (_in_place_scale(2) * 0.0625)
     m_hi = -(dmin * (_field(mn, 0x3F00, e23) * 0.00390625))[:, :, None]
+    return d_lo, m_lo, d_hi, m_hi
+
+
+@triton.jit
+def _q4k_weights(loaded, scales, pair, e23):
+    """ggml's weights under quant words 2 pair and 2 pair + 1 (bytes i = 8 pair .. 8 pair + 7): their low
+    nibbles, then their high nibbles, each [R, L, 4] with byte j of a word in slot j."""
+    d_lo, m_lo, d_hi, m_hi = scales
+    w0, w1 = loaded[4 + 2 * pair], loaded[5 + 2 * pair]
+    return (tl.fma(d_lo, _bytes_in_place(w0, e23, 0xF, 3), m_lo), tl.fma(d_lo, _bytes_in_place(w1, e23, 0xF, 3), m_lo),
+            tl.fma(d_hi, _bytes_in_place(w0, e23, 0xF0, 2), m_hi), tl.fma(d_hi, _bytes_in_place(w1, e23, 0xF0, 2), m_hi))
+
+
+@triton.jit
+def _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, ROW_GROUPS: tl.constexpr,
+              LANES: tl.constexpr, TAIL: tl.constexpr):
+    """Lane (s, v): quant bytes 16v + i (i < 16) of super-block kb0 + s, i.e. weights 64c + 16h + i (low
+    nibbles, sub-block 2c) and 64c + 32 + 16h + i (high nibbles, sub-block 2c + 1), c = v // 2, h = v % 2.
+    Word t of the lane's quants holds i = 4t + j; byte j of a word is slot j of the last axis."""
+    s, v = _lane(LANES)
+    kb = kb0 + s
+    c = v // 2
+    ok = (kb < nb)[None, :]
     cols = kb * 256 + c * 64 + (v % 2) * 16
+    scales = ()
+    for g in tl.static_range(ROW_GROUPS):
+        scales = scales + (_q4k_scales(loaded[g], c, e23),)
     for pair in tl.static_range(2):  # words t = 2 pair and 2 pair + 1
-        lo0 = tl.fma(d_lo, _bytes_in_place(loaded[4 + 2 * pair], e23, 0xF, 3), m_lo)
-        hi0 = tl.fma(d_hi, _bytes_in_place(loaded[4 + 2 * pair], e23, 0xF0, 2), m_hi)
-        lo1 = tl.fma(d_lo, _bytes_in_place(loaded[5 + 2 * pair], e23, 0xF, 3), m_lo)
-        hi1 = tl.fma(d_hi, _bytes_in_place(loaded[5 + 2 * pair], e23, 0xF0, 2), m_hi)
-        summed = ()
+        xs = ()
         for r in tl.static_range(BLOCK_M):
-            x_lo0, x_lo1 = _x8(x_rows[r], cols + 8 * pair, ok, TAIL)
-            x_hi0, x_hi1 = _x8(x_rows[r], cols + 8 * pair + 32, ok, TAIL)
-            acc = tl.fma(lo0, x_lo0, accs[r])
-            acc = tl.fma(hi0, x_hi0, acc)
-            acc = tl.fma(lo1, x_lo1, acc)
-            summed = summed + (tl.fma(hi1, x_hi1, acc),)
-        accs = summed
+            xs = xs + (_x8(x_rows[r], cols + 8 * pair, ok, TAIL) + _x8(x_rows[r], cols + 8 * pair + 32, ok, TAIL),)
+        weights = ()
+        for g in tl.static_range(ROW_GROUPS):
+            weights = weights + (_q4k_weights(loaded[g], scales[g], pair, e23),)
+        accs = _fold(accs, weights, xs, BLOCK_M, ROW_GROUPS)
     return accs
 
 
@@ -131,7 +148,39 @@ def _q6k_load(w_ptr, row_byte, kb0, nb, LANES: tl.constexpr, WRONG_SCALE: tl.con
 
 
 @triton.jit
-def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: tl.constexpr, TAIL: tl.constexpr):
+def _q6k_quants(loaded):
+    """Lane (s, v)'s quant words (ql and qh runs, four words each) and (lo_in_place, lo_offset, hi_in_place,
+    hi_offset): what turns its low- and high-nibble weights, read in place, into ggml's (see _q6k_weights)."""
+    shift = loaded[13]
+    d = loaded[12].to(tl.float32)
+    # ggml's d * sc, exact; D q is exact too, so fma(D 2^-p, q 2^p, -32 D) is D (q - 32) rounded once,
+    # as ggml's (d * sc) * (q - 32)
+    lo_scale = (d * loaded[10].to(tl.float32))[:, :, None]
+    hi_scale = (d * loaded[11].to(tl.float32))[:, :, None]
+    return (_funnel4(loaded, 0, shift), _funnel4(loaded, 5, shift),
+            lo_scale * _in_place_scale(3), lo_scale * -32.0, hi_scale * _in_place_scale(3), hi_scale * -32.0)
+
+
+@triton.jit
+def _q6k_weights(quants, hs, pair, e23):
+    """ggml's weights under ql words 2 pair and 2 pair + 1 (bytes i = 8 pair .. 8 pair + 7): the low quarter's,
+    then the high quarter's, each [R, L, 4] with byte j of a word in slot j."""
+    ql, qh, lo_in_place, lo_offset, hi_in_place, hi_offset = quants
+    lo = ()
+    hi = ()
+    for t in tl.static_range(2):
+        a = ql[2 * pair + t]
+        top = qh[2 * pair + t] >> hs
+        q_lo = (a & 0x0F0F0F0F) | ((top << 4) & 0x30303030)
+        q_hi = ((a >> 4) & 0x0F0F0F0F) | (top & 0x30303030)
+        lo = lo + (tl.fma(lo_in_place, _bytes_in_place(q_lo, e23, 0x3F, 3), lo_offset),)
+        hi = hi + (tl.fma(hi_in_place, _bytes_in_place(q_hi, e23, 0x3F, 3), hi_offset),)
+    return lo + hi
+
+
+@triton.jit
+def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, ROW_GROUPS: tl.constexpr,
+              LANES: tl.constexpr, TAIL: tl.constexpr):
     """Lane (s, v) takes ql[16v + i] (i < 16) of super-block kb0 + s: with v = 4n + 2q + h, the low 4 bits of
     positions l = 16h + i of quarter g = q (low nibbles) and g = q + 2 (high nibbles) of half n, weights
     128n + 32g + l. Their top 2 bits are in qh[32n + l] at bit 2g, their scales sc[8n + 2g + h]. Word t of
@@ -141,101 +190,128 @@ def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, LANES: 
     n = v // 4
     quarter = (v // 2) % 2  # g of the low nibbles; the high ones are quarter + 2
     ok = (kb < nb)[None, :]
-    shift = loaded[13]
-    ql = _funnel4(loaded, 0, shift)
-    qh = _funnel4(loaded, 5, shift)
-    d = loaded[12].to(tl.float32)
-    sc_lo = loaded[10].to(tl.float32)
-    sc_hi = loaded[11].to(tl.float32)
-    # ggml's d * sc, exact; D q is exact too, so fma(D 2^-p, q 2^p, -32 D) is D (q - 32) rounded once,
-    # as ggml's (d * sc) * (q - 32)
-    lo_scale = (d * sc_lo)[:, :, None]
-    hi_scale = (d * sc_hi)[:, :, None]
-    lo_in_place, lo_offset = lo_scale * _in_place_scale(3), lo_scale * -32.0
-    hi_in_place, hi_offset = hi_scale * _in_place_scale(3), hi_scale * -32.0
     # quarter g's top bits sit at bit 2g of qh: shifted to bits 0-1 (g = quarter) or 4-5 (quarter + 2)
     hs = 2 * quarter[None, :]
     cols = kb * 256 + n * 128 + quarter * 32 + (v % 2) * 16
+    quants = ()
+    for g in tl.static_range(ROW_GROUPS):
+        quants = quants + (_q6k_quants(loaded[g]),)
     for pair in tl.static_range(2):  # words t = 2 pair and 2 pair + 1
-        ws = ()
-        for t in tl.static_range(2):
-            a = ql[2 * pair + t]
-            hi = qh[2 * pair + t] >> hs
-            q_lo = (a & 0x0F0F0F0F) | ((hi << 4) & 0x30303030)
-            q_hi = ((a >> 4) & 0x0F0F0F0F) | (hi & 0x30303030)
-            ws = ws + (tl.fma(lo_in_place, _bytes_in_place(q_lo, e23, 0x3F, 3), lo_offset),
-                       tl.fma(hi_in_place, _bytes_in_place(q_hi, e23, 0x3F, 3), hi_offset))
-        summed = ()
+        xs = ()
         for r in tl.static_range(BLOCK_M):
-            x_lo0, x_lo1 = _x8(x_rows[r], cols + 8 * pair, ok, TAIL)
-            x_hi0, x_hi1 = _x8(x_rows[r], cols + 8 * pair + 64, ok, TAIL)
-            acc = tl.fma(ws[0], x_lo0, accs[r])
-            acc = tl.fma(ws[1], x_hi0, acc)
-            acc = tl.fma(ws[2], x_lo1, acc)
-            summed = summed + (tl.fma(ws[3], x_hi1, acc),)
-        accs = summed
+            xs = xs + (_x8(x_rows[r], cols + 8 * pair, ok, TAIL) + _x8(x_rows[r], cols + 8 * pair + 64, ok, TAIL),)
+        weights = ()
+        for g in tl.static_range(ROW_GROUPS):
+            weights = weights + (_q6k_weights(quants[g], hs, pair, e23),)
+        accs = _fold(accs, weights, xs, BLOCK_M, ROW_GROUPS)
     return accs
 
 
 @triton.jit
+def _fold(accs, weights, xs, BLOCK_M: tl.constexpr, ROW_GROUPS: tl.constexpr):
+    """accs[r * ROW_GROUPS + g] += weights[g][t] * xs[r][t], t = 0 .. 3 in order: one fixed FMA chain for
+    each (weight row, lane, slot, x row)."""
+    summed = ()
+    for r in tl.static_range(BLOCK_M):
+        for g in tl.static_range(ROW_GROUPS):
+            acc = accs[r * ROW_GROUPS + g]
+            for t in tl.static_range(4):
+                acc = tl.fma(weights[g][t], xs[r][t], acc)
+            summed = summed + (acc,)
+    return summed
+
+
+@triton.jit
+def _load_step(w_ptr, row_byte, kb0, nb, Q4K: tl.constexpr, LANES: tl.constexpr, ROW_GROUPS: tl.constexpr,
+               WRONG_SCALE: tl.constexpr):
+    """Every row group's words for the step at super-block kb0."""
+    loaded = ()
+    for g in tl.static_range(ROW_GROUPS):
+        if Q4K:
+            loaded = loaded + (_q4k_load(w_ptr.to(tl.pointer_type(tl.int32)) + row_byte[g] // 4, kb0, nb, LANES),)
+        else:
+            loaded = loaded + (_q6k_load(w_ptr, row_byte[g], kb0, nb, LANES, WRONG_SCALE),)
+    return loaded
+
+
+@triton.jit
+def _step(accs, x_rows, loaded, kb0, nb, e23, Q4K: tl.constexpr, BLOCK_M: tl.constexpr, ROW_GROUPS: tl.constexpr,
+          LANES: tl.constexpr, TAIL: tl.constexpr):
+    """One step of the K walk over the super-blocks from kb0, in the weight's format."""
+    if Q4K:
+        return _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M, ROW_GROUPS, LANES, TAIL)
+    else:
+        return _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M, ROW_GROUPS, LANES, TAIL)
+
+
+@triton.jit
 def _kquant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, nb, stride_xm, stride_om, row_bytes, e23,
-                          Q4K: tl.constexpr, LANES: tl.constexpr, STAGES: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WRONG_SCALE: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+                          Q4K: tl.constexpr, LANES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          ROW_GROUPS: tl.constexpr, WRONG_SCALE: tl.constexpr):
+    GROUP: tl.constexpr = BLOCK_N // ROW_GROUPS  # weight rows a tensor holds
     first_m = tl.program_id(1) * BLOCK_M
-    w32 = w_ptr.to(tl.pointer_type(tl.int32))
-    row_byte = (tl.minimum(rows, N - 1).to(tl.int64) * row_bytes)[:, None]
+    row_byte = ()  # [GROUP, 1] byte offsets of each group's rows
+    for g in tl.static_range(ROW_GROUPS):
+        rows = tl.program_id(0) * BLOCK_N + g * GROUP + tl.arange(0, GROUP)
+        row_byte = row_byte + ((tl.minimum(rows, N - 1).to(tl.int64) * row_bytes)[:, None],)
     x_rows = ()
     accs = ()
     for r in tl.static_range(BLOCK_M):
         x_rows = x_rows + (x_ptr + tl.minimum(first_m + r, M - 1).to(tl.int64) * stride_xm,)
-        accs = accs + (tl.zeros([BLOCK_N, LANES, 4], dtype=tl.float32),)
+        for g in tl.static_range(ROW_GROUPS):
+            accs = accs + (tl.zeros([GROUP, LANES, 4], dtype=tl.float32),)
     KB: tl.constexpr = LANES // 8  # super-blocks a step
     full = nb - nb % KB
     # each step's weight words are loaded one step ahead, so they arrive while the step before computes;
     # loads past K re-read the last super-block, and a last, partial step masks x there (adding exact zeros)
-    if Q4K:
-        loaded = _q4k_load(w32 + row_byte // 4, 0, nb, LANES)
-    else:
-        loaded = _q6k_load(w_ptr, row_byte, 0, nb, LANES, WRONG_SCALE)
-    for kb0 in tl.range(0, full, KB, num_stages=STAGES):
-        if Q4K:
-            ahead = _q4k_load(w32 + row_byte // 4, kb0 + KB, nb, LANES)
-            accs = _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M, LANES, False)
-        else:
-            ahead = _q6k_load(w_ptr, row_byte, kb0 + KB, nb, LANES, WRONG_SCALE)
-            accs = _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M, LANES, False)
+    loaded = _load_step(w_ptr, row_byte, 0, nb, Q4K, LANES, ROW_GROUPS, WRONG_SCALE)
+    for kb0 in tl.range(0, full, KB):
+        ahead = _load_step(w_ptr, row_byte, kb0 + KB, nb, Q4K, LANES, ROW_GROUPS, WRONG_SCALE)
+        # a fence for the scheduler: without it the compiler sinks these loads below the step's math (to
+        # shorten their lives), and they no longer overlap it (a no-op in the interpreter)
+        tl.debug_barrier()
+        accs = _step(accs, x_rows, loaded, kb0, nb, e23, Q4K, BLOCK_M, ROW_GROUPS, LANES, False)
         loaded = ahead
     if full < nb:
-        if Q4K:
-            accs = _q4k_step(accs, x_rows, loaded, full, nb, e23, BLOCK_M, LANES, True)
-        else:
-            accs = _q6k_step(accs, x_rows, loaded, full, nb, e23, BLOCK_M, LANES, True)
+        accs = _step(accs, x_rows, loaded, full, nb, e23, Q4K, BLOCK_M, ROW_GROUPS, LANES, True)
     for r in tl.static_range(BLOCK_M):
         m = first_m + r
         if m < M:
-            tl.store(out_ptr + m.to(tl.int64) * stride_om + rows,
-                     tl.sum(tl.sum(accs[r], axis=2), axis=1).to(out_ptr.dtype.element_ty), mask=rows < N)
+            for g in tl.static_range(ROW_GROUPS):
+                rows = tl.program_id(0) * BLOCK_N + g * GROUP + tl.arange(0, GROUP)
+                tl.store(out_ptr + m.to(tl.int64) * stride_om + rows,
+                         tl.sum(tl.sum(accs[r * ROW_GROUPS + g], axis=2), axis=1).to(out_ptr.dtype.element_ty),
+                         mask=rows < N)
 
 
 class GemvTile(NamedTuple):
-    """How the kernel walks a weight: BLOCK_N rows a program, LANES lanes (LANES / 8 super-blocks) a step."""
+    """How the kernel walks a weight: BLOCK_N rows a program, held in row_groups tensors of BLOCK_N / row_groups
+    rows; LANES lanes (LANES / 8 super-blocks) a step. On a GPU each row gets its own tensor (row_groups =
+    BLOCK_N): a tensor of several rows lets Triton's load coalescing spread them over threads, which some
+    Triton versions do, and the FMAs then need every weight moved through shared memory."""
     block_n: int
     lanes: int
     warps: int
-    stages: int
+    row_groups: int
 
 
-# the tiles the GPU benchmark sweeps (a test checks row invariance under each); tile_config picks one
-TILE_CANDIDATES = (GemvTile(4, 32, 1, 1), GemvTile(2, 32, 1, 1), GemvTile(8, 32, 1, 1), GemvTile(4, 64, 2, 1))
+# the tiles the GPU benchmark sweeps (a test checks row invariance under each)
+TILE_CANDIDATES = (GemvTile(4, 32, 1, 4), GemvTile(2, 32, 1, 2), GemvTile(1, 32, 1, 1), GemvTile(2, 64, 2, 2),
+                   GemvTile(1, 64, 2, 1))
+# weight rows a GPU program takes: a batched program shares each x load among four; a single-vector one
+# takes fewer, so that more one-warp programs stream the weight at M = 1 (docs/PERFORMANCE.md)
+GPU_ROWS_BATCHED = 4
+GPU_ROWS_SINGLE = {"Q4_K": 2, "Q6_K": 1}
 
 
-def tile_config(device: torch.device, n: int, nb: int) -> GemvTile:
-    """The tile from the device kind and the weight's shape, never from M: it fixes each output's
-    summation order, so it must not depend on how many rows arrive together."""
+def tile_config(device: torch.device, fmt: QuantFormat, n: int, nb: int, block_m: int) -> GemvTile:
+    """The tile for a call. Its K walk (lanes, warps) comes from the device kind and the weight's shape,
+    never from M: it fixes each output's summation order. The rows a program takes may follow block_m,
+    since each weight row is its own tensor on a GPU and rows never meet."""
     if device.type == "cpu":  # interpreter: few, wide programs and steps
         return GemvTile(min(1024, launch.next_pow2(n)), 8 * min(16, launch.next_pow2(nb)), 4, 1)
-    return TILE_CANDIDATES[0]  # one-warp programs over four weight rows (docs/PERFORMANCE.md)
+    rows = GPU_ROWS_BATCHED if block_m > 1 else GPU_ROWS_SINGLE[fmt.name]
+    return GemvTile(rows, 32, 1, rows)  # one-warp programs, four super-blocks a step
 
 
 def _aligned(weight: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
@@ -252,7 +328,7 @@ def kquant_matmul(x: torch.Tensor, weight: torch.Tensor, fmt: QuantFormat, *, bl
 
     `block_m`: the x rows a program takes at most (1: single; BATCHED_BLOCK_M: batched). `config`
     (a GemvTile) overrides `tile_config`: for tuning sweeps only, since the variants' row invariance
-    relies on every call with a weight using the same one.
+    relies on every call with a weight walking K the same way.
     """
     op = f"{fmt.name.lower().replace('_', '')}_gemv"
     launch.check_device(op, x, weight)
@@ -267,11 +343,11 @@ def kquant_matmul(x: torch.Tensor, weight: torch.Tensor, fmt: QuantFormat, *, bl
     if m == 0 or n == 0:
         return out
     weight = _aligned(weight, fmt)
-    tile = GemvTile(*config) if config is not None else tile_config(x.device, n, nb)
+    tile = GemvTile(*config) if config is not None else tile_config(x.device, fmt, n, nb, block_m)
     block_m = min(block_m, launch.next_pow2(m))  # no program takes more rows than there are
     launch.run(_kquant_matmul_kernel, (triton.cdiv(n, tile.block_n), triton.cdiv(m, block_m)),
                x, weight, out, m, n, nb, x.stride(0), out.stride(0), weight.stride(0), E23,
-               Q4K=fmt == Q4_K, LANES=tile.lanes, STAGES=tile.stages, BLOCK_M=block_m, BLOCK_N=tile.block_n,
+               Q4K=fmt == Q4_K, LANES=tile.lanes, BLOCK_M=block_m, BLOCK_N=tile.block_n, ROW_GROUPS=tile.row_groups,
                WRONG_SCALE=wrong_scale, num_warps=tile.warps)
     return out
 

@@ -75,9 +75,26 @@ def test_single_and_batched_match_the_reference(case, dtype, dev):
 @pytest.mark.parametrize("fmt", [Q4_K, Q6_K], ids=lambda f: f.name)
 @pytest.mark.parametrize("config", TILE_CANDIDATES, ids=str)
 def test_every_gemv_tile_candidate_keeps_rows_invariant(config, fmt, dev):
-    # whichever candidate tile_config picks, batched rows equal single calls bit for bit
-    weight = kernel_cases.make(f"{fmt.name.lower().replace('_', '')}_gemv", 1, torch.float32, dev, n=16, k=768)["weight"]
-    x = torch.randn(2, 768, generator=torch.Generator().manual_seed(0)).to(dev)
+    # whichever candidate a sweep may promote, batched rows equal single calls bit for bit
+    weight, x = _gemv_inputs(fmt, dev)
     batched = kquant_matmul(x, weight, fmt, block_m=BATCHED_BLOCK_M, config=config)
     for r in range(2):
         assert torch.equal(batched[r:r + 1], kquant_matmul(x[r:r + 1], weight, fmt, block_m=1, config=config)), r
+
+
+@pytest.mark.parametrize("fmt", [Q4_K, Q6_K], ids=lambda f: f.name)
+@pytest.mark.parametrize("single_rows", [1, 2])
+def test_gemv_programs_of_fewer_rows_give_the_same_bits(single_rows, fmt, dev):
+    # tile_config gives single calls fewer weight rows a program than batched ones on a GPU; the K walk
+    # (32 lanes, one warp) is shared, so each output must come out the same
+    weight, x = _gemv_inputs(fmt, dev)
+    batched = kquant_matmul(x, weight, fmt, block_m=BATCHED_BLOCK_M, config=(4, 32, 1, 4))
+    single = (single_rows, 32, 1, single_rows)
+    for r in range(2):
+        assert torch.equal(batched[r:r + 1], kquant_matmul(x[r:r + 1], weight, fmt, block_m=1, config=single)), r
+
+
+def _gemv_inputs(fmt, dev):
+    # six super-blocks: one full step of four and a tail of two, so the K loop and the tail both run
+    weight = kernel_cases.make(f"{fmt.name.lower().replace('_', '')}_gemv", 1, torch.float32, dev, n=16, k=1536)["weight"]
+    return weight, torch.randn(2, 1536, generator=torch.Generator().manual_seed(0)).to(dev)
