@@ -21,7 +21,13 @@ def start_bisect(history, tmp: Path, log: Path) -> subprocess.Popen:
         [sys.executable, "-m", "replay", "bisect", "--good", history.shas[0], "--bad", "HEAD", "--run", SLOW,
          "--log", str(log)],
         cwd=history.path, env={**os.environ, "TMPDIR": str(tmp)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        text=True, preexec_fn=_ctrl_c_as_from_a_terminal)
+
+
+def _ctrl_c_as_from_a_terminal() -> None:
+    # a suite started in the background by a non-interactive shell inherits SIGINT ignored, and Python then
+    # never turns SIGINT into KeyboardInterrupt: give the bisect the disposition a terminal's foreground has
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for_probe(proc: subprocess.Popen, repo: Path) -> None:
