@@ -48,6 +48,16 @@ def _x8(x_row, cols, ok, TAIL: tl.constexpr):
 
 
 @triton.jit
+def _x_rows(x_rows, cols, HIGH: tl.constexpr, ok, BLOCK_M: tl.constexpr, TAIL: tl.constexpr):
+    """For each x row, x under a pair of quant words: columns cols .. cols + 7 (the low weights') and
+    cols + HIGH .. cols + HIGH + 7 (the high ones'), as four [1, L, 4] tensors in _fold's order."""
+    xs = ()
+    for r in tl.static_range(BLOCK_M):
+        xs = xs + (_x8(x_rows[r], cols, ok, TAIL) + _x8(x_rows[r], cols + HIGH, ok, TAIL),)
+    return xs
+
+
+@triton.jit
 def _lane(LANES: tl.constexpr):
     """Lane u's super-block (of the step's LANES / 8) and its place v (0..7) in it."""
     u = tl.arange(0, LANES)
@@ -115,9 +125,7 @@ def _q4k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, ROW_GRO
     for g in tl.static_range(ROW_GROUPS):
         scales = scales + (_q4k_scales(loaded[g], c, e23),)
     for pair in tl.static_range(2):  # words t = 2 pair and 2 pair + 1
-        xs = ()
-        for r in tl.static_range(BLOCK_M):
-            xs = xs + (_x8(x_rows[r], cols + 8 * pair, ok, TAIL) + _x8(x_rows[r], cols + 8 * pair + 32, ok, TAIL),)
+        xs = _x_rows(x_rows, cols + 8 * pair, 32, ok, BLOCK_M, TAIL)
         weights = ()
         for g in tl.static_range(ROW_GROUPS):
             weights = weights + (_q4k_weights(loaded[g], scales[g], pair, e23),)
@@ -197,9 +205,7 @@ def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, ROW_GRO
     for g in tl.static_range(ROW_GROUPS):
         quants = quants + (_q6k_quants(loaded[g]),)
     for pair in tl.static_range(2):  # words t = 2 pair and 2 pair + 1
-        xs = ()
-        for r in tl.static_range(BLOCK_M):
-            xs = xs + (_x8(x_rows[r], cols + 8 * pair, ok, TAIL) + _x8(x_rows[r], cols + 8 * pair + 64, ok, TAIL),)
+        xs = _x_rows(x_rows, cols + 8 * pair, 64, ok, BLOCK_M, TAIL)
         weights = ()
         for g in tl.static_range(ROW_GROUPS):
             weights = weights + (_q6k_weights(quants[g], hs, pair, e23),)
