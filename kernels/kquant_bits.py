@@ -20,7 +20,14 @@ def _field(word, MASK: tl.constexpr, e23):
     OR-ed into the mantissa of 2^23, then 2^23 subtracted: no int-to-float conversion, which issues
     at a quarter of the rate of the integer and float operations around it.
     """
-    return ((word & MASK) | e23).to(tl.float32, bitcast=True) - 8388608.0
+    return _field_less(word, MASK, e23, 8388608.0)
+
+
+@triton.jit
+def _field_less(word, MASK: tl.constexpr, e23, bias):
+    """_field less (bias - 2^23), an integer below 2^23, in the same subtraction: a quant's zero point comes
+    off for free."""
+    return ((word & MASK) | e23).to(tl.float32, bitcast=True) - bias
 
 
 @triton.jit
@@ -83,13 +90,10 @@ def _byte_offsets(SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _bytes_in_place(q, e23, MASK: tl.constexpr, SPLIT: tl.constexpr):
-    """The field MASK of each byte j of words q [R, L] as exact floats [R, L, 4], read in place: times
-    2^_byte_offsets(SPLIT)[j]. The slot masks are constants, so on a GPU a slot costs one mask-and-OR and
-    one subtraction."""
+def _in_place_weight(SPLIT: tl.constexpr):
+    """[1, 1, 4]: 2^_byte_offsets(SPLIT)[j], what a field read in place is worth per unit."""
     at = _byte_offsets(SPLIT)
-    src = tl.where(tl.arange(0, 4)[None, None, :] < SPLIT, q[:, :, None], (q >> 16)[:, :, None])
-    return _field(src, MASK << at, e23)
+    return tl.where(at == 0, 1.0, tl.where(at == 8, 256.0, 65536.0))
 
 
 @triton.jit
@@ -97,3 +101,14 @@ def _in_place_scale(SPLIT: tl.constexpr):
     """[1, 1, 4]: 2^-_byte_offsets(SPLIT), which turns a field read in place back into its value (exactly)."""
     at = _byte_offsets(SPLIT)
     return tl.where(at == 0, 1.0, tl.where(at == 8, 0.00390625, 0.0000152587890625))
+
+
+@triton.jit
+def _bytes_in_place(q, e23, MASK: tl.constexpr, SPLIT: tl.constexpr, ZERO: tl.constexpr):
+    """The field MASK of each byte j of words q [R, L], less the zero point ZERO (in units of the field), as
+    exact floats [R, L, 4] read in place: times 2^_byte_offsets(SPLIT)[j]. The slot masks and biases are
+    constants, so on a GPU a slot costs one mask-and-OR and one subtraction."""
+    at = _byte_offsets(SPLIT)
+    src = tl.where(tl.arange(0, 4)[None, None, :] < SPLIT, q[:, :, None], (q >> 16)[:, :, None])
+    bias = 8388608.0 + (ZERO * (MASK & -MASK)) * _in_place_weight(SPLIT)
+    return _field_less(src, MASK << at, e23, bias)

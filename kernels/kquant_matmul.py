@@ -2,23 +2,26 @@
 
 One kernel serves the single-vector GEMV (BLOCK_M = 1) and the small-M batched GEMM (BLOCK_M up
 to 4). A program owns BLOCK_N weight rows, held in ROW_GROUPS tensors (on a GPU one row each, see
-GemvTile), and walks K with LANES lanes, eight to a super-block,
-so a step covers LANES / 8 super-blocks. Lane v of a super-block owns the 32 weights under its
-16-byte share of the quant bytes (Q4_K: qs[16v ..], low and high nibbles; Q6_K: ql[16v ..] with
-the matching qh bits), so the eight lanes read a block's quants side by side and a warp's weight
-loads are whole cache lines. A lane turns its quants into ggml's fp32 weights
-(kernels/kquant_bits.py: bit fields read in place, no int-to-float conversion, products that are
-exact, so the weights are ggml's to the bit) and folds them into fp32 running sums, one per
-(weight row, lane, byte slot, x row): a fixed chain of fused multiply-adds over K. Nothing
-crosses lanes until one reduction over slots and lanes at the end. A step's weight words are
-loaded while the step before computes.
+GemvTile), and walks K with LANES lanes, eight to a super-block, so a step covers LANES / 8
+super-blocks. Lane v of a super-block owns the 32 weights under its 16-byte share of the quant
+bytes (Q4_K: qs[16v ..], low and high nibbles; Q6_K: ql[16v ..] with the matching qh bits): the
+eight lanes read a block's quants side by side, and a warp's weight loads are whole cache lines.
+
+A lane reads its quants as exact floats in place (kernels/kquant_bits.py: no int-to-float
+conversion). Q4_K turns them into ggml's fp32 weights, bit for bit (exact products), and folds
+each into fp32 running sums with x. Q6_K takes its zero point 32 off in the same subtraction and
+multiplies the quants into per-step partial sums with x, one per (weight row, x row, sub-block,
+byte slot); only then does the sub-block's scale come in, once a partial sum: a weight costs a
+mask-and-OR, a subtraction and one fused multiply-add per x row, not two. (Q4_K's mins would need
+sum x too, which costs what it saves: docs/PERFORMANCE.md.) The running sums, one per (weight
+row, lane, byte slot, x row), are a fixed chain over K. Nothing crosses lanes until one reduction
+over slots and lanes at the end. A step's weight words are loaded while the step before computes.
 
 Row invariance by construction: an x row's sums are the same chain of operations on the same
 weights whatever BLOCK_M and BLOCK_N are and whichever rows ride along, and the K walk (LANES and
 warps, hence the lane layout, the tail step and the final reduction) comes from (device, N, K)
-alone (`tile_config`). Rows past M or
-N re-read the last row and are computed but never stored. So batched row r == single(row r) to
-the bit, on CPU (interpreter) and GPU.
+alone (`tile_config`). Rows past M or N re-read the last row and are computed but never stored.
+So batched row r == single(row r) to the bit, on CPU (interpreter) and GPU.
 """
 from __future__ import annotations
 
@@ -30,10 +33,10 @@ import triton.language as tl
 
 from kernels import launch
 from kernels.ggml_quant import DEQUANTIZERS, QK_K, Q4_K, QuantFormat, columns_of
-from kernels.kquant_bits import (E23, _bytes_in_place, _field, _fp16_low, _funnel4, _in_place_scale,
-                                 _load, _load4, _words5)
+from kernels.kquant_bits import (E23, _bytes_in_place, _field, _fp16_low, _funnel4, _in_place_scale, _load,
+                                 _load4, _words5)
 
-# x rows a batched program takes at most: each dequantised weight serves them all, but the K loop is
+# x rows a batched program takes at most: each weight read serves them all, but the K loop is
 # unrolled over them (8 rows spill registers on sm_90; 4 rows fit: docs/PERFORMANCE.md)
 BATCHED_BLOCK_M = 4
 
@@ -41,16 +44,24 @@ BATCHED_BLOCK_M = 4
 @triton.jit
 def _x8(x_row, cols, ok, TAIL: tl.constexpr):
     """fp32 x[cols + j] and x[cols + 4 + j] for cols [L] as two [1, L, 4] tensors (slot j): one 16-byte
-    load a lane for bf16 and fp16. (A lane's columns lie a chunk apart from its neighbours', so each
-    load instruction touches a cache line a lane: fewer, wider loads mean fewer L1 wavefronts.)"""
-    x = _load(x_row + cols[None, :, None] + tl.arange(0, 8)[None, None, :], ok[:, :, None], TAIL).to(tl.float32)
+    load a lane for bf16 and fp16. bf16 is widened by hand, a word (two values) at a time: one shift or
+    mask a value, where the compiler's conversion of the high half costs two."""
+    if x_row.dtype.element_ty == tl.bfloat16:  # the launcher keeps bf16 rows 4-byte aligned
+        words = _load(x_row.to(tl.pointer_type(tl.int32)) + (cols // 2)[None, :, None] + tl.arange(0, 4)[None, None, :],
+                      ok[:, :, None], TAIL)
+        even = (words << 16).to(tl.float32, bitcast=True)
+        odd = (words & -65536).to(tl.float32, bitcast=True)
+        x = tl.reshape(tl.join(even, odd), (1, cols.shape[0], 8))
+    else:
+        x = _load(x_row + cols[None, :, None] + tl.arange(0, 8)[None, None, :], ok[:, :, None], TAIL).to(tl.float32)
     return tl.split(tl.permute(tl.reshape(x, (1, x.shape[1], 2, 4)), (0, 1, 3, 2)))
 
 
 @triton.jit
 def _x_rows(x_rows, cols, HIGH: tl.constexpr, ok, BLOCK_M: tl.constexpr, TAIL: tl.constexpr):
     """For each x row, x under a pair of quant words: columns cols .. cols + 7 (the low weights') and
-    cols + HIGH .. cols + HIGH + 7 (the high ones'), as four [1, L, 4] tensors in _fold's order."""
+    cols + HIGH .. cols + HIGH + 7 (the high ones'), as four [1, L, 4] tensors: low word 0, low word 1,
+    high word 0, high word 1."""
     xs = ()
     for r in tl.static_range(BLOCK_M):
         xs = xs + (_x8(x_rows[r], cols, ok, TAIL) + _x8(x_rows[r], cols + HIGH, ok, TAIL),)
@@ -106,8 +117,8 @@ def _q4k_weights(loaded, scales, pair, e23):
     nibbles, then their high nibbles, each [R, L, 4] with byte j of a word in slot j."""
     d_lo, m_lo, d_hi, m_hi = scales
     w0, w1 = loaded[4 + 2 * pair], loaded[5 + 2 * pair]
-    return (tl.fma(d_lo, _bytes_in_place(w0, e23, 0xF, 3), m_lo), tl.fma(d_lo, _bytes_in_place(w1, e23, 0xF, 3), m_lo),
-            tl.fma(d_hi, _bytes_in_place(w0, e23, 0xF0, 2), m_hi), tl.fma(d_hi, _bytes_in_place(w1, e23, 0xF0, 2), m_hi))
+    return (tl.fma(d_lo, _bytes_in_place(w0, e23, 0xF, 3, 0), m_lo), tl.fma(d_lo, _bytes_in_place(w1, e23, 0xF, 3, 0), m_lo),
+            tl.fma(d_hi, _bytes_in_place(w0, e23, 0xF0, 2, 0), m_hi), tl.fma(d_hi, _bytes_in_place(w1, e23, 0xF0, 2, 0), m_hi))
 
 
 @triton.jit
@@ -156,61 +167,76 @@ def _q6k_load(w_ptr, row_byte, kb0, nb, LANES: tl.constexpr, WRONG_SCALE: tl.con
 
 
 @triton.jit
-def _q6k_quants(loaded):
-    """Lane (s, v)'s quant words (ql and qh runs, four words each) and (lo_in_place, lo_offset, hi_in_place,
-    hi_offset): what turns its low- and high-nibble weights, read in place, into ggml's (see _q6k_weights)."""
-    shift = loaded[13]
-    d = loaded[12].to(tl.float32)
-    # ggml's d * sc, exact; D q is exact too, so fma(D 2^-p, q 2^p, -32 D) is D (q - 32) rounded once,
-    # as ggml's (d * sc) * (q - 32)
-    lo_scale = (d * loaded[10].to(tl.float32))[:, :, None]
-    hi_scale = (d * loaded[11].to(tl.float32))[:, :, None]
-    return (_funnel4(loaded, 0, shift), _funnel4(loaded, 5, shift),
-            lo_scale * _in_place_scale(3), lo_scale * -32.0, hi_scale * _in_place_scale(3), hi_scale * -32.0)
-
-
-@triton.jit
-def _q6k_weights(quants, hs, pair, e23):
-    """ggml's weights under ql words 2 pair and 2 pair + 1 (bytes i = 8 pair .. 8 pair + 7): the low quarter's,
-    then the high quarter's, each [R, L, 4] with byte j of a word in slot j."""
-    ql, qh, lo_in_place, lo_offset, hi_in_place, hi_offset = quants
-    lo = ()
-    hi = ()
-    for t in tl.static_range(2):
-        a = ql[2 * pair + t]
-        top = qh[2 * pair + t] >> hs
-        q_lo = (a & 0x0F0F0F0F) | ((top << 4) & 0x30303030)
-        q_hi = ((a >> 4) & 0x0F0F0F0F) | (top & 0x30303030)
-        lo = lo + (tl.fma(lo_in_place, _bytes_in_place(q_lo, e23, 0x3F, 3), lo_offset),)
-        hi = hi + (tl.fma(hi_in_place, _bytes_in_place(q_hi, e23, 0x3F, 3), hi_offset),)
-    return lo + hi
-
-
-@triton.jit
 def _q6k_step(accs, x_rows, loaded, kb0, nb, e23, BLOCK_M: tl.constexpr, ROW_GROUPS: tl.constexpr,
               LANES: tl.constexpr, TAIL: tl.constexpr):
     """Lane (s, v) takes ql[16v + i] (i < 16) of super-block kb0 + s: with v = 4n + 2q + h, the low 4 bits of
     positions l = 16h + i of quarter g = q (low nibbles) and g = q + 2 (high nibbles) of half n, weights
-    128n + 32g + l. Their top 2 bits are in qh[32n + l] at bit 2g, their scales sc[8n + 2g + h]. Word t of
-    a run holds i = 4t + j, byte j in slot j."""
+    128n + 32g + l. Their top 2 bits are in qh[32n + l] at bit 2g, their scales sc[8n + 2g + h]: one a
+    quarter, so a step's partial sums are scaled once. Word t of a run holds i = 4t + j, byte j in slot j."""
     s, v = _lane(LANES)
     kb = kb0 + s
     n = v // 4
-    quarter = (v // 2) % 2  # g of the low nibbles; the high ones are quarter + 2
+    quarter = (v // 2) % 2  # q: the low nibbles' quarter; the high ones' is q + 2
     ok = (kb < nb)[None, :]
-    # quarter g's top bits sit at bit 2g of qh: shifted to bits 0-1 (g = quarter) or 4-5 (quarter + 2)
+    # quarter g's top bits sit at bit 2g of qh: shifted to bits 0-1 (g = q) or 4-5 (g = q + 2)
     hs = 2 * quarter[None, :]
     cols = kb * 256 + n * 128 + quarter * 32 + (v % 2) * 16
-    quants = ()
+    runs = ()
     for g in tl.static_range(ROW_GROUPS):
-        quants = quants + (_q6k_quants(loaded[g]),)
+        shift = loaded[g][13]
+        runs = runs + ((_funnel4(loaded[g], 0, shift), _funnel4(loaded[g], 5, shift)),)
+    sums = ()
     for pair in tl.static_range(2):  # words t = 2 pair and 2 pair + 1
         xs = _x_rows(x_rows, cols + 8 * pair, 64, ok, BLOCK_M, TAIL)
-        weights = ()
+        quants = ()
         for g in tl.static_range(ROW_GROUPS):
-            weights = weights + (_q6k_weights(quants[g], hs, pair, e23),)
-        accs = _fold(accs, weights, xs, BLOCK_M, ROW_GROUPS)
-    return accs
+            ql, qh = runs[g]
+            quants = quants + (_q6k_quants(ql[2 * pair], qh[2 * pair] >> hs, e23)
+                               + _q6k_quants(ql[2 * pair + 1], qh[2 * pair + 1] >> hs, e23),)
+        sums = _dot_pairs(sums, quants, xs, pair == 0, BLOCK_M, ROW_GROUPS)
+    scales = ()
+    for g in tl.static_range(ROW_GROUPS):  # ggml's d * sc (exact), with each slot's in-place 2^-p
+        d = loaded[g][12].to(tl.float32)
+        scales = scales + (((d * loaded[g][10].to(tl.float32))[:, :, None] * _in_place_scale(3),
+                            (d * loaded[g][11].to(tl.float32))[:, :, None] * _in_place_scale(3)),)
+    scaled = ()
+    for r in tl.static_range(BLOCK_M):
+        for g in tl.static_range(ROW_GROUPS):
+            s_lo, s_hi = scales[g]
+            lo, hi = sums[r][g]
+            scaled = scaled + (tl.fma(s_hi, hi, tl.fma(s_lo, lo, accs[r * ROW_GROUPS + g])),)
+    return scaled
+
+
+@triton.jit
+def _q6k_quants(ql, top, e23):
+    """(low quarter, high quarter) of a word's four positions: 4 bits from ql, 2 from top (qh shifted so the
+    low quarter's sit at bits 0-1 of each byte), less the zero point 32, as exact floats read in place."""
+    q_lo = (ql & 0x0F0F0F0F) | ((top << 4) & 0x30303030)
+    q_hi = ((ql >> 4) & 0x0F0F0F0F) | (top & 0x30303030)
+    return _bytes_in_place(q_lo, e23, 0x3F, 3, 32), _bytes_in_place(q_hi, e23, 0x3F, 3, 32)
+
+
+@triton.jit
+def _dot_pairs(sums, quants, xs, FIRST: tl.constexpr, BLOCK_M: tl.constexpr, ROW_GROUPS: tl.constexpr):
+    """sums[r][g] = (low, high) += a pair of words' quants (row group g) times x row r's columns under them,
+    word 0 then word 1: one fixed chain (a product, then fused multiply-adds) a (weight row, lane, slot, x
+    row), which the FIRST pair starts. quants[g] = (low 0, high 0, low 1, high 1); xs[r] = (low 0, low 1,
+    high 0, high 1)."""
+    out = ()
+    for r in tl.static_range(BLOCK_M):
+        row = ()
+        for g in tl.static_range(ROW_GROUPS):
+            q = quants[g]
+            if FIRST:
+                lo = q[0] * xs[r][0]
+                hi = q[1] * xs[r][2]
+            else:
+                lo = tl.fma(q[0], xs[r][0], sums[r][g][0])
+                hi = tl.fma(q[1], xs[r][2], sums[r][g][1])
+            row = row + ((tl.fma(q[2], xs[r][1], lo), tl.fma(q[3], xs[r][3], hi)),)
+        out = out + (row,)
+    return out
 
 
 @triton.jit
@@ -304,10 +330,11 @@ class GemvTile(NamedTuple):
 # the tiles the GPU benchmark sweeps (a test checks row invariance under each)
 TILE_CANDIDATES = (GemvTile(4, 32, 1, 4), GemvTile(2, 32, 1, 2), GemvTile(1, 32, 1, 1), GemvTile(2, 64, 2, 2),
                    GemvTile(1, 64, 2, 1))
-# weight rows a GPU program takes: a batched program shares each x load among four; a single-vector one
-# takes fewer, so that more one-warp programs stream the weight at M = 1 (docs/PERFORMANCE.md)
+# weight rows a GPU program takes: a batched program shares each x load among four; a single-vector Q4_K
+# one takes two, so that more one-warp programs stream the weight at M = 1, while Q6_K's, with fewer
+# instructions a weight, gains more from sharing x (docs/PERFORMANCE.md)
 GPU_ROWS_BATCHED = 4
-GPU_ROWS_SINGLE = {"Q4_K": 2, "Q6_K": 1}
+GPU_ROWS_SINGLE = {"Q4_K": 2, "Q6_K": 4}
 
 
 def tile_config(device: torch.device, fmt: QuantFormat, n: int, nb: int, block_m: int) -> GemvTile:
@@ -320,12 +347,12 @@ def tile_config(device: torch.device, fmt: QuantFormat, n: int, nb: int, block_m
     return GemvTile(rows, 32, 1, rows)  # one-warp programs, four super-blocks a step
 
 
-def _aligned(weight: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
-    """The weight, copied if the kernel's aligned word loads cannot reach it as it lies: its first byte must
-    sit on a 4-byte boundary, and its rows on 4-byte (Q4_K) or 2-byte (Q6_K: 210-byte blocks) ones."""
-    if weight.data_ptr() % 4 or weight.stride(0) % (4 if fmt == Q4_K else 2):
-        return weight.clone(memory_format=torch.contiguous_format)
-    return weight
+def _aligned(t: torch.Tensor, row_multiple: int) -> torch.Tensor:
+    """t, copied if the kernel's aligned word loads cannot reach it as it lies: its first byte must sit on a
+    4-byte boundary, and its rows row_multiple elements apart."""
+    if t.data_ptr() % 4 or t.stride(0) % row_multiple:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
 
 
 def kquant_matmul(x: torch.Tensor, weight: torch.Tensor, fmt: QuantFormat, *, block_m: int,
@@ -348,7 +375,10 @@ def kquant_matmul(x: torch.Tensor, weight: torch.Tensor, fmt: QuantFormat, *, bl
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
-    weight = _aligned(weight, fmt)
+    # weight rows on 4-byte (Q4_K) or 2-byte (Q6_K: 210-byte blocks) boundaries; bf16 x read a word (two) at a time
+    weight = _aligned(weight, 4 if fmt == Q4_K else 2)
+    if x.dtype == torch.bfloat16:
+        x = _aligned(x, 2)
     tile = GemvTile(*config) if config is not None else tile_config(x.device, fmt, n, nb, block_m)
     block_m = min(block_m, launch.next_pow2(m))  # no program takes more rows than there are
     launch.run(_kquant_matmul_kernel, (triton.cdiv(n, tile.block_n), triton.cdiv(m, block_m)),

@@ -4,11 +4,15 @@ the memory-bandwidth floor (bytes moved / device-to-device copy bandwidth measur
     PYTHONPATH=. python3 scripts/bench_kernels.py [--sweep] [--quick] [--only rows|gemv] [--jobs N]
 
 Times are GPU time only: each call is captured into a CUDA graph 20 times, each time after
-writing 128 MiB (evicting the 50 MB L2, so weights come from HBM); the same graph without the
+reading 128 MiB (evicting the 50 MB L2, so weights come from HBM); the same graph without the
 call is subtracted. Median of 10 replays. No host launch overhead is counted, for kernels and
-PyTorch alike. Prints a table; with $OUT set, writes $OUT/bench_kernels.json. --sweep also
-times the GEMV tile candidates; --only times just the row ops or just the GEMVs; --jobs N
-first compiles every GEMV kernel the run will time in N processes (Triton caches them on disk).
+PyTorch alike. The flush reads rather than writes: after a memset the L2 is full of dirty lines,
+and every line a kernel then reads first writes one back (a bare read of 9-33 MB took 5-16%
+longer), which a decode step, whose L2 holds the last kernels' weights, never pays.
+
+Prints a table; with $OUT set, writes $OUT/bench_kernels.json. --sweep also times the GEMV tile
+candidates; --only times just the row ops or just the GEMVs; --jobs N first compiles every GEMV
+kernel the run will time in N processes (Triton caches them on disk).
 """
 from __future__ import annotations
 
@@ -61,7 +65,7 @@ def _graph(fn: Callable[[], object] | None) -> torch.cuda.CUDAGraph:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(REPS):
-            _FLUSH.zero_()
+            _FLUSH.sum()
             if fn is not None:
                 fn()
     return graph
@@ -83,7 +87,7 @@ def bench_us(fn: Callable[[], object]) -> float:
     """GPU microseconds of one fn() with a cold L2 (see the module docstring)."""
     global _FLUSH
     if _FLUSH is None:
-        _FLUSH = torch.empty(128 << 20, dtype=torch.uint8, device="cuda")
+        _FLUSH = torch.zeros(32 << 20, dtype=torch.float32, device="cuda")  # 128 MiB
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile and warm up outside the capture
