@@ -1,7 +1,7 @@
 """Triton helpers that read ggml's packed k-quant fields as exact fp32 values, cheaply.
 
 Shared by the Q4_K and Q6_K steps of kernels/kquant_matmul.py. Every value they produce is exact
-(no rounding), so the weights built from them are ggml's to the bit.
+(no rounding), so the Q4_K weights built from them are ggml's to the bit.
 """
 from __future__ import annotations
 
@@ -90,17 +90,15 @@ def _byte_offsets(SPLIT: tl.constexpr):
 
 
 @triton.jit
-def _in_place_weight(SPLIT: tl.constexpr):
-    """[1, 1, 4]: 2^_byte_offsets(SPLIT)[j], what a field read in place is worth per unit."""
-    at = _byte_offsets(SPLIT)
-    return tl.where(at == 0, 1.0, tl.where(at == 8, 256.0, 65536.0))
+def _pow2(e):
+    """2^e as fp32 for small integer tensors e, exactly: e + 127 in the exponent bits."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _in_place_scale(SPLIT: tl.constexpr):
     """[1, 1, 4]: 2^-_byte_offsets(SPLIT), which turns a field read in place back into its value (exactly)."""
-    at = _byte_offsets(SPLIT)
-    return tl.where(at == 0, 1.0, tl.where(at == 8, 0.00390625, 0.0000152587890625))
+    return _pow2(-_byte_offsets(SPLIT))
 
 
 @triton.jit
@@ -110,5 +108,5 @@ def _bytes_in_place(q, e23, MASK: tl.constexpr, SPLIT: tl.constexpr, ZERO: tl.co
     constants, so on a GPU a slot costs one mask-and-OR and one subtraction."""
     at = _byte_offsets(SPLIT)
     src = tl.where(tl.arange(0, 4)[None, None, :] < SPLIT, q[:, :, None], (q >> 16)[:, :, None])
-    bias = 8388608.0 + (ZERO * (MASK & -MASK)) * _in_place_weight(SPLIT)
+    bias = 8388608.0 + (ZERO * (MASK & -MASK)) * _pow2(at)
     return _field_less(src, MASK << at, e23, bias)

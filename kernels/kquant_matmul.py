@@ -117,8 +117,10 @@ def _q4k_weights(loaded, scales, pair, e23):
     nibbles, then their high nibbles, each [R, L, 4] with byte j of a word in slot j."""
     d_lo, m_lo, d_hi, m_hi = scales
     w0, w1 = loaded[4 + 2 * pair], loaded[5 + 2 * pair]
-    return (tl.fma(d_lo, _bytes_in_place(w0, e23, 0xF, 3, 0), m_lo), tl.fma(d_lo, _bytes_in_place(w1, e23, 0xF, 3, 0), m_lo),
-            tl.fma(d_hi, _bytes_in_place(w0, e23, 0xF0, 2, 0), m_hi), tl.fma(d_hi, _bytes_in_place(w1, e23, 0xF0, 2, 0), m_hi))
+    return (tl.fma(d_lo, _bytes_in_place(w0, e23, 0xF, 3, 0), m_lo),
+            tl.fma(d_lo, _bytes_in_place(w1, e23, 0xF, 3, 0), m_lo),
+            tl.fma(d_hi, _bytes_in_place(w0, e23, 0xF0, 2, 0), m_hi),
+            tl.fma(d_hi, _bytes_in_place(w1, e23, 0xF0, 2, 0), m_hi))
 
 
 @triton.jit

@@ -116,6 +116,19 @@ def test_kernel_reads_weights_that_start_off_a_word_boundary(fmt, offset, dev):
     assert torch.equal(kquant_matmul(x, shifted, fmt, block_m=4), kquant_matmul(x, weight, fmt, block_m=4))
 
 
+@pytest.mark.parametrize("fmt", [Q4_K, Q6_K], ids=lambda f: f.name)
+def test_kernel_reads_bf16_x_that_starts_off_a_word_boundary(fmt, dev):
+    # bf16 x is read two values a word: an x viewed one element into a buffer must give the same bits
+    weight = torch.from_numpy(ggml_quant.QUANTIZERS[fmt.name](
+        np.random.default_rng(3).standard_normal((6, 512)).astype(np.float32))).to(dev)
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16).to(dev)
+    buffer = torch.zeros(x.numel() + 1, dtype=torch.bfloat16, device=dev)
+    shifted = buffer[1:].view(x.shape)
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 4 == 2
+    assert torch.equal(kquant_matmul(shifted, weight, fmt, block_m=4), kquant_matmul(x, weight, fmt, block_m=4))
+
+
 def test_weight_of_wrong_width_is_rejected():
     with pytest.raises(ValueError, match="Q6_K weight must be uint8"):
         ggml_quant.columns_of(torch.zeros(4, 144, dtype=torch.uint8), Q6_K)
