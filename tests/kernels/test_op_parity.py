@@ -78,8 +78,7 @@ def test_every_gemv_tile_candidate_keeps_rows_invariant(config, fmt, dev):
     # whichever candidate a sweep may promote, batched rows equal single calls bit for bit
     weight, x = _gemv_inputs(fmt, dev)
     batched = kquant_matmul(x, weight, fmt, block_m=BATCHED_BLOCK_M, config=config)
-    for r in range(2):
-        assert torch.equal(batched[r:r + 1], kquant_matmul(x[r:r + 1], weight, fmt, block_m=1, config=config)), r
+    _assert_each_row_equals_its_single_call(batched, x, weight, fmt, config)
 
 
 @pytest.mark.parametrize("fmt", [Q4_K, Q6_K], ids=lambda f: f.name)
@@ -89,9 +88,13 @@ def test_gemv_programs_of_fewer_rows_give_the_same_bits(single_rows, fmt, dev):
     # (32 lanes, one warp) is shared, so each output must come out the same
     weight, x = _gemv_inputs(fmt, dev)
     batched = kquant_matmul(x, weight, fmt, block_m=BATCHED_BLOCK_M, config=(4, 32, 1, 4))
-    single = (single_rows, 32, 1, single_rows)
-    for r in range(2):
-        assert torch.equal(batched[r:r + 1], kquant_matmul(x[r:r + 1], weight, fmt, block_m=1, config=single)), r
+    _assert_each_row_equals_its_single_call(batched, x, weight, fmt, (single_rows, 32, 1, single_rows))
+
+
+def _assert_each_row_equals_its_single_call(batched, x, weight, fmt, single_config):
+    for r in range(x.shape[0]):
+        single = kquant_matmul(x[r:r + 1], weight, fmt, block_m=1, config=single_config)
+        assert torch.equal(batched[r:r + 1], single), r
 
 
 def _gemv_inputs(fmt, dev):
