@@ -256,6 +256,18 @@ def _fold(accs, weights, xs, BLOCK_M: tl.constexpr, ROW_GROUPS: tl.constexpr):
 
 
 @triton.jit
+def _row_offsets(N, row_bytes, BLOCK_N: tl.constexpr, ROW_GROUPS: tl.constexpr):
+    """The byte offsets of this program's weight rows, one [BLOCK_N / ROW_GROUPS, 1] tensor a row group; rows
+    past N re-read the last row."""
+    GROUP: tl.constexpr = BLOCK_N // ROW_GROUPS
+    offsets = ()
+    for g in tl.static_range(ROW_GROUPS):
+        rows = tl.program_id(0) * BLOCK_N + g * GROUP + tl.arange(0, GROUP)
+        offsets = offsets + ((tl.minimum(rows, N - 1).to(tl.int64) * row_bytes)[:, None],)
+    return offsets
+
+
+@triton.jit
 def _load_step(w_ptr, row_byte, kb0, nb, Q4K: tl.constexpr, LANES: tl.constexpr, ROW_GROUPS: tl.constexpr,
                WRONG_SCALE: tl.constexpr):
     """Every row group's words for the step at super-block kb0."""
@@ -284,10 +296,7 @@ def _kquant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, nb, stride_xm, stride_om,
                           ROW_GROUPS: tl.constexpr, WRONG_SCALE: tl.constexpr):
     GROUP: tl.constexpr = BLOCK_N // ROW_GROUPS  # weight rows a tensor holds
     first_m = tl.program_id(1) * BLOCK_M
-    row_byte = ()  # [GROUP, 1] byte offsets of each group's rows
-    for g in tl.static_range(ROW_GROUPS):
-        rows = tl.program_id(0) * BLOCK_N + g * GROUP + tl.arange(0, GROUP)
-        row_byte = row_byte + ((tl.minimum(rows, N - 1).to(tl.int64) * row_bytes)[:, None],)
+    row_byte = _row_offsets(N, row_bytes, BLOCK_N, ROW_GROUPS)
     x_rows = ()
     accs = ()
     for r in tl.static_range(BLOCK_M):

@@ -34,8 +34,9 @@ import triton.language as tl
 
 import kernels  # noqa: F401  (registers every op)
 from kernels import ggml_quant
-from kernels.ggml_quant import QK_K, Q4_K, Q6_K, QuantFormat
-from kernels.kquant_matmul import BATCHED_BLOCK_M, TILE_CANDIDATES, _load_step, kquant_matmul, tile_config
+from kernels.ggml_quant import QK_K, Q4_K, Q6_K, QuantFormat, columns_of
+from kernels.kquant_matmul import (BATCHED_BLOCK_M, TILE_CANDIDATES, _load_step, _row_offsets, kquant_matmul,
+                                   tile_config)
 from kernels.rope import rope_tables
 from replay.registry import get_op
 
@@ -206,35 +207,35 @@ def read_floor_us(weight: torch.Tensor) -> float:
 
 
 @triton.jit
-def _walk_words_kernel(w_ptr, out, n, nb, row_bytes, Q4K: tl.constexpr, ROWS: tl.constexpr, LANES: tl.constexpr):
-    """Loads the weight's words exactly as the single-vector GEMV does (kernels/kquant_matmul.py: ROWS rows a
-    program, LANES lanes, each step's words one step ahead behind the same fence) and only XORs them, so no
-    load is dropped: the GEMV's access pattern without its math."""
-    row_byte = ()
-    for g in tl.static_range(ROWS):
-        rows = tl.minimum(tl.program_id(0) * ROWS + g + tl.arange(0, 1), n - 1)
-        row_byte = row_byte + ((rows.to(tl.int64) * row_bytes)[:, None],)
-    folded = tl.zeros([1, LANES], dtype=tl.int32)
-    loaded = _load_step(w_ptr, row_byte, 0, nb, Q4K, LANES, ROWS, False)
+def _walk_words_kernel(w_ptr, out, n, nb, row_bytes, Q4K: tl.constexpr, BLOCK_N: tl.constexpr,
+                       ROW_GROUPS: tl.constexpr, LANES: tl.constexpr):
+    """Loads the weight's words exactly as the GEMV does (kernels/kquant_matmul.py: the same tile, each step's
+    words one step ahead behind the same fence) and only XORs them, so no load is dropped: the GEMV's access
+    pattern without its math."""
+    row_byte = _row_offsets(n, row_bytes, BLOCK_N, ROW_GROUPS)
+    folded = tl.zeros([BLOCK_N // ROW_GROUPS, LANES], dtype=tl.int32)
+    loaded = _load_step(w_ptr, row_byte, 0, nb, Q4K, LANES, ROW_GROUPS, False)
     for kb0 in tl.range(0, nb, LANES // 8):
-        ahead = _load_step(w_ptr, row_byte, kb0 + LANES // 8, nb, Q4K, LANES, ROWS, False)
+        ahead = _load_step(w_ptr, row_byte, kb0 + LANES // 8, nb, Q4K, LANES, ROW_GROUPS, False)
         tl.debug_barrier()
-        for g in tl.static_range(ROWS):
+        for g in tl.static_range(ROW_GROUPS):
             for word in tl.static_range(len(loaded[g])):
                 folded ^= loaded[g][word].to(tl.int32)
         loaded = ahead
-    tl.store(out + tl.program_id(0) * LANES + tl.arange(0, LANES)[None, :], folded)
+    tl.store(out + tl.program_id(0) * (BLOCK_N // ROW_GROUPS) * LANES
+             + tl.arange(0, BLOCK_N // ROW_GROUPS)[:, None] * LANES + tl.arange(0, LANES)[None, :], folded)
 
 
 def walk_floor_us(weight: torch.Tensor, fmt: QuantFormat) -> float:
     """GPU microseconds of reading the weight the way the single-vector GEMV walks it (same tile, same loads),
     with none of the math: how fast that kernel could be if its math cost nothing."""
-    n, nb = weight.shape[0], weight.shape[1] // fmt.block_bytes
+    n, nb = weight.shape[0], columns_of(weight, fmt) // QK_K
     tile = tile_config(weight.device, fmt, n, nb, block_m=1)
     grid = triton.cdiv(n, tile.block_n)
-    folded = torch.empty(grid * tile.lanes, dtype=torch.int32, device="cuda")
+    folded = torch.empty(grid * tile.block_n // tile.row_groups * tile.lanes, dtype=torch.int32, device="cuda")
     return bench_us(lambda: _walk_words_kernel[(grid,)](weight, folded, n, nb, weight.stride(0), Q4K=fmt == Q4_K,
-                                                        ROWS=tile.block_n, LANES=tile.lanes, num_warps=tile.warps))
+                                                        BLOCK_N=tile.block_n, ROW_GROUPS=tile.row_groups,
+                                                        LANES=tile.lanes, num_warps=tile.warps))
 
 
 def random_blocks(fmt: QuantFormat, n: int, k: int) -> torch.Tensor:
