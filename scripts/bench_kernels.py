@@ -194,6 +194,9 @@ def _read_words_kernel(src, out, n_words, BLOCK: tl.constexpr, LOADS: tl.constex
     tl.store(out + tl.program_id(0) * (BLOCK // 4) + tl.arange(0, BLOCK // 4), sums)
 
 
+# a GEMV row's notes keys (and JSON fields) for its two floors
+READ_NOTE, WALK_NOTE = "read the weight once_us", "read as the GEMV walks it_us"
+
 # (words a load step, load steps, warps) of the read kernels read_floor_us tries: the fastest for the 9.4, 13.8
 # and 33 MB weights in a sweep of 60 shapes on the H100, 2026-11-23 (the one shape used before was 5-6% slower)
 READ_SHAPES = ((1024, 4, 4), (512, 16, 8), (256, 16, 2))
@@ -277,8 +280,8 @@ def gemv_benches(quick: bool, copy_bw: float) -> list[Row]:
                               "compiled dequant + matmul": lambda: x @ dequant_c(weight).T}
                 torch_us, expr = best_torch(candidates, row_notes)
                 row_notes["dense bf16 matmul (weights already dequantised)_us"] = round(bench_us(lambda: x @ dense.T), 2)
-                row_notes["read the weight once_us"] = round(read_us, 2)
-                row_notes["read as the GEMV walks it_us"] = round(walk_us, 2)
+                row_notes[READ_NOTE] = round(read_us, 2)
+                row_notes[WALK_NOTE] = round(walk_us, 2)
                 us = bench_us(call)
                 moved = weight.numel() + x.numel() * 2 + m * n * 2
                 frac = moved / (us * 1e-6) / copy_bw
@@ -364,12 +367,12 @@ def table(rows: list[Row], copy_bw: float) -> str:
         met = "-" if r.met is None else ("yes" if r.met else "NO")
         lines.append(f"| {r.op} | {r.shape} | {r.kernel_us:.1f} | {r.bytes / r.kernel_us / 1e3:.0f} | "
                      f"{r.fraction_of_copy:.0%} | {torch_col} | {speed} | {r.target or '-'} | {met} |")
-    reads = [r for r in rows if "read the weight once_us" in r.notes]
+    reads = [r for r in rows if READ_NOTE in r.notes]
     if reads:
         lines += ["", "| op | shape | kernel µs | read the weight once µs | read as the GEMV walks it µs | read / kernel |",
                   "| --- | --- | ---: | ---: | ---: | ---: |"]
         for r in reads:
-            read_us, walk_us = r.notes["read the weight once_us"], r.notes["read as the GEMV walks it_us"]
+            read_us, walk_us = r.notes[READ_NOTE], r.notes[WALK_NOTE]
             lines.append(f"| {r.op} | {r.shape} | {r.kernel_us:.1f} | {read_us:.1f} | {walk_us:.1f} | "
                          f"{read_us / r.kernel_us:.0%} |")
     return "\n".join(lines)
