@@ -8,7 +8,6 @@ from replay.device import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()
 
-from kernels import (attention, kv_scatter, q4k_gemv, q6k_gemv, residual_add, rmsnorm,  # noqa: E402,F401
-                     rope, swiglu)
+from kernels import attention, kquant_gemv, kv_scatter, residual_add, rmsnorm, rope, swiglu  # noqa: E402,F401
 
 OPS = ("rmsnorm", "residual_add", "rope", "swiglu", "q4k_gemv", "q6k_gemv", "kv_scatter", "attention")

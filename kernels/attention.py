@@ -20,7 +20,7 @@ import triton.language as tl
 
 import replay
 from kernels import kv_cache, launch
-from kernels.tolerances import ELEMENTWISE
+from replay.tolerance import ELEMENTWISE
 
 BLOCK_KV = 32  # fixed: part of every row's summation order
 
@@ -80,8 +80,11 @@ def _check(q: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
         raise ValueError(f"attention: positions must be [T={q.shape[0]}], got {tuple(positions.shape)}")
 
 
-def _launch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
-            block_table: torch.Tensor | None, scale: float) -> torch.Tensor:
+@attention.single_and_batched
+def attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
+                   block_table: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """Attention of q [T, H, D], one program a (row, head) (the single variant is T = 1)."""
+    scale = default_scale(q) if scale is None else scale
     geom = kv_cache.geometry("attention", k_cache, v_cache, block_table)
     _check(q, positions, k_cache, geom)
     launch.check_device("attention", q, k_cache, v_cache, positions, block_table)
@@ -118,16 +121,3 @@ def attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 def default_scale(q: torch.Tensor) -> float:
     return 1.0 / math.sqrt(q.shape[-1])
-
-
-@attention.single
-def attention_single(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
-                     block_table: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
-    launch.check_one_row("attention", q.shape[0])
-    return _launch(q, k_cache, v_cache, positions, block_table, default_scale(q) if scale is None else scale)
-
-
-@attention.batched
-def attention_batched(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
-                      block_table: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
-    return _launch(q, k_cache, v_cache, positions, block_table, default_scale(q) if scale is None else scale)

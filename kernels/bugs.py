@@ -1,51 +1,74 @@
-"""Planted-bug switches: deliberate, named defects that prove the parity checks can fail.
+"""Planted bugs: faulty variants that prove the checks can fail, kept out of the kernels.
 
-A bug is planted while its name is listed in the environment variable KERNELS_PLANTED_BUGS
-(comma-separated), read at every call, so a test, a replay in another process or a demo can
-switch it on without editing code. Only batched variants honour switches; single and
-reference variants stay correct, so the defect shows as a batched-vs-single divergence.
+Each bug is a wrong implementation of one variant of one op. `planting(name)` registers it
+in place of the real variant for the duration of a block (a test), then puts the real one
+back; nothing in the kernels knows about it. Both bugs are in batched variants, so they
+show as batched-vs-single divergences. The demo's planted commit writes the kv_scatter one
+into kernels/kv_scatter.py (replay/demo.py).
 """
 from __future__ import annotations
 
 import contextlib
-import os
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
-ENV = "KERNELS_PLANTED_BUGS"
+import torch
 
-KNOWN = {
-    "q6k_scale_index": "batched q6k_gemv dequantises sub-block 15 of every super-block with scale 14",
-    "kv_scatter_stale_position_buf": "batched kv_scatter reads position_buf even when positions are given",
+from kernels.ggml_quant import Q6_K
+from kernels.kquant_matmul import BATCHED_BLOCK_M, kquant_matmul
+from kernels.kv_scatter import scatter
+from replay.registry import get_op
+
+# where a Q6_K super-block keeps its 16 int8 sub-block scales (after ql [128] and qh [64])
+_Q6K_SCALES = 192
+
+
+def q6k_gemv_batched_wrong_scale(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Batched Q6_K GEMV that dequantises sub-block 15 of every super-block with scale 14."""
+    blocks = weight.clone(memory_format=torch.contiguous_format)
+    per_block = blocks.view(blocks.shape[0], -1, Q6_K.block_bytes)
+    per_block[:, :, _Q6K_SCALES + 15] = per_block[:, :, _Q6K_SCALES + 14]
+    return kquant_matmul(x, blocks, Q6_K, block_m=BATCHED_BLOCK_M)
+
+
+def kv_scatter_graph_ready(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           kv_cache_lengths: torch.Tensor, position_buf: torch.Tensor, seq_len_buf: torch.Tensor,
+                           positions: torch.Tensor | None = None, block_table: torch.Tensor | None = None) -> None:
+    """One path for eager and graph-captured prefill: positions always come from position_buf."""
+    scatter(k, v, k_cache, v_cache, kv_cache_lengths, position_buf, seq_len_buf, positions, block_table,
+            indirect=True)
+
+
+@dataclass(frozen=True)
+class Bug:
+    op: str
+    variant: str
+    fn: Callable[..., Any]
+    what: str
+
+
+BUGS = {
+    "q6k_scale_index": Bug("q6k_gemv", "batched", q6k_gemv_batched_wrong_scale,
+                           "batched q6k_gemv dequantises sub-block 15 of every super-block with scale 14"),
+    "kv_scatter_stale_position_buf": Bug("kv_scatter", "batched", kv_scatter_graph_ready,
+                                         "batched kv_scatter reads position_buf even when positions are given, so "
+                                         "a prefill scatters every token where a stale position_buf points"),
 }
-
-
-def active() -> set[str]:
-    names = {n.strip() for n in os.environ.get(ENV, "").split(",") if n.strip()}
-    unknown = names - KNOWN.keys()
-    if unknown:
-        raise ValueError(f"{ENV}: unknown planted bug(s) {sorted(unknown)}; known: {sorted(KNOWN)}")
-    return names
-
-
-def planted(name: str) -> bool:
-    """Whether bug `name` is switched on now."""
-    if name not in KNOWN:
-        raise KeyError(f"no planted bug named {name!r}; known: {sorted(KNOWN)}")
-    return name in active()
 
 
 @contextlib.contextmanager
 def planting(*names: str) -> Iterator[None]:
-    """Switch the named bugs on inside the block (restores the previous setting)."""
-    for name in names:
-        if name not in KNOWN:
-            raise KeyError(f"no planted bug named {name!r}; known: {sorted(KNOWN)}")
-    before = os.environ.get(ENV)
-    os.environ[ENV] = ",".join(sorted(active() | set(names)))
-    try:
+    """Swap the named bugs' faulty variants in for the block; the real ones come back after it.
+
+    Example:
+        with bugs.planting("q6k_scale_index"):
+            report = check_arguments(get_op("q6k_gemv"), args, options)
+    """
+    unknown = [n for n in names if n not in BUGS]
+    if unknown:
+        raise KeyError(f"no planted bug named {unknown[0]!r}; known: {sorted(BUGS)}")
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            bug = BUGS[name]
+            stack.enter_context(get_op(bug.op).replacing(bug.variant, bug.fn))
         yield
-    finally:
-        if before is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = before

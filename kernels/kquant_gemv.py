@@ -1,51 +1,52 @@
-"""Declares a GEMV op over one ggml k-quant format; q4k_gemv and q6k_gemv are two of these."""
-from __future__ import annotations
+"""q4k_gemv and q6k_gemv: out [M, N] = x [M, K] @ dequant(weight).T for ggml k-quant weights.
 
-from typing import NamedTuple
+    q4k_gemv(x [M, K], weight)  W in Q4_K super-blocks (144 bytes / 256 weights)
+    q6k_gemv(x [M, K], weight)  W in Q6_K super-blocks (210 bytes / 256 weights)
+
+Both ops run one kernel (launched by kernels/kquant_matmul.py): one x row a program for the single
+variant, up to BATCHED_BLOCK_M for the batched one, with each x row's sums the same chain
+of operations either way (docs/KERNELS.md: "Determinism and row invariance").
+"""
+from __future__ import annotations
 
 import torch
 
 import replay
-from kernels import bugs, launch
-from kernels.ggml_quant import QuantFormat
+from kernels.ggml_quant import Q4_K, Q6_K, QuantFormat
 from kernels.kquant_matmul import BATCHED_BLOCK_M, dequant_matmul_reference, kquant_matmul
-from kernels.tolerances import REDUCTION
-from replay.registry import Op, Variant
+from replay.registry import Op
+from replay.tolerance import REDUCTION
 
 
-class OpVariants(NamedTuple):
-    op: Op
-    reference: Variant
-    single: Variant
-    batched: Variant
-
-
-def declare_kquant_gemv(name: str, fmt: QuantFormat, provider: str, planted_bug: str | None = None) -> OpVariants:
-    """Op `name`: out [M, N] = x [M, K] @ dequant(weight [N, K/256*block_bytes]).T in x's dtype.
-
-    `planted_bug`, when switched on (kernels.bugs), reaches the batched variant only.
-    """
+def _declare(name: str, fmt: QuantFormat) -> Op:
+    """Op `name` over weights in format `fmt`, with its reference, single and batched variants."""
     op = replay.op(
         name,
         batch_axes={"x": 0, "out": 0},
         tolerance=REDUCTION,
-        provider=provider,
         doc=f"out = x @ dequant_{fmt.name}(weight).T; weight uint8 [N, K/256*{fmt.block_bytes}] "
             f"in ggml {fmt.name} layout; fp32 accumulation, output in x's dtype.",
     )
 
     def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """ggml's dequantisation, then an fp32 matmul rounded once to x's dtype."""
         return dequant_matmul_reference(x, weight, fmt)
 
     def single(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        launch.check_one_row(name, x.shape[0])
+        """One x row (the decode step): one row a program."""
         return kquant_matmul(x, weight, fmt, block_m=1)
 
     def batched(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        wrong_scale = planted_bug is not None and bugs.planted(planted_bug)
-        return kquant_matmul(x, weight, fmt, block_m=BATCHED_BLOCK_M, wrong_scale=wrong_scale)
+        """M x rows, up to BATCHED_BLOCK_M a program sharing each weight load."""
+        return kquant_matmul(x, weight, fmt, block_m=BATCHED_BLOCK_M)
 
     for fn in (reference, single, batched):
         fn.__name__ = fn.__qualname__ = f"{name}_{fn.__name__}"
-        fn.__module__ = provider
-    return OpVariants(op, op.reference(reference), op.single(single), op.batched(batched))
+    op.reference(reference)
+    op.single(single)
+    op.batched(batched)
+    return op
+
+
+q4k_gemv = _declare("q4k_gemv", Q4_K)
+q6k_gemv = _declare("q6k_gemv", Q6_K)

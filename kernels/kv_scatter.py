@@ -9,10 +9,6 @@ persistent device buffer the host fills before replaying a captured CUDA graph, 
 step does). Then kv_cache_lengths[0] += seq_len_buf[0]. The launch record's `path` says
 which positions the kernel read, and every variant tags the positions it wrote as
 "positions". Cache layouts: kernels/kv_cache.py.
-
-Planted bug "kv_scatter_stale_position_buf" (kernels.bugs): the batched variant takes the
-indirect path even when positions are given, so a prefill scatters to whatever a stale
-position_buf holds.
 """
 from __future__ import annotations
 
@@ -23,9 +19,9 @@ import triton
 import triton.language as tl
 
 import replay
-from kernels import bugs, kv_cache, launch
-from kernels.tolerances import EXACT
+from kernels import kv_cache, launch
 from replay.compare import bit_pattern
+from replay.tolerance import EXACT
 
 
 def split_row(args: dict[str, Any], r: int) -> dict[str, Any]:
@@ -89,9 +85,10 @@ def _check(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, position_buf
         raise ValueError(f"kv_scatter: indirect path needs position_buf [>= T={t}], got {tuple(position_buf.shape)}")
 
 
-def _scatter(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             kv_cache_lengths: torch.Tensor, position_buf: torch.Tensor, seq_len_buf: torch.Tensor,
-             positions: torch.Tensor | None, block_table: torch.Tensor | None, *, indirect: bool) -> None:
+def scatter(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            kv_cache_lengths: torch.Tensor, position_buf: torch.Tensor, seq_len_buf: torch.Tensor,
+            positions: torch.Tensor | None, block_table: torch.Tensor | None, *, indirect: bool) -> None:
+    """Launch the scatter kernel; `indirect` reads positions from position_buf, else from positions."""
     geom = kv_cache.geometry("kv_scatter", k_cache, v_cache, block_table)
     _check(k, v, k_cache, position_buf, None if indirect else positions, geom)
     launch.check_device("kv_scatter", k, v, k_cache, v_cache, kv_cache_lengths, position_buf, seq_len_buf,
@@ -121,22 +118,13 @@ def kv_scatter_reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor
     kv_cache_lengths += seq_len_buf.to(kv_cache_lengths.dtype)
 
 
-@kv_scatter.single
-def kv_scatter_single(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      kv_cache_lengths: torch.Tensor, position_buf: torch.Tensor, seq_len_buf: torch.Tensor,
-                      positions: torch.Tensor | None = None, block_table: torch.Tensor | None = None) -> None:
-    launch.check_one_row("kv_scatter", k.shape[0])
-    _scatter(k, v, k_cache, v_cache, kv_cache_lengths, position_buf, seq_len_buf, positions, block_table,
-             indirect=positions is None)
-
-
-@kv_scatter.batched
-def kv_scatter_batched(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       kv_cache_lengths: torch.Tensor, position_buf: torch.Tensor, seq_len_buf: torch.Tensor,
-                       positions: torch.Tensor | None = None, block_table: torch.Tensor | None = None) -> None:
-    indirect = positions is None or bugs.planted("kv_scatter_stale_position_buf")
-    _scatter(k, v, k_cache, v_cache, kv_cache_lengths, position_buf, seq_len_buf, positions, block_table,
-             indirect=indirect)
+@kv_scatter.single_and_batched
+def kv_scatter_rows(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    kv_cache_lengths: torch.Tensor, position_buf: torch.Tensor, seq_len_buf: torch.Tensor,
+                    positions: torch.Tensor | None = None, block_table: torch.Tensor | None = None) -> None:
+    """Scatter T rows (the single variant: T = 1, a decode step), directly when positions are given."""
+    scatter(k, v, k_cache, v_cache, kv_cache_lengths, position_buf, seq_len_buf, positions, block_table,
+            indirect=positions is None)
 
 
 @kv_scatter.contract

@@ -30,12 +30,6 @@ def check_device(op: str, *tensors: torch.Tensor | None) -> torch.device:
     return device
 
 
-def check_one_row(op: str, rows: int) -> None:
-    """Single-vector variants take exactly one row (the decode step)."""
-    if rows != 1:
-        raise ValueError(f"{op} single: takes one row, got {rows}; use the batched variant")
-
-
 def check_last_dim_contiguous(op: str, **tensors: torch.Tensor) -> None:
     for name, t in tensors.items():
         if t.stride(-1) != 1:
@@ -58,7 +52,7 @@ def run(kernel: Any, grid: Sequence[int], *args: Any, path: str | None = None, *
     info = {k: v for k, v in meta.items() if isinstance(v, (bool, int, str))}
     if path is not None:
         info["path"] = path
-    replay.launch(kernel.fn.__name__, grid, compiled=compiled, **info)
+    replay.record_launch(kernel.fn.__name__, grid, compiled=compiled, **info)
     return compiled
 
 

@@ -230,7 +230,7 @@ def record_prefill(out_dir: str | Path, *, prompt_len: int = 8, seed: int = 0, c
                    device: str | None = None, notes: str = "") -> Path:
     """Record one prefill of the kernel model into a new snapshot at `out_dir`; returns its path.
 
-    Planted bugs (kernels.bugs, KERNELS_PLANTED_BUGS) switched on now are recorded into it.
+    A faulty variant swapped in at the time is what gets recorded.
     """
     model = TinyLlama(seed=seed, device=device)
     prompt = prompt_tokens(prompt_len, seed)

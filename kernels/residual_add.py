@@ -11,7 +11,7 @@ import triton.language as tl
 
 import replay
 from kernels import launch
-from kernels.tolerances import ELEMENTWISE
+from replay.tolerance import ELEMENTWISE
 
 residual_add = replay.op(
     "residual_add",
@@ -37,12 +37,7 @@ def residual_add_reference(x: torch.Tensor, residual: torch.Tensor) -> torch.Ten
     return (x.double() + residual.double()).to(x.dtype)
 
 
-@residual_add.single
-def residual_add_single(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    launch.check_one_row("residual_add", x.shape[0])
-    return launch.elementwise_rows("residual_add", _residual_add_kernel, x=x, residual=residual)
-
-
-@residual_add.batched
-def residual_add_batched(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+@residual_add.single_and_batched
+def residual_add_rows(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """x + residual for [M, H] rows (the single variant is M = 1)."""
     return launch.elementwise_rows("residual_add", _residual_add_kernel, x=x, residual=residual)

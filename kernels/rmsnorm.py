@@ -13,7 +13,7 @@ import triton.language as tl
 
 import replay
 from kernels import launch
-from kernels.tolerances import ELEMENTWISE
+from replay.tolerance import ELEMENTWISE
 
 rmsnorm = replay.op(
     "rmsnorm",
@@ -39,7 +39,9 @@ def _rmsnorm_rows_kernel(x_ptr, w_ptr, out_ptr, rstd_ptr, H, stride_x, stride_ou
     tl.store(rstd_ptr + row, rstd)
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+@rmsnorm.single_and_batched
+def rmsnorm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [M, H] normalised row by row, one program a row (the single variant is M = 1)."""
     launch.check_device("rmsnorm", x, weight)
     launch.check_last_dim_contiguous("rmsnorm", x=x, weight=weight)
     m, h = x.shape
@@ -61,14 +63,3 @@ def rmsnorm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
     rstd = torch.rsqrt(x64.pow(2).mean(-1) + eps)
     replay.tag("rstd", rstd.float())
     return (x64 * rstd[:, None] * weight.double()).to(x.dtype)
-
-
-@rmsnorm.single
-def rmsnorm_single(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    launch.check_one_row("rmsnorm", x.shape[0])
-    return _launch(x, weight, eps)
-
-
-@rmsnorm.batched
-def rmsnorm_batched(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _launch(x, weight, eps)

@@ -16,7 +16,7 @@ import triton.language as tl
 
 import replay
 from kernels import launch
-from kernels.tolerances import ELEMENTWISE
+from replay.tolerance import ELEMENTWISE
 
 LAYOUTS = ("neox", "interleaved")
 
@@ -75,8 +75,10 @@ def _check(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: tor
                          f"got {tuple(cos.shape)} and {tuple(sin.shape)}")
 
 
-def _launch(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-            layout: str) -> torch.Tensor:
+@rope.single_and_batched
+def rope_rows(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              layout: str = "neox") -> torch.Tensor:
+    """x [T, H, D] rotated at positions [T], one program a row (the single variant is T = 1)."""
     _check(x, positions, cos, sin, layout)
     launch.check_device("rope", x, positions, cos, sin)
     launch.check_last_dim_contiguous("rope", x=x, cos=cos, sin=sin)
@@ -104,16 +106,3 @@ def rope_reference(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, 
     r1, r2 = x1 * c - x2 * s, x2 * c + x1 * s
     out = torch.stack([r1, r2], -1).flatten(-2) if layout == "interleaved" else torch.cat([r1, r2], -1)
     return out.to(x.dtype)
-
-
-@rope.single
-def rope_single(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                layout: str = "neox") -> torch.Tensor:
-    launch.check_one_row("rope", x.shape[0])
-    return _launch(x, positions, cos, sin, layout)
-
-
-@rope.batched
-def rope_batched(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 layout: str = "neox") -> torch.Tensor:
-    return _launch(x, positions, cos, sin, layout)

@@ -11,7 +11,7 @@ import triton.language as tl
 
 import replay
 from kernels import launch
-from kernels.tolerances import ELEMENTWISE
+from replay.tolerance import ELEMENTWISE
 
 swiglu = replay.op(
     "swiglu",
@@ -39,12 +39,7 @@ def swiglu_reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return (g * torch.sigmoid(g) * up.double()).to(gate.dtype)
 
 
-@swiglu.single
-def swiglu_single(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    launch.check_one_row("swiglu", gate.shape[0])
-    return launch.elementwise_rows("swiglu", _swiglu_kernel, gate=gate, up=up)
-
-
-@swiglu.batched
-def swiglu_batched(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+@swiglu.single_and_batched
+def swiglu_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for [M, F] rows (the single variant is M = 1)."""
     return launch.elementwise_rows("swiglu", _swiglu_kernel, gate=gate, up=up)

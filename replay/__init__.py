@@ -1,29 +1,28 @@
 """kernel-replay: record kernel calls, replay them against variants, bisect regressions.
 
-The public names load on first use, so commands that need no torch (bisect with
---run, --help) start fast; REPLAY_CAPTURE=path starts a recording at import.
+    import replay
+
+    rmsnorm = replay.op("rmsnorm", batch_axes={"x": 0, "out": 0})
+
+    @rmsnorm.batched
+    def rmsnorm_batched(x, weight, eps=1e-6): ...
+
+    with replay.recording("snapshots/my_run"):
+        model.prefill(tokens)
+
+REPLAY_CAPTURE=path records the whole process from import on.
 """
 from __future__ import annotations
 
-import importlib
 import os
-from typing import Any
 
-_PUBLIC = {"capture": "replay.registry", "get_op": "replay.registry", "op": "replay.registry",
-           "Tolerance": "replay.registry", "launch": "replay.recorder", "recording": "replay.recorder",
-           "tag": "replay.recorder"}
+from replay.recorder import record_launch, recording, tag
+from replay.registry import Op, capture, get_op, op
+from replay.tolerance import Tolerance
 
-__all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'replay' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
+__all__ = ["Op", "Tolerance", "capture", "get_op", "op", "record_launch", "recording", "tag"]
 
 if os.environ.get("REPLAY_CAPTURE"):
-    importlib.import_module("replay.recorder").start_from_env()
+    from replay.recorder import start_from_env
+
+    start_from_env()

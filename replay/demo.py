@@ -9,6 +9,7 @@ probes are the `replay run` verdicts at the good tag and at HEAD.
 """
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import re
@@ -27,11 +28,13 @@ GOOD_TAG = "v1.2"
 PROMPT_LEN = 4
 PROVIDER_PACKAGE = "kernels"
 
-# The planted bug: the batched scatter always takes the indirect path, so a prefill
-# writes every token where the stale position_buf points (position 0).
+# The planted bug: a new batched scatter that always takes the indirect path, so a prefill
+# writes every token where the stale position_buf points (position 0). Its code is the faulty
+# variant kept in kernels/bugs.py, appended to kv_scatter.py as that op's batched variant.
 BUG_FILE = "kernels/kv_scatter.py"
-BUG_BEFORE = 'indirect = positions is None or bugs.planted("kv_scatter_stale_position_buf")'
-BUG_AFTER = "indirect = True  # one path for eager and graph-captured prefill: read position_buf"
+BUG_SOURCE_FILE = "kernels/bugs.py"
+BUG_FUNCTION = "kv_scatter_graph_ready"
+BUG_DECORATOR = "@kv_scatter.batched"
 BUG_SUBJECT = "kv_scatter: always read position_buf so prefill can be graph-captured"
 
 REFACTOR_FILE = "kernels/kv_scatter.py"
@@ -75,10 +78,14 @@ def kernel_sources() -> dict[str, str]:
             for p in sorted(root.rglob("*.py")) if "__pycache__" not in p.parts}
 
 
-def _replace_once(text: str, before: str, after: str, where: str) -> str:
-    if text.count(before) != 1:
-        raise ReplayError(f"{where}: expected exactly one '{before}' to edit; the demo's history is out of date")
-    return text.replace(before, after)
+def planted_bug_patch(sources: dict[str, str]) -> str:
+    """The text the planted commit appends to BUG_FILE: BUG_FUNCTION from kernels/bugs.py,
+    registered as kv_scatter's batched variant (it replaces the correct one)."""
+    text = sources.get(BUG_SOURCE_FILE, "")
+    found = [node for node in ast.parse(text).body if isinstance(node, ast.FunctionDef) and node.name == BUG_FUNCTION]
+    if not found:
+        raise ReplayError(f"{BUG_SOURCE_FILE}: no function {BUG_FUNCTION}() to plant; the demo's history is out of date")
+    return f"\n\n{BUG_DECORATOR}\n{ast.get_source_segment(text, found[0])}\n"
 
 
 def kernel_history(sources: dict[str, str]) -> list[SyntheticCommit]:
@@ -94,7 +101,7 @@ def kernel_history(sources: dict[str, str]) -> list[SyntheticCommit]:
             files[REFACTOR_FILE] = text
             commits.append(SyntheticCommit(REFACTOR_SUBJECT, {REFACTOR_FILE: text}))
         elif i == BUG_AT:
-            files[BUG_FILE] = _replace_once(files[BUG_FILE], BUG_BEFORE, BUG_AFTER, BUG_FILE)
+            files[BUG_FILE] = files[BUG_FILE] + planted_bug_patch(files)
             commits.append(SyntheticCommit(BUG_SUBJECT, {BUG_FILE: files[BUG_FILE]}))
         elif i % 3 == 0:
             path = COMMENT_FILES[i % len(COMMENT_FILES)]
@@ -116,7 +123,6 @@ def record_snapshot(checkout: Path, out: Path, prompt_len: int = PROMPT_LEN) -> 
     script = ("import sys; from kernels.model import record_prefill; "
               "record_prefill(sys.argv[1], prompt_len=int(sys.argv[2]))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), str(HARNESS_ROOT)])}
-    env.pop("KERNELS_PLANTED_BUGS", None)
     done = subprocess.run([sys.executable, "-c", script, str(out), str(prompt_len)], cwd=checkout, env=env,
                           capture_output=True, text=True)
     if done.returncode != 0:

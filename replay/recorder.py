@@ -75,9 +75,22 @@ def collecting(level: int = 2) -> Iterator[CallSink]:
 
 
 def tag(name: str, tensor: torch.Tensor, level: int = 1) -> torch.Tensor:
-    """Record an intermediate of the current call under `name`; returns `tensor`.
+    """Record an intermediate of the running call under `name`, for replay to compare.
 
-    Level 1 tags are recorded by default; level 2 only with REPLAY_TAGS=2.
+    Replay compares tags in the order they were recorded and names the first that
+    diverges, so tag what explains a wrong output (positions written, rstd, lse). With
+    no recording or replay running this is one context-variable read.
+
+    Args:
+        name: the tag's name; a repeated name within one call gets `.1`, `.2`, ...
+        tensor: the value (copied now; later writes to it do not change the tag).
+        level: 1 (recorded by default) or 2 (only with REPLAY_TAGS=2: costly or verbose).
+
+    Returns:
+        `tensor` itself, so a tag can wrap an expression.
+
+    Example:
+        rstd = replay.tag("rstd", 1.0 / torch.sqrt(ms + eps))
     """
     sink = _sink.get()
     if sink is not None and level <= sink.level:
@@ -85,11 +98,23 @@ def tag(name: str, tensor: torch.Tensor, level: int = 1) -> torch.Tensor:
     return tensor
 
 
-def launch(kernel: str, grid: Any = None, *, compiled: Any = None, **info: Any) -> None:
-    """Record a kernel launch (name, grid, path, ...) into the current call.
+def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None, **info: Any) -> None:
+    """Record a kernel launch into the running call's launch records (a no-op outside one).
 
-    `compiled` may be the object a Triton launch returns: its warps, shared memory and
-    registers are recorded when the backend reports them.
+    Args:
+        kernel: the kernel's name.
+        grid: the launch grid (any sequence of ints).
+        compiled: the object a Triton launch returns; its warps, shared memory and
+            registers are recorded when the backend reports them.
+        **info: anything else worth keeping, JSON or kept as its repr: block sizes,
+            `path="indirect"` for which of two code paths ran.
+
+    Returns:
+        None.
+
+    Example:
+        compiled = kernel[grid](x, out, n, BLOCK=block)
+        replay.record_launch("rmsnorm_kernel", grid, compiled=compiled, BLOCK=block, path="direct")
     """
     sink = _sink.get()
     if sink is None:
@@ -307,25 +332,50 @@ def active() -> Recording | None:
     return _recording
 
 
-def start(path: str | Path, **options: Any) -> Recording:
-    """Start recording every captured call into a new snapshot at `path`."""
+def start(path: str | Path, *, notes: str = "", tag_level: int | None = None, strict: bool | None = None,
+          blob_threshold: int = BLOB_THRESHOLD_BYTES) -> Recording:
+    """Start recording every captured call into a new snapshot at `path` (see `recording`)."""
     global _recording
     if _recording is not None:
         raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
-    _recording = Recording(path, **options)
+    _recording = Recording(path, notes=notes, tag_level=tag_level, strict=strict, blob_threshold=blob_threshold)
     return _recording
 
 
 def stop() -> Recording | None:
+    """Stop the active recording, if any, and return it."""
     global _recording
     rec, _recording = _recording, None
     return rec
 
 
 @contextlib.contextmanager
-def recording(path: str | Path, **options: Any) -> Iterator[Recording]:
-    """Record every captured call made inside the block into a new snapshot at `path`."""
-    rec = start(path, **options)
+def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None, strict: bool | None = None,
+              blob_threshold: int = BLOB_THRESHOLD_BYTES) -> Iterator[Recording]:
+    """Record every call of a registered or captured function made inside the block.
+
+    Each call is written as it finishes (inputs copied before it runs, outputs, tags
+    and launch records after), so a crash loses only the call in flight. Capture
+    errors are reported once on stderr and in the manifest, and never stop the
+    program unless `strict`.
+
+    Args:
+        path: a new or empty directory for the snapshot.
+        notes: free text kept in the manifest.
+        tag_level: 0 (no tags), 1 (level-1 tags) or 2 (all); default REPLAY_TAGS, else 1.
+        strict: raise CaptureError on a capture failure; default REPLAY_CAPTURE_STRICT=1.
+        blob_threshold: read-only tensors of at least this many bytes (weights) are
+            stored once in blobs/, by content, and shared between calls.
+
+    Returns:
+        A context manager yielding the Recording (`.path`, `.calls_written`).
+
+    Example:
+        with replay.recording("snapshots/prefill_001", notes="8-token prefill") as rec:
+            model.prefill(tokens)
+        print(rec.calls_written, "calls in", rec.path)
+    """
+    rec = start(path, notes=notes, tag_level=tag_level, strict=strict, blob_threshold=blob_threshold)
     try:
         yield rec
     finally:

@@ -7,38 +7,31 @@ implementations; calling one records the call while a recording is active.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
+import inspect
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 import torch
 
 from replay import recorder as _recorder
 from replay.errors import ProviderImportError, RegistryError
+from replay.tolerance import DEFAULT, EXACT, Tolerance
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 BACKENDS = ("cpu", "cuda")
 REFERENCE, SINGLE, BATCHED = "reference", "single", "batched"
 
 
-@dataclass(frozen=True)
-class Tolerance:
-    atol: float
-    rtol: float
-
-
-DEFAULT_TOLERANCES: dict[torch.dtype, Tolerance] = {
-    torch.float64: Tolerance(1e-9, 1e-9),
-    torch.float32: Tolerance(1e-5, 1e-4),
-    torch.float16: Tolerance(2e-3, 2e-3),
-    torch.bfloat16: Tolerance(1.6e-2, 1.6e-2),
-}
-EXACT = Tolerance(0.0, 0.0)
-
-
 @dataclass
 class Variant:
+    """One implementation of an op: `fn` as written, `call` the recording wrapper around it."""
+
     op: "Op"
     name: str
     fn: Callable[..., Any]
@@ -63,6 +56,8 @@ class Contract:
 
 @dataclass
 class Op:
+    """A named operation: its argument layout, tolerances, contracts and variants (see `replay.op`)."""
+
     name: str
     provider: str
     batch_axes: dict[str, int] = field(default_factory=dict)
@@ -76,28 +71,86 @@ class Op:
     variants: dict[str, Variant] = field(default_factory=dict)
     contracts: list[Contract] = field(default_factory=list)
 
-    def variant(self, name: str, *, backends: Iterable[str] = BACKENDS) -> Callable[[Callable], Variant]:
-        """Decorator registering `fn` as variant `name`, runnable on `backends`."""
+    def variant(self, name: str, *, backends: Iterable[str] = BACKENDS) -> Callable[[F], F]:
+        """Decorator registering `fn` as variant `name`, runnable on `backends`.
+
+        Returns `fn` wrapped (name, signature and docstring its own) so that its calls are
+        recorded while a recording is active; the registered Variant is its `.variant`.
+        A `single` variant refuses a call with more than one row.
+        """
         backends = tuple(backends)
         unknown = [b for b in backends if b not in BACKENDS]
         if unknown:
             raise RegistryError(f"op '{self.name}' variant '{name}': unknown backend(s) {unknown}; known: {list(BACKENDS)}")
 
-        def register(fn: Callable) -> Variant:
+        def register(fn: F) -> F:
             spec = _recorder.CallSpec(self.name, name, self.provider, self.state, self.mutates, self.outputs)
-            v = Variant(self, name, fn, backends, _recorder.wrap(spec, fn))
-            self.variants[name] = v
-            return v
+            captured = _recorder.wrap(spec, self._one_row(fn) if name == SINGLE else fn)
+            captured.variant = self.variants[name] = Variant(self, name, fn, backends, captured)
+            self._keep_canonical_order()
+            return captured
         return register
 
-    def reference(self, fn: Callable) -> Variant:
+    def _keep_canonical_order(self) -> None:
+        """reference, single, batched first, then the others as registered: reports list them so."""
+        canonical = (REFERENCE, SINGLE, BATCHED)
+        order = sorted(self.variants, key=lambda n: canonical.index(n) if n in canonical else len(canonical))
+        self.variants = {n: self.variants[n] for n in order}
+
+    def reference(self, fn: F) -> F:
+        """Decorator registering the oracle: plain PyTorch, computed in fp32/fp64."""
         return self.variant(REFERENCE)(fn)
 
-    def single(self, fn: Callable) -> Variant:
+    def single(self, fn: F) -> F:
+        """Decorator registering the single-vector kernel (one row: the decode step)."""
         return self.variant(SINGLE)(fn)
 
-    def batched(self, fn: Callable) -> Variant:
+    def batched(self, fn: F) -> F:
+        """Decorator registering the batched kernel (M rows)."""
         return self.variant(BATCHED)(fn)
+
+    def single_and_batched(self, fn: F) -> F:
+        """Decorator registering `fn` as the batched variant and, for one row, the single one.
+
+        For ops whose rows never meet (elementwise, one program a row), where one kernel
+        serves both. Returns the batched wrapper; the single one is `op.variants["single"]`.
+        """
+        self.single(fn)
+        return self.batched(fn)
+
+    def _one_row(self, fn: F) -> F:
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def one_row(*args: Any, **kwargs: Any) -> Any:
+            rows = self.rows(signature.bind(*args, **kwargs).arguments)
+            if rows is not None and rows != 1:
+                raise ValueError(f"{self.name} single: takes one row, got {rows}; use the batched variant")
+            return fn(*args, **kwargs)
+        return one_row  # type: ignore[return-value]
+
+    def rows(self, arguments: Mapping[str, Any]) -> int | None:
+        """Rows in a call: the extent of the first argument with a batch axis, if any."""
+        for name, axis in self.batch_axes.items():
+            value = arguments.get(name)
+            if isinstance(value, torch.Tensor) and value.dim() > axis:
+                return value.shape[axis]
+        return None
+
+    @contextlib.contextmanager
+    def replacing(self, name: str, fn: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
+        """Register `fn` as variant `name` inside the block, then restore the variant it replaced.
+
+        For tests that swap in a faulty implementation (see kernels/bugs.py).
+        """
+        before = self.variants.get(name)
+        try:
+            yield self.variant(name, backends=before.backends if before else BACKENDS)(fn)
+        finally:
+            if before is None:
+                self.variants.pop(name, None)
+            else:
+                self.variants[name] = before
 
     def contract(self, fn: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]]) -> Callable:
         """Decorator registering a contract checked on every replayed call of this op."""
@@ -116,7 +169,7 @@ class Op:
         return found
 
     def tolerance_for(self, dtype: torch.dtype) -> Tolerance:
-        return self.tolerance.get(dtype) or DEFAULT_TOLERANCES.get(dtype, EXACT)
+        return self.tolerance.get(dtype) or DEFAULT.get(dtype, EXACT)
 
 
 _OPS: dict[str, Op] = {}
@@ -131,19 +184,41 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
        tolerance: Tolerance | Mapping[torch.dtype, Tolerance] | None = None,
        serial_rows: bool = False, split_row: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
        doc: str = "", provider: str | None = None) -> Op:
-    """Declare op `name`. The declaring module is its provider, recorded in snapshots.
+    """Declare op `name`: the argument layout, tolerance and contracts its variants share.
 
-    batch_axes: argument or output name -> its row axis. state: arguments that are
-    runtime state. mutates: arguments written in place. serial_rows: rows replay one
-    after another through shared state (a KV cache), not independently. split_row:
-    optional (arguments, row) -> arguments of the single-row call.
+    Args:
+        name: the op's name, as snapshots record it (unique; owned by the declaring module).
+        batch_axes: argument or output name -> its batch (row) axis; `single` runs row by row
+            along it and failures are reported by row.
+        state: arguments that are runtime state (`position_buf`, `seq_len_buf`, ...), stored
+            under `state/` in a snapshot.
+        mutates: arguments written in place; recorded again after the call as outputs.
+        outputs: names of the returned values, in order (default `out`, or `out0`, `out1`, ...).
+        tolerance: one Tolerance for every float dtype, or a dict per dtype
+            (`replay.tolerance.ELEMENTWISE`, `REDUCTION`, `EXACT`); default `replay.tolerance.DEFAULT`.
+        serial_rows: rows replay one after another through shared state (a KV cache), not
+            independently.
+        split_row: (arguments, row) -> the arguments of the single-row call, where narrowing
+            the batch axes is not enough.
+        doc: one line on what the op computes, shown by tools.
+        provider: the module snapshots name to import the op again (default: the caller's).
+
+    Returns:
+        The Op; its `reference`, `single`, `batched`, `variant(name)` and `contract` decorate
+        implementations and checks.
+
+    Example:
+        rmsnorm = replay.op("rmsnorm", batch_axes={"x": 0, "out": 0}, tolerance=ELEMENTWISE)
+
+        @rmsnorm.batched
+        def rmsnorm_batched(x, weight, eps=1e-6): ...
     """
     provider = provider or _caller_module(1)
     existing = _OPS.get(name)
     if existing is not None and existing.provider != provider:
         raise RegistryError(f"op '{name}' is already declared by module '{existing.provider}'")
     if isinstance(tolerance, Tolerance):
-        tolerance = {dt: tolerance for dt in DEFAULT_TOLERANCES}
+        tolerance = {dt: tolerance for dt in DEFAULT}
     declared = Op(name, provider, dict(batch_axes or {}), tuple(state), tuple(mutates), tuple(outputs),
                   dict(tolerance or {}), serial_rows, split_row, doc)
     _OPS[name] = declared
@@ -152,14 +227,30 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
 
 def capture(op_name: str, variant: str = "default", *, state: Iterable[str] = (),
             mutates: Iterable[str] = (), outputs: Iterable[str] = (),
-            backends: Iterable[str] = BACKENDS) -> Callable[[Callable], Variant]:
-    """Decorator recording each call of any function as variant `variant` of `op_name`.
+            backends: Iterable[str] = BACKENDS) -> Callable[[F], F]:
+    """Decorator that registers any function as variant `variant` of op `op_name`, so that its
+    calls are recorded while a recording is active and replay like any registered op's.
 
-    The op is declared (by the decorated function's module) if nobody has declared it.
+    The op is declared by the decorated function's module if nobody has declared it; if
+    somebody has, `state`, `mutates` and `outputs` must match the declaration.
+
+    Args:
+        op_name: the op the function implements.
+        variant: the variant's name (`reference`, `single`, `batched` or your own).
+        state, mutates, outputs: as for `replay.op`.
+        backends: where the function can run (`cpu`, `cuda`).
+
+    Returns:
+        A decorator returning the function wrapped (its name, signature and docstring kept);
+        the registered Variant is its `.variant`.
+
+    Example:
+        @replay.capture("kv_scatter", variant="batched", state=("position_buf",), mutates=("cache",))
+        def my_scatter(k, cache, position_buf): ...
     """
     state, mutates, outputs = tuple(state), tuple(mutates), tuple(outputs)
 
-    def register(fn: Callable) -> Variant:
+    def register(fn: F) -> F:
         found = _OPS.get(op_name)
         if found is None:
             found = op(op_name, state=state, mutates=mutates, outputs=outputs, provider=fn.__module__)
@@ -172,6 +263,7 @@ def capture(op_name: str, variant: str = "default", *, state: Iterable[str] = ()
 
 
 def get_op(name: str) -> Op:
+    """The op declared as `name`; a RegistryError lists the registered ones otherwise."""
     found = _OPS.get(name)
     if found is None:
         raise RegistryError(f"unknown op '{name}' (registered: {', '.join(sorted(_OPS)) or 'none'})")
@@ -186,7 +278,9 @@ def load_provider(module: str, code_dir: str | Path | None = None) -> None:
     """Import the module that declares an op; with `code_dir`, from that tree first.
 
     Only `module`'s top-level package is taken from `code_dir` (any copy already
-    imported from elsewhere is dropped), so the harness itself stays this one.
+    imported from elsewhere is dropped), so the harness itself stays this one. A module
+    that no longer exists inside a package that imports fine (it was renamed or merged
+    since the snapshot was recorded) is no error: the package may register the op itself.
     """
     if code_dir is not None:
         root = str(Path(code_dir).resolve())
@@ -201,5 +295,8 @@ def load_provider(module: str, code_dir: str | Path | None = None) -> None:
     try:
         importlib.import_module(module)
     except Exception as exc:  # any failure of the code under test makes it untestable
+        moved = isinstance(exc, ModuleNotFoundError) and exc.name == module and "." in module
+        if moved:
+            return
         raise ProviderImportError(f"provider module '{module}' failed to import: "
                                   f"{type(exc).__name__}: {exc}") from exc

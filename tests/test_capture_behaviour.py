@@ -34,7 +34,7 @@ def takes_anything(x: torch.Tensor, extra: object = None) -> torch.Tensor:
 def tagged(x: torch.Tensor) -> torch.Tensor:
     y = replay.tag("doubled", x * 2)
     replay.tag("detail", y + 1, level=2)
-    replay.launch("tagged_kernel", (4, 1, 1), path="direct", num_warps=4, stream=object())
+    replay.record_launch("tagged_kernel", (4, 1, 1), path="direct", num_warps=4, stream=object())
     return y
 
 

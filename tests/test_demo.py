@@ -15,7 +15,10 @@ def test_history_plants_one_bug_and_one_refactor() -> None:
     assert len(commits) == demo.HISTORY_LENGTH
     bug = commits[demo.BUG_AT]
     assert bug.message == demo.BUG_SUBJECT and list(bug.files) == [demo.BUG_FILE]
-    assert demo.BUG_AFTER in bug.files[demo.BUG_FILE] and demo.BUG_BEFORE not in bug.files[demo.BUG_FILE]
+    before = commits[demo.REFACTOR_AT].files[demo.BUG_FILE]  # the last commit before it to touch the file
+    patch = bug.files[demo.BUG_FILE].removeprefix(before)
+    assert patch != bug.files[demo.BUG_FILE]  # the planted commit only appends
+    assert patch.lstrip().startswith(f"{demo.BUG_DECORATOR}\ndef {demo.BUG_FUNCTION}(") and "indirect=True" in patch
     refactor = commits[demo.REFACTOR_AT].files[demo.REFACTOR_FILE]
     assert "cache_geometry" in refactor and not demo.REFACTOR_PATTERN.search(refactor)
     others = [c for i, c in enumerate(commits[1:], 1) if i not in (demo.BUG_AT, demo.REFACTOR_AT)]
@@ -30,7 +33,7 @@ def test_demo_refuses_a_non_empty_directory(tmp_path: Path) -> None:
 
 
 def test_demo_bisects_to_the_planted_commit(tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["demo", str(tmp_path / "demo")])
+    result = CliRunner().invoke(main, ["demo", "--jobs", "2", str(tmp_path / "demo")])  # two probes a round: faster on 2 cores
     assert result.exit_code == 0, result.output
     planted = subprocess.run(["git", "log", "--format=%H", "-1", f"--grep={demo.BUG_SUBJECT}"],
                              cwd=tmp_path / "demo" / "kernel-history", capture_output=True, text=True).stdout.strip()

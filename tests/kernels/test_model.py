@@ -8,10 +8,13 @@ import torch
 
 import kernels
 from kernels.model import TinyLlama, prompt_tokens, record_prefill
-from kernels.tolerances import MODEL_LOGITS
 from replay.snapshot import Snapshot
+from replay.tolerance import Tolerance
 
 PROMPT_LEN = {"cpu": 5, "cuda": 40}  # the interpreter is slow: few tokens on CPU
+# The whole model (fp32 activations) against the all-reference model: per-op differences
+# of a few fp32 ulps (replay.tolerance) pass through 2 layers and the lm_head.
+MODEL_LOGITS = Tolerance(atol=1e-3, rtol=1e-3)
 
 
 @pytest.fixture

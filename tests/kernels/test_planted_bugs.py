@@ -20,7 +20,7 @@ def test_q6k_wrong_scale_index_is_caught_with_op_rows_and_element(dev):
         report = kernel_cases.check("q6k_gemv", args, dev)
     assert not report.passed
     top = report.failures[0]
-    assert (top.kind, top.variant, top.against, top.name, top.rows) == ("single-vs-batched", "batched", "single",
+    assert (top.kind, top.variant, top.against, top.name, top.bad_rows) == ("single-vs-batched", "batched", "single",
                                                                         "out", [0, 1, 2])
     assert re.match(r"op 'q6k_gemv': batched vs single: 'out' differs in \d+/120 elements; rows 0-2 of 3 wrong; "
                     r"first at \[0, \d+\]: \S+ vs \S+", kernel_cases.explain(report))
@@ -43,7 +43,7 @@ def test_stale_position_buf_in_batched_kv_scatter_is_caught(dev):
                                       "first at [1]: 0 vs 1")
     assert re.match(r"batched vs single: 'k_cache' differs in \d+/\d+ elements; first at \[", by_single["k_cache"])
     first_tag = report.first_tag()
-    assert (first_tag.variant, first_tag.name, first_tag.rows) == ("batched", "positions", [1, 2, 3])
+    assert (first_tag.variant, first_tag.name, first_tag.bad_rows) == ("batched", "positions", [1, 2, 3])
 
 
 def test_kv_scatter_contract_reads_the_stale_position_buf_as_such(dev):

@@ -1,6 +1,9 @@
-"""How far a kernel may land from its reference, per output dtype, and why.
+"""How far a variant may land from its oracle, per output dtype, and why: the one home of tolerances.
 
-A check passes where |kernel - reference| <= atol + rtol * |reference| element by element.
+A check passes where |actual - expected| <= atol + rtol * |expected|, element by element. No
+tolerance at all (None where a tolerance is expected) means bitwise: the same bits, NaN
+payloads and the sign of zero included.
+
 Kernels accumulate in fp32; references compute in fp64 (or fp32 for the GEMVs, as ggml does)
 and round once to the output dtype. Two effects separate them:
 
@@ -14,20 +17,33 @@ their rounding error scales with sum|terms|, not with the (possibly cancelled) r
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from replay import Tolerance
+
+@dataclass(frozen=True)
+class Tolerance:
+    """An absolute and a relative bound on |actual - expected|."""
+
+    atol: float
+    rtol: float
+
+
+# Equal values (0.0 == -0.0; a NaN never passes): ops that move bits rather than compute them.
+EXACT = Tolerance(0.0, 0.0)
 
 _HALF = {
     torch.float16: Tolerance(atol=1e-3, rtol=2e-3),
     torch.bfloat16: Tolerance(atol=1e-2, rtol=1.6e-2),
 }
 
+# What an op declared without a tolerance gets; dtypes not listed (integers) compare EXACT.
+DEFAULT: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(1e-9, 1e-9),
+    torch.float32: Tolerance(1e-5, 1e-4),
+    torch.float16: Tolerance(2e-3, 2e-3),
+    torch.bfloat16: Tolerance(1.6e-2, 1.6e-2),
+}
 ELEMENTWISE: dict[torch.dtype, Tolerance] = {torch.float32: Tolerance(atol=1e-5, rtol=1e-4), **_HALF}
 REDUCTION: dict[torch.dtype, Tolerance] = {torch.float32: Tolerance(atol=1e-4, rtol=1e-4), **_HALF}
-EXACT: dict[torch.dtype, Tolerance] = {dt: Tolerance(0.0, 0.0)
-                                       for dt in (torch.float32, torch.float16, torch.bfloat16)}
-
-# The whole model (fp32 activations) against the all-reference model: per-op differences
-# of a few fp32 ulps pass through 2 layers and the lm_head.
-MODEL_LOGITS = Tolerance(atol=1e-3, rtol=1e-3)
