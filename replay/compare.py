@@ -4,9 +4,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from replay.registry import Tolerance
+from replay.tolerance import Tolerance
 
 # float formats whose bit patterns, read as integers, order like the values (the ULP distance)
 _ULP_DTYPES = frozenset({torch.float64, torch.float32, torch.float16, torch.bfloat16})
@@ -34,15 +35,44 @@ class Comparison:
     nmse: float = 0.0
     cosine: float = 1.0
     max_ulp: int | None = None
+    dtype: str | None = None  # of both tensors; None when they differ (values then print as float64)
     first_index: list[int] | None = None
     first_actual: float | None = None
     first_expected: float | None = None
+    first_ulp: int | None = None
     bad_rows: list[int] = field(default_factory=list)
     rows: int | None = None
     problem: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def first_difference(self) -> str:
+        """'first at [0, 5]: -0.68649167 vs -0.6864917 (3 ulp; max 40 ulp)', or '' with no mismatch."""
+        if self.first_index is None or self.first_actual is None or self.first_expected is None:
+            return ""
+        text = (f"first at {self.first_index}: {format_value(self.first_actual, self.dtype)} vs "
+                f"{format_value(self.first_expected, self.dtype)}")
+        if self.first_ulp is not None:
+            text += f" ({self.first_ulp} ulp; max {self.max_ulp} ulp)"
+        return text
+
+
+def format_value(value: float, dtype: str | None) -> str:
+    """`value` with the digits that tell it from any other value of `dtype`: float32 as the shortest
+    decimal that reads back as the same float32; float16, bfloat16 and float64 as the shortest that
+    reads back as the same float64, which for the 16-bit types is their exact value; integers and
+    booleans as integers."""
+    if dtype == "float32":
+        return str(np.float32(value))
+    if dtype is not None and not dtype.startswith(("float", "bfloat")) and float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float32' for torch.float32."""
+    return str(dtype).removeprefix("torch.")
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -52,9 +82,10 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(bit_pattern(a), bit_pattern(b))
 
 
-def max_ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int | None:
-    """Largest distance in units in the last place between same-dtype floats."""
-    if a.dtype not in _ULP_DTYPES or a.dtype != b.dtype or a.numel() == 0:
+def ulp_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
+    """Element by element, how many representable values of their dtype lie between same-dtype
+    floats a and b (units in the last place); None for other dtypes."""
+    if a.dtype not in _ULP_DTYPES or a.dtype != b.dtype:
         return None
 
     def ordered(t: torch.Tensor) -> torch.Tensor:
@@ -64,7 +95,7 @@ def max_ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int | None:
         top = torch.iinfo(bits.dtype).min
         return torch.where(i < 0, top - i, i)
 
-    return int((ordered(a) - ordered(b)).abs().max())
+    return (ordered(a) - ordered(b)).abs()
 
 
 def row_ranges(rows: list[int]) -> str:
@@ -116,16 +147,19 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
     cosine = _cosine(a, e)
     mismatches = int(bad.sum())
     dtype_ok = actual.dtype == expected.dtype or not same_dtype
+    ulps = ulp_distances(actual, expected)
     comparison = Comparison(False, mismatches == 0 and dtype_ok, numel,
-                            mismatches=mismatches, max_abs=max_abs, max_rel=max_rel, nmse=nmse,
-                            cosine=cosine, max_ulp=max_ulp_distance(actual, expected))
+                            mismatches=mismatches, max_abs=max_abs, max_rel=max_rel, nmse=nmse, cosine=cosine,
+                            max_ulp=int(ulps.max()) if ulps is not None and numel else None,
+                            dtype=dtype_name(actual.dtype) if actual.dtype == expected.dtype else None)
     if not dtype_ok:
         comparison.problem = f"dtype {actual.dtype} != expected {expected.dtype}"
     if mismatches:
-        first = [int(i) for i in torch.nonzero(bad)[0]] if bad.dim() else []
-        comparison.first_index = first
-        comparison.first_actual = float(a[tuple(first)])
-        comparison.first_expected = float(e[tuple(first)])
+        first = tuple(int(i) for i in torch.nonzero(bad)[0]) if bad.dim() else ()
+        comparison.first_index = list(first)
+        comparison.first_actual = float(a[first])
+        comparison.first_expected = float(e[first])
+        comparison.first_ulp = int(ulps[first]) if ulps is not None else None
     if batch_axis is not None and bad.dim() > batch_axis:
         comparison.rows = bad.shape[batch_axis]
         per_row = bad.movedim(batch_axis, 0).reshape(bad.shape[batch_axis], -1).any(dim=1)

@@ -25,6 +25,10 @@ class RegistryError(ReplayError):
     """Unknown op, variant or backend."""
 
 
+class BisectError(ReplayError):
+    """Bad refs, a bad range, a missing snapshot, or ends whose probes contradict them."""
+
+
 class ProviderImportError(ReplayError):
     """The module that provides an op failed to import: this code cannot be tested."""
 

@@ -16,7 +16,7 @@ import torch
 from replay.errors import ReplayError, SnapshotError
 from replay.snapshot import CallEntry, CallRecord, Snapshot
 from replay.snapshot.callfile import ROLES
-from replay.snapshot.names import safe_component
+from replay.snapshot.files import safe_component
 from replay.snapshot.tensors import DTYPE_NAMES
 
 # numpy has no bfloat16 or fp8: these are exported as float32, which holds them exactly.

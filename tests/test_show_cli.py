@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 
 import replay
 from fixtures.make_fixture_snapshot import make_fixture_snapshot
-from replay.cli.show_cmd import command as show
+from replay.cli import main
 from replay.inspect import tensor_stats
 
 REPLAY = Path(sys.executable).with_name("replay")
@@ -45,7 +45,7 @@ def mixed_snapshot(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def invoke(*args: str) -> Result:
-    result = CliRunner().invoke(show, [str(a) for a in args])
+    result = CliRunner().invoke(main, ["show", *(str(a) for a in args)])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     return result
 

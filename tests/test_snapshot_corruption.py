@@ -11,7 +11,7 @@ import safetensors.torch
 from click.testing import CliRunner
 
 from fixtures.make_fixture_snapshot import make_fixture_snapshot
-from replay.cli.show_cmd import command as show
+from replay.cli import main
 from replay.snapshot.files import sha256_bytes
 
 
@@ -116,7 +116,7 @@ DAMAGES: dict[str, Callable[[Path], Path]] = {
 @pytest.mark.parametrize("damage", DAMAGES, ids=list(DAMAGES))
 def test_damage_is_one_line_naming_the_file_and_exit_2(damage: str, snapshot: Path) -> None:
     damaged_file = DAMAGES[damage](snapshot)
-    result = CliRunner().invoke(show, [str(snapshot)])
+    result = CliRunner().invoke(main, ["show", str(snapshot)])
     assert result.exit_code == 2, (result.output, result.exception)
     assert result.stderr.endswith("\n") and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith("replay: error: ")
@@ -124,6 +124,6 @@ def test_damage_is_one_line_naming_the_file_and_exit_2(damage: str, snapshot: Pa
 
 
 def test_undamaged_fixture_shows(snapshot: Path) -> None:
-    result = CliRunner().invoke(show, [str(snapshot)])
+    result = CliRunner().invoke(main, ["show", str(snapshot)])
     assert result.exit_code == 0, result.stderr
     assert result.stderr == ""

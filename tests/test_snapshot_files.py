@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replay.snapshot import files
-from replay.snapshot.names import safe_component
+from replay.snapshot.files import safe_component
 
 
 def test_failed_atomic_write_leaves_neither_target_nor_temporary(tmp_path: Path,

@@ -10,7 +10,7 @@ import safetensors.torch
 import torch
 from click.testing import CliRunner
 
-from replay.cli.show_cmd import command as show
+from replay.cli import main
 from replay.snapshot import Snapshot
 from replay.snapshot.tensors import DTYPES
 
@@ -43,7 +43,7 @@ def test_snapshot_written_by_the_documented_producer_reads_back(tmp_path: Path) 
     assert math.isinf(args["alpha"]) and args["grid"] == (1, 2.0) and isinstance(args["grid"][1], float)
     assert call.blobs == {"in/w": snapshot.entries[0].blobs[0]}
     assert call.launch == [{"kernel": "axpy_kernel", "grid": [1, 1, 1]}]
-    assert CliRunner().invoke(show, [str(tmp_path / "example")]).exit_code == 0
+    assert CliRunner().invoke(main, ["show", str(tmp_path / "example")]).exit_code == 0
 
 
 def test_dtype_table_matches_the_reader_and_safetensors() -> None:

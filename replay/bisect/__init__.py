@@ -5,7 +5,7 @@
     result.first_bad.sha, result.first_bad_probe.outcome.report
 """
 from replay.bisect.driver import BisectOptions, run_bisect
-from replay.bisect.errors import BisectError
+from replay.errors import BisectError
 from replay.bisect.history import CommitInfo
 from replay.bisect.probe import ProbeOutcome
 from replay.bisect.report import probe_summary, render

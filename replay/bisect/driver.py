@@ -11,7 +11,7 @@ import git
 
 from replay.bisect import interrupts
 from replay.bisect.cache import CACHE_NAME, ProbeCache, snapshot_digest
-from replay.bisect.errors import BisectError
+from replay.errors import BisectError
 from replay.bisect.history import describe_commit, first_parent, load_range, open_repo, resolve_commit
 from replay.bisect.probe import ProbeCommand
 from replay.bisect.prober import Prober

@@ -7,7 +7,7 @@ from typing import Any
 
 import git
 
-from replay.bisect.errors import BisectError
+from replay.errors import BisectError
 from replay.bisect.search import CommitGraph
 
 

@@ -8,10 +8,12 @@ import importlib
 
 import click
 
+from replay.cli.common import ReplayGroup
+
 COMMAND_MODULES = ("show", "run", "diff", "bisect", "demo")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=ReplayGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="kernel-replay")
 def main() -> None:
     """Record GPU kernel calls, replay them against batched, single-vector and reference

@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from replay.cli.common import exits_on_replay_error, json_option, write_json
+from replay.cli.common import finish, json_option
 
 EXIT_INTERRUPTED = 130
 
@@ -32,7 +32,6 @@ EXIT_INTERRUPTED = 130
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write every step (probes, verdicts, output tails) to FILE.")
 @json_option
-@exits_on_replay_error
 def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | None, jobs: int, first_parent: bool,
             timeout: float | None, no_cache: bool, log_path: Path | None, json_target: str | None) -> None:
     """Find the first commit between --good and --bad where SNAPSHOT stops
@@ -75,7 +74,4 @@ def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | N
     finally:
         if log:
             log.close()
-    if json_target:
-        write_json(json_target, result.to_json())
-    if json_target != "-":
-        Console(highlight=False).print(render(result))
+    finish(json_target, result.to_json(), lambda console: console.print(render(result)), 0)

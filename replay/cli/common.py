@@ -1,39 +1,53 @@
-"""Helpers shared by commands: turning ReplayErrors into one stderr line and an exit code."""
+"""What every command shares: bad input as one stderr line and its exit code, and the ending
+(JSON if asked, the human report unless the JSON went to stdout, the exit code), each in one place."""
 from __future__ import annotations
 
-import functools
+import json
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
+
+import click
+from rich.console import Console
 
 from replay.errors import ReplayError
 
 
-def exits_on_replay_error(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Report a ReplayError as one line on stderr and exit with its code."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+class ReplayGroup(click.Group):
+    """The `replay` group: a ReplayError raised by any command becomes `replay: error: ...` on
+    stderr and the error's exit code (2 for bad input, 125 for untestable code)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
         try:
-            return fn(*args, **kwargs)
+            return super().invoke(ctx)
         except ReplayError as exc:
-            print(f"replay: error: {exc}", file=sys.stderr)
-            sys.exit(exc.exit_code)
-    return wrapper
+            click.echo(f"replay: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
 
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`--json FILE|-`: write the report as JSON to FILE, or to stdout (and print nothing else)."""
-    import click
-
     return click.option("--json", "json_target", metavar="FILE|-",
                         help="Write the report as JSON to FILE, or '-' for stdout (then nothing else is printed).")(fn)
 
 
 def write_json(target: str, data: Any) -> None:
-    import json
-
     text = json.dumps(data, indent=2, default=str)
     if target == "-":
         sys.stdout.write(text + "\n")
     else:
         with open(target, "w") as f:
             f.write(text + "\n")
+
+
+def finish(json_target: str | None, data: dict[str, Any], show: Callable[[Console], None], exit_code: int) -> NoReturn:
+    """End a reporting command: `data` as JSON to `json_target` if given, `show` the report to a
+    person unless the JSON went to stdout, then exit with `exit_code`."""
+    if json_target:
+        write_json(json_target, data)
+    if json_target != "-":
+        show(Console(highlight=False))
+    sys.exit(exit_code)
+
+
+def warn(message: str) -> None:
+    click.echo(f"replay: warning: {message}", err=True)

@@ -10,7 +10,6 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from replay.cli.common import exits_on_replay_error
 from replay.device import use_interpreter_without_gpu
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 
@@ -34,7 +33,6 @@ def _verdict_line(label: str, report: dict[str, Any] | None, exit_code: int | No
 @click.argument("directory", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--jobs", "-j", type=click.IntRange(1), default=1, show_default=True,
               help="Probe this many commits at once while bisecting.")
-@exits_on_replay_error
 def command(directory: Path | None, jobs: int) -> None:
     """Run the whole loop on an embedded example, in DIRECTORY (default: a new temp dir).
 

@@ -6,7 +6,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from replay.compare import row_ranges
+from replay.compare import Comparison, row_ranges
 from replay.engine import RunReport
 from replay.engine.diff import DiffReport
 
@@ -94,4 +94,5 @@ def _describe_difference(d: dict[str, Any]) -> str:
     text = f"{c['mismatches']}/{c['numel']} elements, max abs {c['max_abs']:.3g}"
     if c.get("bad_rows"):
         text += f", rows {row_ranges(c['bad_rows'])}"
-    return text
+    first = Comparison(**c).first_difference()
+    return f"{text}; {first}" if first else text

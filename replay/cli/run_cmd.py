@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import click
 
-from replay.cli.common import exits_on_replay_error, json_option, write_json
+from replay.cli.common import finish, json_option, warn
 from replay.device import use_interpreter_without_gpu
 from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
 
@@ -31,7 +30,6 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
               help="Import the snapshot's kernel providers from DIR first (another commit's checkout).")
 @click.option("-v", "--verbose", is_flag=True, help="List every call, not just the failing ones, for long runs.")
 @json_option
-@exits_on_replay_error
 def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, repeat: int,
             ops: tuple[str, ...], calls: tuple[int, ...], variants: tuple[str, ...], fail_fast: bool,
             device: str | None, code_dir: Path | None, verbose: bool, json_target: str | None) -> None:
@@ -66,10 +64,9 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         raise click.BadParameter("only applies with --golden-data", param_hint="--atol/--rtol")
     with call_progress(quiet=json_target == "-") as progress:
         report = replay_snapshot(snapshot, options, progress)
-    if json_target:
-        write_json(json_target, report.to_json())
-    if json_target != "-":
-        from rich.console import Console
-        from replay.cli.render import print_run_report
-        print_run_report(Console(), report, verbose)
-    sys.exit(EXIT_UNTESTABLE if report.untestable else EXIT_PASS if report.passed else EXIT_DIVERGED)
+    for warning in report.warnings:
+        warn(warning)
+    from replay.cli.render import print_run_report
+
+    finish(json_target, report.to_json(), lambda console: print_run_report(console, report, verbose),
+           EXIT_UNTESTABLE if report.untestable else EXIT_PASS if report.passed else EXIT_DIVERGED)

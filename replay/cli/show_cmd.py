@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from replay.cli.common import exits_on_replay_error, json_option, write_json
+from replay.cli.common import finish, json_option
 from replay.cli.progress import call_progress
 from replay.inspect import Selection, SnapshotSummary, summarise
 from replay.snapshot import Snapshot
@@ -32,7 +32,6 @@ COLUMNS = ("call", "op", "variant", "role", "name", "dtype", "shape", "strides",
               help="Write the chosen tensors to DIR as .npy, one file per tensor named "
                    "<call>-<op>-<role>-<name>.npy; bfloat16 and fp8 are written as float32 (exact).")
 @json_option
-@exits_on_replay_error
 def command(snapshot: Path, calls: tuple[int, ...], ops: tuple[str, ...], roles: tuple[str, ...],
             export_dir: Path | None, json_target: str | None) -> None:
     """List the calls and tensors of SNAPSHOT: index, op, variant, role, name, dtype,
@@ -50,17 +49,12 @@ def command(snapshot: Path, calls: tuple[int, ...], ops: tuple[str, ...], roles:
     """
     with call_progress(quiet=json_target == "-") as progress:
         summary = summarise(Snapshot(snapshot), Selection(calls, ops, roles), export_dir, progress)
-    if json_target is not None:
-        write_json(json_target, summary.to_json())
-        if json_target == "-":
-            return
-    console = Console()
-    if not console.is_terminal:
-        console.width = 200  # piped output: do not fold the table to 80 columns
-    _print_summary(console, summary, export_dir)
+    finish(json_target, summary.to_json(), lambda console: _print_summary(console, summary, export_dir), 0)
 
 
 def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path | None) -> None:
+    if not console.is_terminal:
+        console.width = 200  # piped output: do not fold the table to 80 columns
     console.print(_describe_manifest(summary), markup=False, highlight=False)
     for error in summary.manifest.get("capture_errors", []):
         console.print(f"[yellow]capture error:[/] {escape(str(error))}")

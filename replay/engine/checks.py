@@ -1,22 +1,31 @@
 """Turning variant runs into checks: against each other, the reference, the recording."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
 from replay.compare import compare
-from replay.engine.report import Check
+from replay.engine.report import Check, CheckKind
 from replay.engine.runner import VariantRun
-from replay.registry import BATCHED, REFERENCE, SINGLE, Op, Tolerance
+from replay.registry import BATCHED, REFERENCE, SINGLE, Op
+from replay.tolerance import Tolerance
+
+# The tolerance a comparison of a tensor of this dtype gets; None is bitwise.
+ToleranceFor = Callable[[torch.dtype], Tolerance | None]
 
 
-def _tolerance(op: Op, tensor: torch.Tensor) -> Tolerance:
-    return op.tolerance_for(tensor.dtype)
+def bitwise(dtype: torch.dtype) -> None:
+    return None
+
+
+def fixed(tolerance: Tolerance | None) -> ToleranceFor:
+    """The same tolerance (or bitwise, for None) whatever the dtype."""
+    return lambda dtype: tolerance
 
 
 def error_checks(runs: Iterable[VariantRun]) -> list[Check]:
-    return [Check("error", r.variant, "-", "run", False, message=f"{r.variant} failed: {r.error}")
+    return [Check(CheckKind.ERROR, r.variant, "-", "run", False, message=f"{r.variant} failed: {r.error}")
             for r in runs if r.error]
 
 
@@ -25,7 +34,7 @@ def single_vs_batched(op: Op, runs: Mapping[str, VariantRun]) -> list[Check]:
     single, batched = runs.get(SINGLE), runs.get(BATCHED)
     if single is None or batched is None or single.error or batched.error:
         return []
-    return [Check("single-vs-batched", BATCHED, SINGLE, name, c.passed, c)
+    return [Check(CheckKind.SINGLE_VS_BATCHED, BATCHED, SINGLE, name, c.passed, c)
             for name, expected in batched.outputs.items() if name in single.outputs
             for c in [compare(batched.outputs[name], single.outputs[name], None, op.batch_axes.get(name))]]
 
@@ -37,12 +46,12 @@ def single_vs_batched_tags(op: Op, runs: Mapping[str, VariantRun], recorded_tag_
     if single is None or batched is None or single.error or batched.error:
         return []
     order = recorded_tag_order + [t for t in batched.tags if t not in recorded_tag_order]
-    return tag_checks(op, batched, single.tags, order, SINGLE, None)
+    return tag_checks(op, batched, single.tags, order, SINGLE, bitwise)
 
 
-def against_outputs(op: Op, run: VariantRun, expected: Mapping[str, torch.Tensor], kind: str,
-                    against: str, tolerance: Tolerance | None | str = "op") -> list[Check]:
-    """Compare a run's outputs with `expected` ('op': the op's tolerance; None: bitwise)."""
+def against_outputs(op: Op, run: VariantRun, expected: Mapping[str, torch.Tensor], kind: CheckKind,
+                    against: str, tolerance: ToleranceFor) -> list[Check]:
+    """Compare a run's outputs with `expected`, each within `tolerance(its dtype)`."""
     checks = []
     for name, want in expected.items():
         got = run.outputs.get(name)
@@ -50,23 +59,22 @@ def against_outputs(op: Op, run: VariantRun, expected: Mapping[str, torch.Tensor
             checks.append(Check(kind, run.variant, against, name, False,
                                 message=f"{run.variant} produced no output '{name}' ({against} has it)"))
             continue
-        tol = _tolerance(op, got) if tolerance == "op" else tolerance
-        c = compare(got, want, tol, op.batch_axes.get(name), same_dtype=kind != "vs-reference")
+        c = compare(got, want, tolerance(got.dtype), op.batch_axes.get(name),
+                    same_dtype=kind is not CheckKind.VS_REFERENCE)
         checks.append(Check(kind, run.variant, against, name, c.passed, c))
     return checks
 
 
 def tag_checks(op: Op, run: VariantRun, expected: Mapping[str, torch.Tensor], order: list[str],
-               against: str, tolerance: Tolerance | None | str = "op") -> list[Check]:
+               against: str, tolerance: ToleranceFor) -> list[Check]:
     """Tags shared by the run and `expected`, compared in `order`; first failure first."""
     checks = []
     for name in order:
         got, want = run.tags.get(name), expected.get(name)
         if got is None or want is None:
             continue
-        tol = _tolerance(op, got) if tolerance == "op" else tolerance
-        c = compare(got, want, tol, op.batch_axes.get(name), same_dtype=False)
-        checks.append(Check("tag", run.variant, against, name, c.passed, c))
+        c = compare(got, want, tolerance(got.dtype), op.batch_axes.get(name), same_dtype=False)
+        checks.append(Check(CheckKind.TAG, run.variant, against, name, c.passed, c))
     return checks
 
 
@@ -85,7 +93,7 @@ def contract_checks(op: Op, inputs: Mapping[str, Any], outputs: Mapping[str, tor
             violations = contract.check(inputs, seen)
         except Exception as exc:  # a contract that cannot be evaluated is itself a finding
             violations = [f"contract raised {type(exc).__name__}: {exc}"]
-        checks.append(Check("contract", variant, "contract", contract.name, not violations,
+        checks.append(Check(CheckKind.CONTRACT, variant, "contract", contract.name, not violations,
                             message="; ".join(f"{contract.name}: {v}" for v in violations)))
     return checks
 
@@ -99,10 +107,10 @@ def repeat_checks(first: VariantRun, again: VariantRun, attempt: int) -> list[Ch
             continue
         c = compare(got, want, None)
         if not c.passed:
-            checks.append(Check("repeat", first.variant, f"run 1 vs run {attempt}", name, False, c,
+            checks.append(Check(CheckKind.REPEAT, first.variant, f"run 1 vs run {attempt}", name, False, c,
                                 message=(f"{first.variant}: nondeterministic '{name}': run {attempt} differs "
                                          f"from run 1 in {c.mismatches}/{c.numel} elements "
-                                         f"(first at {c.first_index})")))
+                                         f"({c.first_difference()})")))
     return checks
 
 
@@ -116,6 +124,6 @@ def reference_checks(op: Op, runs: Mapping[str, VariantRun], recorded_tag_order:
     for name, run in runs.items():
         if name == REFERENCE or run.error:
             continue
-        checks += against_outputs(op, run, ref.outputs, "vs-reference", REFERENCE)
-        checks += tag_checks(op, run, ref.tags, order, REFERENCE)
+        checks += against_outputs(op, run, ref.outputs, CheckKind.VS_REFERENCE, REFERENCE, op.tolerance_for)
+        checks += tag_checks(op, run, ref.tags, order, REFERENCE, op.tolerance_for)
     return checks

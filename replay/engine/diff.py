@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.compare import Comparison, compare
-from replay.registry import Tolerance
+from replay.tolerance import Tolerance
 from replay.snapshot import CallRecord, Snapshot
 
 # Within a call, what differs first in data flow: inputs and state, then intermediates, then outputs.

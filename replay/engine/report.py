@@ -2,20 +2,36 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from replay.compare import Comparison, row_ranges
 
-# Which failure explains a call best, most telling first.
-KIND_ORDER = ("error", "contract", "single-vs-batched", "vs-reference", "vs-golden", "vs-recorded",
-              "repeat", "tag")
+
+class CheckKind(str, Enum):
+    """What a check compares. Declared in the order that explains a failing call best, most telling first."""
+
+    ERROR = "error"  # a variant raised
+    CONTRACT = "contract"  # a rule on the call's inputs and outputs
+    SINGLE_VS_BATCHED = "single-vs-batched"  # row-by-row single calls against the batched call, bitwise
+    VS_REFERENCE = "vs-reference"  # a variant against the reference, within the op's tolerance
+    VS_GOLDEN = "vs-golden"  # the rerun against the recorded (or given) outputs
+    VS_RECORDED = "vs-recorded"  # the recorded variant's rerun against its recorded outputs
+    REPEAT = "repeat"  # a rerun against the first run, bitwise (nondeterminism)
+    TAG = "tag"  # an intermediate against the same tag of the oracle
+
+    def __str__(self) -> str:
+        return self.value
+
+
+_TELLING_ORDER = list(CheckKind)
 
 
 @dataclass
 class Check:
     """One comparison or contract on one call."""
 
-    kind: str
+    kind: CheckKind
     variant: str
     against: str
     name: str
@@ -24,7 +40,8 @@ class Check:
     message: str = ""
 
     @property
-    def rows(self) -> list[int]:
+    def bad_rows(self) -> list[int]:
+        """The rows (along the batch axis) with at least one mismatch."""
         return self.comparison.bad_rows if self.comparison else []
 
     def describe(self) -> str:
@@ -38,14 +55,13 @@ class Check:
             text = f"{self.variant} vs {self.against}: '{self.name}': {c.problem}"
         if c.bad_rows:
             text += f"; rows {row_ranges(c.bad_rows)} of {c.rows} wrong"
-        if c.first_index is not None:
-            text += f"; first at {c.first_index}: {c.first_actual:.6g} vs {c.first_expected:.6g}"
-        if c.max_ulp:
-            text += f" (max {c.max_ulp} ulp)"
+        first = c.first_difference()
+        if first:
+            text += f"; {first}"
         return text
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "variant": self.variant, "against": self.against,
+        out: dict[str, Any] = {"kind": self.kind.value, "variant": self.variant, "against": self.against,
                                "name": self.name, "passed": self.passed, "description": self.describe()}
         if self.comparison is not None:
             out["comparison"] = self.comparison.to_json()
@@ -68,12 +84,11 @@ class CallReport:
 
     @property
     def failures(self) -> list[Check]:
-        return sorted((c for c in self.checks if not c.passed),
-                      key=lambda c: KIND_ORDER.index(c.kind) if c.kind in KIND_ORDER else len(KIND_ORDER))
+        return sorted((c for c in self.checks if not c.passed), key=lambda c: _TELLING_ORDER.index(c.kind))
 
     def first_tag(self) -> Check | None:
         """The first tag, in recorded order, that diverged (checks keep that order)."""
-        return next((c for c in self.checks if c.kind == "tag" and not c.passed), None)
+        return next((c for c in self.checks if c.kind is CheckKind.TAG and not c.passed), None)
 
     def to_json(self) -> dict[str, Any]:
         tag = self.first_tag()
@@ -92,6 +107,7 @@ class RunReport:
     calls: list[CallReport] = field(default_factory=list)
     load_seconds: float = 0.0
     total_seconds: float = 0.0
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -112,18 +128,18 @@ class RunReport:
             return None
         top = call.failures[0] if call.failures else None
         # A contract names no rows; the most telling failure that does supplies them.
-        with_rows = next((c for c in call.failures if c.rows), None)
+        with_rows = next((c for c in call.failures if c.bad_rows), None)
         tag = call.first_tag()
         return {"call": call.index, "op": call.op, "variant": top.variant if top else None,
-                "kind": top.kind if top else None, "rows": with_rows.rows if with_rows else [],
+                "kind": top.kind.value if top else None, "rows": with_rows.bad_rows if with_rows else [],
                 "rows_total": with_rows.comparison.rows if with_rows else None,
                 "description": top.describe() if top else call.untestable,
-                "tag": tag.name if tag else None, "tag_rows": tag.rows if tag else [],
+                "tag": tag.name if tag else None, "tag_rows": tag.bad_rows if tag else [],
                 "tag_description": tag.describe() if tag else None}
 
     def to_json(self) -> dict[str, Any]:
         return {"snapshot": self.snapshot, "device": self.device, "mode": self.mode,
-                "passed": self.passed, "untestable": self.untestable,
+                "passed": self.passed, "untestable": self.untestable, "warnings": self.warnings,
                 "calls_checked": len(self.calls),
                 "calls_failed": sum(not c.passed for c in self.calls),
                 "first_divergence": self.summary(), "load_seconds": self.load_seconds,

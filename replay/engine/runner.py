@@ -40,15 +40,6 @@ def fresh_copy(value: Any, device: str) -> Any:
     return torch.as_strided(base, tuple(value.shape), value.stride(), value.storage_offset())
 
 
-def batch_size(op: Op, args: dict[str, Any]) -> int | None:
-    """Rows in this call: the extent of the first argument with a batch axis."""
-    for name, axis in op.batch_axes.items():
-        value = args.get(name)
-        if isinstance(value, torch.Tensor) and value.dim() > axis:
-            return value.shape[axis]
-    return None
-
-
 def row_arguments(op: Op, args: dict[str, Any], row: int) -> dict[str, Any]:
     if op.split_row is not None:
         return op.split_row(args, row)
@@ -78,7 +69,7 @@ def run_variant(op: Op, variant: Variant, recorded_args: dict[str, Any], device:
     """Run `variant` on copies of `recorded_args`; failures are kept, not raised."""
     run = VariantRun(variant.name)
     args = {name: fresh_copy(value, device) for name, value in recorded_args.items()}
-    rows = batch_size(op, args) if variant.name == SINGLE else None
+    rows = op.rows(args) if variant.name == SINGLE else None
     started = time.perf_counter()
     try:
         if rows is None:

@@ -1,17 +1,20 @@
 """Replaying a whole snapshot: load each call lazily, run its variants, collect checks."""
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from replay.engine import checks
-from replay.engine.report import CallReport, RunReport
+from replay.engine.provenance import golden_warning
+from replay.engine.report import CallReport, CheckKind, RunReport
 from replay.engine.runner import VariantRun, run_variant
 from replay.errors import RegistryError, SnapshotError
-from replay.registry import REFERENCE, Op, Tolerance, get_op, load_provider
+from replay.registry import REFERENCE, Op, get_op, load_provider
 from replay.snapshot import CallRecord, Snapshot
+from replay.tolerance import Tolerance
 
 
 @dataclass
@@ -45,6 +48,16 @@ class _Providers:
     def __init__(self, code_dir: Path | None):
         self.code_dir = code_dir
         self.loaded: set[str] = set()
+
+    def code_dirs(self) -> list[Path]:
+        """The directories of the providers' top-level packages (or modules), as imported."""
+        found = []
+        for provider in self.loaded:
+            module = sys.modules.get(provider.split(".")[0])
+            origin = getattr(module, "__file__", None)
+            if origin:
+                found.append(Path(origin).resolve().parent)
+        return found
 
     def op_for(self, record: CallRecord, snapshot: Path) -> Op:
         if record.provider and record.provider not in self.loaded:
@@ -101,11 +114,11 @@ def check_arguments(op: Op, inputs: dict[str, Any], options: ReplayOptions,
     if options.golden:
         oracle = golden or recorded
         against = "golden" if golden else "recorded"
-        tol = options.explicit_tolerance
+        tol = checks.fixed(options.explicit_tolerance)
         for run in runs.values():
             if run.error:
                 continue
-            report.checks += checks.against_outputs(op, run, oracle.role("out"), "vs-golden", against, tol)
+            report.checks += checks.against_outputs(op, run, oracle.role("out"), CheckKind.VS_GOLDEN, against, tol)
             oracle_tags = oracle.role("tag")
             report.checks += checks.tag_checks(op, run, oracle_tags, list(oracle_tags), against, tol)
         return report
@@ -114,7 +127,8 @@ def check_arguments(op: Op, inputs: dict[str, Any], options: ReplayOptions,
     report.checks += checks.single_vs_batched_tags(op, runs, list(recorded_tags))
     replayed = runs.get(recorded.variant) if recorded else None
     if replayed is not None and not replayed.error:
-        report.checks += checks.against_outputs(op, replayed, recorded.role("out"), "vs-recorded", "recorded")
+        report.checks += checks.against_outputs(op, replayed, recorded.role("out"), CheckKind.VS_RECORDED, "recorded",
+                                                op.tolerance_for)
     return report
 
 
@@ -150,6 +164,10 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
             progress(done, len(entries), call_report)
         if call_report.untestable or (options.fail_fast and not call_report.passed):
             break
+    if options.golden:
+        warning = golden_warning(golden_snapshot.manifest if golden_snapshot else snapshot.manifest,
+                                 options.device, providers.code_dirs())
+        report.warnings += [warning] if warning else []
     report.total_seconds = time.perf_counter() - started
     return report
 

@@ -1,9 +1,10 @@
-"""Atomic file writes and content hashes."""
+"""Atomic file writes, content hashes, and names made safe to become paths."""
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -34,3 +35,17 @@ def append_line(path: Path, line: str) -> None:
         f.write(line.encode() + b"\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.+=-]")
+
+
+def safe_component(name: str, *, max_len: int = 80) -> str:
+    """Return `name` as a single safe path component.
+
+    Separators, control characters and anything outside a small portable set become
+    '_'; runs of dots are collapsed so '..' can never appear; the empty result is '_'.
+    """
+    cleaned = _UNSAFE.sub("_", str(name))
+    cleaned = re.sub(r"\.{2,}", ".", cleaned).strip(".")
+    return (cleaned or "_")[:max_len]

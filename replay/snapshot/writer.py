@@ -10,9 +10,8 @@ import torch
 
 from replay.errors import SnapshotError
 from replay.snapshot import callfile
-from replay.snapshot.files import append_line, sha256_bytes, write_atomic
+from replay.snapshot.files import append_line, safe_component, sha256_bytes, write_atomic
 from replay.snapshot.manifest import new_manifest
-from replay.snapshot.names import safe_component
 from replay.snapshot.tensors import Geometry
 
 MANIFEST = "manifest.json"

@@ -1,7 +1,7 @@
 """`replay run` on the committed prefill snapshot with the real kernels (CPU: interpreter).
 
-Planted bugs are switched on through KERNELS_PLANTED_BUGS (kernels.bugs) or by editing a
-copy of the kernels and replaying with --code, as a bisect probe does.
+Planted bugs are swapped in for a replay in this process (kernels.bugs.planting), or made by
+editing a copy of the kernels and replaying it with --code, as a bisect probe does.
 """
 from __future__ import annotations
 
@@ -14,21 +14,31 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
+from click.testing import CliRunner
 
 import kernels
+from kernels import bugs
+from replay.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SNAPSHOT = ROOT / "snapshots" / "prefill_001"
 TOKENS = 8
 
 
-def replay_json(*args: str, bugs: str = "", cwd: Path | None = None) -> tuple[int, dict]:
+def replay_json(*args: str) -> tuple[int, dict]:
     """Run `python -m replay ... --json -` as a user would; return exit code and report."""
-    env = {**os.environ, "KERNELS_PLANTED_BUGS": bugs, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-m", "replay", *args, "--json", "-"], capture_output=True,
-                          text=True, env=env, cwd=cwd or ROOT)
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=ROOT)
     assert done.stdout.strip(), done.stderr
     return done.returncode, json.loads(done.stdout)
+
+
+def replay_with_bug(bug: str, *args: str) -> tuple[int, dict]:
+    """`replay ... --json -` in this process, with the planted bug swapped in."""
+    with bugs.planting(bug):
+        result = CliRunner().invoke(main, [*args, "--json", "-"])
+    assert result.stdout.strip(), result.output
+    return result.exit_code, json.loads(result.stdout)
 
 
 def edited_kernels(tmp_path: Path, module: str, edit: Callable[[str], str]) -> Path:
@@ -51,8 +61,15 @@ def test_committed_prefill_replays_clean() -> None:
     assert ops == {"rmsnorm", "residual_add", "rope", "swiglu", "q4k_gemv", "q6k_gemv", "kv_scatter", "attention"}
 
 
+def test_shipped_snapshot_holds_its_golden_data_at_head() -> None:
+    # Fails when the kernels change their bits without `python scripts/make_snapshots.py`.
+    code, report = replay_json("run", str(SNAPSHOT), "--golden-data", "--device", "cpu")
+    assert code == 0, report["first_divergence"]
+    assert report["calls_checked"] == 34 and report["mode"] == "golden"
+
+
 def test_stale_position_buf_prefill_named() -> None:
-    code, report = replay_json("run", str(SNAPSHOT), "--op", "kv_scatter", bugs="kv_scatter_stale_position_buf")
+    code, report = replay_with_bug("kv_scatter_stale_position_buf", "run", str(SNAPSHOT), "--op", "kv_scatter")
     assert code == 1
     first = report["first_divergence"]
     assert (first["op"], first["variant"], first["call"]) == ("kv_scatter", "batched", 6)
@@ -61,7 +78,7 @@ def test_stale_position_buf_prefill_named() -> None:
 
 
 def test_batched_q6k_dequantisation_error_named() -> None:
-    code, report = replay_json("run", str(SNAPSHOT), "--op", "q6k_gemv", bugs="q6k_scale_index")
+    code, report = replay_with_bug("q6k_scale_index", "run", str(SNAPSHOT), "--op", "q6k_gemv")
     assert code == 1
     first = report["first_divergence"]
     assert (first["op"], first["variant"], first["kind"]) == ("q6k_gemv", "batched", "single-vs-batched")
@@ -95,7 +112,7 @@ def test_kernel_edited_after_recording_caught_by_golden_data(tmp_path: Path) -> 
     recorded = tmp_path / "prefill"
     record = subprocess.run([sys.executable, "-c", "import sys; from kernels.model import record_prefill; "
                              "record_prefill(sys.argv[1])", str(recorded)], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "KERNELS_PLANTED_BUGS": ""})
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert record.returncode == 0, record.stderr
     tree = edited_kernels(tmp_path, "rmsnorm.py", lambda source: source.replace(
         "tl.sum(x * x, axis=0) / H + eps)", "tl.sum(x * x, axis=0) / H + 2 * eps)"))

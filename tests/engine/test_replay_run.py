@@ -160,3 +160,15 @@ def test_provider_import_failure_is_untestable(rowscale_snapshot: Path, tmp_path
     code, _, stderr = run_cli("run", str(rowscale_snapshot), "--code", str(broken))
     assert code == 125
     assert "kernel build exploded" in stderr and stderr.count("\n") == 1
+
+
+def test_golden_data_from_another_environment_warns_once(rowscale_snapshot: Path) -> None:
+    manifest_path = rowscale_snapshot / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["environment"]["triton"] = "0.0-elsewhere"
+    manifest_path.write_text(json.dumps(manifest))
+    code, report, stderr = run_cli("run", str(rowscale_snapshot), "--golden-data", "--json", "-")
+    assert code == 0  # a warning, not a verdict
+    warnings = [line for line in stderr.splitlines() if line.startswith("replay: warning:")]
+    assert len(warnings) == 1 and "triton 0.0-elsewhere then" in warnings[0]
+    assert report["warnings"] == [warnings[0].removeprefix("replay: warning: ")]
