@@ -33,6 +33,7 @@ DEFAULT_TAG_LEVEL = 1
 TAG_LEVELS = (0, 1, 2)
 
 _recording: "Recording | None" = None
+_start_lock = threading.Lock()  # two threads starting recordings at once: one wins
 _sink: contextvars.ContextVar["CallSink | None"] = contextvars.ContextVar("replay_sink", default=None)
 
 
@@ -55,8 +56,12 @@ class CallSink:
     level: int
     tags: dict[str, torch.Tensor] = field(default_factory=dict)
     launches: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)  # tags that were not tensors, described
 
     def add_tag(self, name: str, tensor: torch.Tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):  # a recording reports it; a replay skips it
+            self.rejected.append(f"tag '{name}' is a value of type {type(tensor).__name__}, not a tensor")
+            return
         key, n = name, 1
         while key in self.tags:
             key, n = f"{name}.{n}", n + 1
@@ -83,7 +88,8 @@ def tag(name: str, tensor: torch.Tensor, level: int = 1) -> torch.Tensor:
 
     Args:
         name: the tag's name; a repeated name within one call gets `.1`, `.2`, ...
-        tensor: the value (copied now; later writes to it do not change the tag).
+        tensor: the value (copied now; later writes to it do not change the tag). Anything
+            but a tensor is a capture error: that call is not recorded (replay skips it).
         level: 1 (recorded by default) or 2 (only with REPLAY_TAGS=2: costly or verbose).
 
     Returns:
@@ -135,7 +141,19 @@ def _json_or_repr(value: Any) -> Any:
     try:
         return jsonargs.encode(value)
     except jsonargs.NotJSONRepresentable:
-        return repr(value)
+        try:
+            return repr(value)
+        except Exception:  # a failing __repr__, an int too long to print: never crash the program
+            return f"<{type(value).__name__}>"
+
+
+def _json(spec: CallSpec, what: str, value: Any) -> Any:
+    """`value` as JSON, or a CaptureError naming the op and `what`: the call is not recorded."""
+    try:
+        return jsonargs.encode(value)
+    except jsonargs.NotJSONRepresentable as exc:
+        raise CaptureError(f"op '{spec.op}': {what} is neither a tensor nor JSON-representable: "
+                           f"{' '.join(str(exc).split())}; call not recorded") from None
 
 
 def returned_values(result: Any, names: tuple[str, ...]) -> dict[str, Any]:
@@ -267,11 +285,7 @@ class Recording:
                                               reusable=role == "in" and name not in spec.mutates)
                     arg_list.append({"name": name, "tensor": key})
                 else:
-                    try:
-                        arg_list.append({"name": name, "json": jsonargs.encode(value)})
-                    except jsonargs.NotJSONRepresentable as exc:
-                        raise CaptureError(f"op '{spec.op}': argument '{name}' is a {exc}: "
-                                           "neither a tensor nor JSON-representable; call not recorded") from None
+                    arg_list.append({"name": name, "json": _json(spec, f"argument '{name}'", value)})
         except CaptureError as exc:
             self._report(str(exc), stop=False)
             return fn(*args, **kwargs)
@@ -297,6 +311,8 @@ class Recording:
 
     def _write(self, spec: CallSpec, index: int, arg_list: list, stored: dict, arguments: dict,
                result: Any, sink: CallSink, duration: float) -> None:
+        if sink.rejected:
+            raise CaptureError(f"op '{spec.op}': {sink.rejected[0]}; call not recorded")
         outputs = returned_values(result, spec.outputs)
         outputs.update({name: arguments[name] for name in spec.mutates
                         if isinstance(arguments.get(name), torch.Tensor)})
@@ -305,10 +321,7 @@ class Recording:
             if isinstance(value, torch.Tensor):
                 stored[f"out/{name}"] = self._store(spec, f"output '{name}'", value, reusable=False)
             else:
-                try:
-                    returned_json[name] = jsonargs.encode(value)
-                except jsonargs.NotJSONRepresentable as exc:
-                    raise CaptureError(f"op '{spec.op}': output '{name}' is a {exc}; call not recorded") from None
+                returned_json[name] = _json(spec, f"output '{name}'", value)
         for name, value in sink.tags.items():
             stored[f"tag/{name}"] = self._store(spec, f"tag '{name}'", value, reusable=False)
         header = {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": arg_list,
@@ -336,10 +349,11 @@ def start(path: str | Path, *, notes: str = "", tag_level: int | None = None, st
           blob_threshold: int = BLOB_THRESHOLD_BYTES) -> Recording:
     """Start recording every captured call into a new snapshot at `path` (see `recording`)."""
     global _recording
-    if _recording is not None:
-        raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
-    _recording = Recording(path, notes=notes, tag_level=tag_level, strict=strict, blob_threshold=blob_threshold)
-    return _recording
+    with _start_lock:
+        if _recording is not None:
+            raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
+        _recording = Recording(path, notes=notes, tag_level=tag_level, strict=strict, blob_threshold=blob_threshold)
+        return _recording
 
 
 def stop() -> Recording | None:
@@ -360,7 +374,9 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
     program unless `strict`.
 
     Args:
-        path: a new or empty directory for the snapshot.
+        path: a new or empty directory for the snapshot. A directory that already holds
+            a snapshot (or one being recorded) or calls of one, a regular file, or an
+            unwritable place raises SnapshotError.
         notes: free text kept in the manifest.
         tag_level: 0 (no tags), 1 (level-1 tags) or 2 (all); default REPLAY_TAGS, else 1.
         strict: raise CaptureError on a capture failure; default REPLAY_CAPTURE_STRICT=1.

@@ -176,3 +176,101 @@ def test_weights_in_inference_mode_are_recorded(tmp_path: Path) -> None:
     snapshot = Snapshot(tmp_path / "snap")
     assert len(snapshot) == 2 and len(list((tmp_path / "snap" / "blobs").iterdir())) == 1
     assert torch.equal(snapshot.load(1).tensors["in/x"], weight)
+
+
+NOT_TENSORS = {"None": None, "float": 1.5, "list": [1, 2]}
+
+
+@replay.capture("cap_tags_what_it_is_told")
+def tags_told(x: torch.Tensor, what: str = "tensor") -> torch.Tensor:
+    replay.tag("given", x if what == "tensor" else NOT_TENSORS[what])
+    return x + 1
+
+
+@pytest.mark.parametrize("what", NOT_TENSORS)
+def test_tag_of_a_non_tensor_skips_that_call_only(what: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with replay.recording(tmp_path / "snap") as rec:
+        before = tags_told(torch.zeros(2))
+        results = [tags_told(torch.full((2,), 1.0), what) for _ in range(2)]
+        after = tags_told(torch.full((2,), 2.0))
+    assert torch.equal(before, torch.ones(2)) and torch.equal(after, torch.full((2,), 3.0))
+    assert all(torch.equal(r, torch.full((2,), 2.0)) for r in results)  # the program went on
+    assert not rec.stopped
+    (line,) = stderr_capture_lines(capsys)
+    assert line == (f"replay: capture: op 'cap_tags_what_it_is_told': tag 'given' is a value of type "
+                    f"{type(NOT_TENSORS[what]).__name__}, not a tensor; call not recorded")
+    assert manifest(tmp_path / "snap")["capture_errors"] == [line.removeprefix("replay: capture: ")]
+    snapshot = Snapshot(tmp_path / "snap")
+    assert [r.arguments()["what"] for r in snapshot] == ["tensor", "tensor"]
+    assert [r.role("tag")["given"].tolist() for r in snapshot] == [[0.0, 0.0], [2.0, 2.0]]
+
+
+def test_tag_of_a_non_tensor_raises_in_strict_mode(tmp_path: Path) -> None:
+    with replay.recording(tmp_path / "snap", strict=True):
+        with pytest.raises(CaptureError, match="tag 'given' is a value of type float, not a tensor"):
+            tags_told(torch.zeros(2), "float")
+
+
+def test_tag_of_a_non_tensor_outside_a_recording_or_in_a_replay_is_ignored() -> None:
+    assert replay.tag("loose", None) is None and replay.tag("loose", [1]) == [1]
+    assert torch.equal(tags_told(torch.zeros(2), "None"), torch.ones(2))
+    with recorder.collecting() as sink:  # how replay runs a variant
+        tags_told(torch.zeros(2), "float")
+        replay.tag("kept", torch.ones(1))
+    assert list(sink.tags) == ["kept"]
+
+
+@replay.capture("cap_counts")
+def counts(x: torch.Tensor, n: object) -> object:
+    replay.record_launch("counts_kernel", (1,), n=n)
+    return n
+
+
+def test_integers_too_big_to_read_back_skip_that_call_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    fine = [2**63 - 1, -(2**63), 2**70]
+    # 10**5000 is past what Python's json reads (4300 digits) and even prints
+    too_big = [2**2000, 2**2000, [1, -(2**3000)], 10**5000]
+    with replay.recording(tmp_path / "snap") as rec:
+        counts(torch.zeros(1), fine[0])
+        returned = [counts(torch.zeros(1), n) for n in too_big]
+        counts(torch.zeros(1), fine[1])
+        counts(torch.zeros(1), fine[2])
+    assert returned == too_big  # the program went on
+    assert not rec.stopped
+    lines = stderr_capture_lines(capsys)
+    assert len(lines) == 3  # 2**2000 twice: reported once
+    assert all(line.startswith("replay: capture: op 'cap_counts': argument 'n' is neither a tensor nor "
+                               "JSON-representable: ") and line.endswith("; call not recorded") for line in lines)
+    assert manifest(tmp_path / "snap")["capture_errors"] == [line.removeprefix("replay: capture: ") for line in lines]
+    snapshot = Snapshot(tmp_path / "snap")
+    assert [r.arguments()["n"] for r in snapshot] == fine
+    assert [r.returns_json["out"] for r in snapshot] == fine
+    assert [r.launch[0]["n"] for r in snapshot] == fine
+
+
+def test_integer_too_big_raises_in_strict_mode(tmp_path: Path) -> None:
+    with replay.recording(tmp_path / "snap", strict=True):
+        with pytest.raises(CaptureError, match="op 'cap_counts': argument 'n' is neither a tensor nor JSON"):
+            counts(torch.zeros(1), 2**2000)
+
+
+def test_integer_too_big_in_an_output_or_a_launch_record(tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    @replay.capture("cap_returns_big")
+    def returns_big(x: torch.Tensor) -> int:
+        replay.record_launch("big_kernel", (1,), size=2**2000, huge=10**5000)
+        return 2**2000
+
+    @replay.capture("cap_launches_big")
+    def launches_big(x: torch.Tensor) -> torch.Tensor:
+        replay.record_launch("big_kernel", (1,), size=2**2000, huge=10**5000)
+        return x
+
+    with replay.recording(tmp_path / "snap"):
+        assert returns_big(torch.zeros(1)) == 2**2000
+        launches_big(torch.zeros(1))
+    (line,) = stderr_capture_lines(capsys)
+    assert line.startswith("replay: capture: op 'cap_returns_big': output 'out' is neither a tensor nor JSON")
+    (record,) = Snapshot(tmp_path / "snap")
+    assert record.op == "cap_launches_big"  # launch records are informational: kept as text
+    assert record.launch[0]["size"] == str(2**2000) and record.launch[0]["huge"] == "<int>"

@@ -7,6 +7,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from replay.snapshot import Snapshot
@@ -40,10 +41,17 @@ def test_replay_capture_env_records_the_process(tmp_path: Path) -> None:
     assert torch.equal(snapshot.load(2).tensors["in/x"], torch.full((3,), 2.0))
 
 
-def test_unusable_replay_capture_target_is_reported_and_the_program_runs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("target, reason", [
+    ("snap", "already holds a snapshot; record into a new directory"),  # made a snapshot below
+    ("file", "cannot record a snapshot here: Not a directory"),
+    ("file/snap", "cannot record a snapshot here: Not a directory"),
+])
+def test_unusable_replay_capture_target_is_reported_and_the_program_runs(target: str, reason: str,
+                                                                        tmp_path: Path) -> None:
     (tmp_path / "snap").mkdir()
     (tmp_path / "snap" / "manifest.json").write_text("{}")  # already a snapshot
-    done = run_program(REPLAY_CAPTURE=str(tmp_path / "snap"))
+    (tmp_path / "file").write_text("a regular file")
+    done = run_program(REPLAY_CAPTURE=str(tmp_path / target))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[3.0, 3.0, 3.0]"
-    assert done.stderr.count("replay: capture:") == 1 and "not recording" in done.stderr
+    assert done.stderr.splitlines() == [f"replay: capture: {tmp_path / target}: {reason}; not recording"]

@@ -1,8 +1,12 @@
 """Writing a snapshot: manifest first, then each call file, its index line last."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +28,99 @@ def blob_relpath(digest: str) -> str:
     return f"{BLOBS_DIR}/{digest}.safetensors"
 
 
+# errno values of a file system that has no hard links (FAT, some network and FUSE file systems)
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV}
+
+
+def create_exclusive(path: Path, data: bytes) -> bool:
+    """Write `path` complete unless it exists; False if it did. Of two writers, one wins.
+
+    The data goes to a temporary name, which is then hard-linked to `path`: unlike a
+    rename, a link never replaces a file, and `path` is never seen half-written. Without
+    hard links, `path` is created with O_EXCL and then written.
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.new")
+    write_atomic(tmp, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        return _create_with_o_excl(path, data)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return True
+
+
+def _create_with_o_excl(path: Path, data: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    return True
+
+
+def _holds_files(path: Path) -> bool:
+    """`path` is a file, or a directory holding a name that does not start with '.'."""
+    if not path.is_dir():
+        return path.exists()
+    return any(not entry.name.startswith(".") for entry in path.iterdir())
+
+
+def _reason(exc: OSError, path: Path) -> str:
+    """An OS error as a short reason, naming the file it concerns when that is outside `path`."""
+    reason = exc.strerror or str(exc)
+    where = Path(os.fsdecode(exc.filename)) if exc.filename is not None else path
+    return reason if where == path or path in where.parents else f"{reason} ({where})"
+
+
 class SnapshotWriter:
-    """Appends calls to a new snapshot directory; safe to share between threads."""
+    """Appends calls to a new snapshot directory; safe to share between threads.
+
+    Creating the manifest is exclusive: of two writers started on one directory at once,
+    in threads or processes, exactly one gets it and the other raises SnapshotError.
+    """
 
     def __init__(self, path: str | Path, *, notes: str = "", source_dir: Path | None = None):
         self.path = Path(path)
-        if (self.path / MANIFEST).exists():
-            raise SnapshotError(f"{self.path}: already holds a snapshot; record into a new directory")
-        (self.path / CALLS_DIR).mkdir(parents=True, exist_ok=True)
-        (self.path / BLOBS_DIR).mkdir(exist_ok=True)
         self._lock = threading.Lock()
         self._next_index = 0
         self._known_blobs: set[str] = set()
         self.manifest = new_manifest(notes, source_dir)
-        self._write_manifest()
+        try:
+            (self.path / CALLS_DIR).mkdir(parents=True, exist_ok=True)
+            (self.path / BLOBS_DIR).mkdir(exist_ok=True)
+            # Calls of another recording without a manifest: new calls would reuse their indices.
+            leftover = next((name for name in (INDEX, CALLS_DIR, BLOBS_DIR) if _holds_files(self.path / name)), None)
+            # Looked at after the leftovers: calls written meanwhile by a writer that got the manifest are its own.
+            taken = (self.path / MANIFEST).exists()
+            if not taken and leftover is None:
+                taken = not create_exclusive(self.path / MANIFEST, self._manifest_bytes())
+        except OSError as exc:  # a regular file on the way, a read-only or full file system
+            raise SnapshotError(f"{self.path}: cannot record a snapshot here: {_reason(exc, self.path)}") from None
+        if taken:
+            raise SnapshotError(f"{self.path}: already holds a snapshot; record into a new directory")
+        if leftover is not None:
+            raise SnapshotError(f"{self.path}: holds {leftover} of an earlier recording but no {MANIFEST}; "
+                                "record into a new directory")
+
+    def _manifest_bytes(self) -> bytes:
+        return json.dumps(self.manifest, indent=2).encode()
 
     def _write_manifest(self) -> None:
-        write_atomic(self.path / MANIFEST, json.dumps(self.manifest, indent=2).encode())
+        write_atomic(self.path / MANIFEST, self._manifest_bytes())
 
     def reserve_index(self) -> int:
         with self._lock:
