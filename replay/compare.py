@@ -133,11 +133,14 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
     diff = (a - e).abs()
     nan_mismatch = torch.isnan(a) != torch.isnan(e)
     both_nan = torch.isnan(a) & torch.isnan(e)
-    diff = torch.where(both_nan, torch.zeros_like(diff), diff)
+    diff = torch.where(both_nan | (a == e), torch.zeros_like(diff), diff)  # equal infinities differ by 0, not NaN
     if tolerance is None:
         bad = ~_elementwise_bits_equal(actual, expected)
     else:
-        bad = (diff > tolerance.atol + tolerance.rtol * e.abs()) | nan_mismatch
+        # "not within", so that NaN arithmetic can only fail; an infinity matches only itself
+        # (rtol * inf would let any value pass against it)
+        infinite = (torch.isinf(a) | torch.isinf(e)) & (a != e)
+        bad = ~(diff <= tolerance.atol + tolerance.rtol * e.abs()) & ~both_nan | nan_mismatch | infinite
     finite = torch.isfinite(diff)
     max_abs = float(diff[finite].max()) if finite.any() else float("inf")
     rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)

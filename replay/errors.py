@@ -4,7 +4,9 @@ from __future__ import annotations
 EXIT_PASS = 0
 EXIT_DIVERGED = 1
 EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 70  # a bug in kernel-replay itself (sysexits' EX_SOFTWARE): never a verdict
 EXIT_UNTESTABLE = 125
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM, as a shell reports it
 
 
 class ReplayError(Exception):
@@ -27,6 +29,10 @@ class RegistryError(ReplayError):
 
 class BisectError(ReplayError):
     """Bad refs, a bad range, a missing snapshot, or ends whose probes contradict them."""
+
+
+class UntrustedProviderError(ReplayError):
+    """A snapshot names a provider module the user has not trusted (replay/trust.py)."""
 
 
 class ProviderImportError(ReplayError):

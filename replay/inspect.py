@@ -83,10 +83,11 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
     stats: dict[str, Any] = {"numel": t.numel(), "min": None, "max": None, "mean": None, "nan": 0, "inf": 0}
     if t.numel() == 0:
         return stats
+    t, repeats = _one_copy(t)
     if t.dtype.is_floating_point:
         values = t.detach().to("cpu", torch.float64)  # exact for every float dtype we store
-        stats["nan"] = int(values.isnan().sum())
-        stats["inf"] = int(values.isinf().sum())
+        stats["nan"] = int(values.isnan().sum()) * repeats
+        stats["inf"] = int(values.isinf().sum()) * repeats
         finite = values[values.isfinite()]
         if finite.numel():
             stats.update(min=float(finite.min()), max=float(finite.max()), mean=float(finite.mean()))
@@ -97,6 +98,17 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
         values = values.astype(np.uint8)
     stats.update(min=int(values.min()), max=int(values.max()), mean=float(values.mean(dtype=np.float64)))
     return stats
+
+
+def _one_copy(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """A broadcast view (stride 0) repeats the same elements evenly: one copy of them, and how
+    many times the view holds it. min, max and mean are the copy's; counts scale."""
+    repeats = 1
+    for dim in range(t.dim()):
+        if t.stride(dim) == 0 and t.shape[dim] > 1:
+            repeats *= t.shape[dim]
+            t = t.narrow(dim, 0, 1)
+    return t, repeats
 
 
 def selected_entries(snapshot: Snapshot, selection: Selection) -> list[CallEntry]:

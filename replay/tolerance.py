@@ -17,6 +17,7 @@ their rounding error scales with sum|terms|, not with the (possibly cancelled) r
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,10 +25,16 @@ import torch
 
 @dataclass(frozen=True)
 class Tolerance:
-    """An absolute and a relative bound on |actual - expected|."""
+    """An absolute and a relative bound on |actual - expected|: finite and not negative."""
 
     atol: float
     rtol: float
+
+    def __post_init__(self) -> None:
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 # Equal values (0.0 == -0.0; a NaN never passes): ops that move bits rather than compute them.

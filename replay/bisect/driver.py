@@ -33,6 +33,7 @@ class BisectOptions:
     first_parent: bool = False
     timeout: float | None = None  # seconds per probe; past it the commit is skipped
     reuse_cache: bool = True  # False probes every commit again (results are still stored)
+    providers: tuple[str, ...] = ()  # provider modules the user trusts, passed on to each `replay run`
 
 
 def run_bisect(options: BisectOptions, on_step: StepHandler | None = None) -> BisectResult:
@@ -41,7 +42,11 @@ def run_bisect(options: BisectOptions, on_step: StepHandler | None = None) -> Bi
     Raises BisectError (exit 2) on bad input or when a probe contradicts --good or
     --bad, KeyboardInterrupt on Ctrl-C or SIGTERM; worktrees are gone either way.
     """
-    emit = _one_at_a_time(on_step)
+    with interrupts.interruptible():  # from the start: no Ctrl-C cuts a worktree's add or remove in two
+        return _run(options, _one_at_a_time(on_step))
+
+
+def _run(options: BisectOptions, emit: StepHandler) -> BisectResult:
     started = time.monotonic()
     if options.jobs < 1:
         raise BisectError(f"--jobs {options.jobs}: needs at least 1")
@@ -49,7 +54,7 @@ def run_bisect(options: BisectOptions, on_step: StepHandler | None = None) -> Bi
     good = resolve_commit(repo, options.good, "--good")
     bad = resolve_commit(repo, options.bad, "--bad")
     snapshot = _resolve_snapshot(options.snapshot)
-    command = _probe_command(options.run, snapshot)
+    command = _probe_command(options.run, snapshot, options.providers)
     graph = load_range(repo, good, bad, options.first_parent)
     for path in remove_stale(repo):
         emit(Step("prune", f"removed worktree {path}, left behind by a killed run"))
@@ -58,11 +63,13 @@ def run_bisect(options: BisectOptions, on_step: StepHandler | None = None) -> Bi
     emit(Step("start", f"bisecting {len(graph)} commits after {good[:10]} (good) up to {bad[:10]} (bad) "
                        f"with `{command.label}`, {options.jobs} at a time: about {rounds_needed} rounds",
               data={"good": good, "bad": bad, "range_size": len(graph), "jobs": options.jobs}))
-    with interrupts.sigterm_as_interrupt():
-        prober = Prober(repo, command, cache, emit, options.jobs, options.timeout, options.reuse_cache)
-        try:
-            return _bisect(repo, graph, good, bad, prober, options.jobs, emit, started)
-        finally:
+    prober = None
+    try:
+        with interrupts.deferred():  # a Prober made is a Prober closed: it owns a temporary root
+            prober = Prober(repo, command, cache, emit, options.jobs, options.timeout, options.reuse_cache)
+        return _bisect(repo, graph, good, bad, prober, options.jobs, emit, started)
+    finally:
+        if prober is not None:
             with interrupts.deferred():
                 prober.close()
 
@@ -90,12 +97,12 @@ def _resolve_snapshot(snapshot: Path | None) -> Path | None:
     return path
 
 
-def _probe_command(run: str | None, snapshot: Path | None) -> ProbeCommand:
+def _probe_command(run: str | None, snapshot: Path | None, providers: tuple[str, ...]) -> ProbeCommand:
     if run is not None:
         return ProbeCommand.shell(run, snapshot)
     if snapshot is None:
         raise BisectError("nothing to probe with: give a SNAPSHOT to replay, or --run CMD")
-    return ProbeCommand.engine(snapshot)
+    return ProbeCommand.engine(snapshot, providers)
 
 
 def _bisect(repo: git.Repo, graph: CommitGraph, good: str, bad: str, prober: Prober, jobs: int,

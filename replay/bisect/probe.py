@@ -40,10 +40,12 @@ class ProbeCommand:
     label: str  # shown in logs
     snapshot: Path | None = None
     shell_line: str | None = None
+    providers: tuple[str, ...] = ()  # the provider modules the user trusts, passed on to each probe
 
     @classmethod
-    def engine(cls, snapshot: Path) -> ProbeCommand:
-        return cls(label=f"replay run {snapshot} --code WORKTREE --json -", snapshot=snapshot)
+    def engine(cls, snapshot: Path, providers: tuple[str, ...] = ()) -> ProbeCommand:
+        return cls(label=f"replay run {snapshot} --code WORKTREE{_trust_flags(providers)} --json -",
+                   snapshot=snapshot, providers=providers)
 
     @classmethod
     def shell(cls, line: str, snapshot: Path | None = None) -> ProbeCommand:
@@ -52,15 +54,20 @@ class ProbeCommand:
     @property
     def identity(self) -> str:
         """What the cache keys on: the shell line, or the engine (its snapshot is keyed by digest)."""
-        return self.shell_line if self.shell_line is not None else "replay run --json"
+        return self.shell_line if self.shell_line is not None else f"replay run --json{_trust_flags(self.providers)}"
 
     def invocation(self, worktree: Path, neutral_dir: Path) -> Invocation:
         if self.shell_line is not None:
             return Invocation(self.shell_line, worktree, {})
         assert self.snapshot is not None
         pythonpath = os.pathsep.join(p for p in (str(HARNESS_ROOT), os.environ.get("PYTHONPATH")) if p)
-        argv = [sys.executable, "-m", "replay", "run", str(self.snapshot), "--code", str(worktree), "--json", "-"]
+        argv = [sys.executable, "-m", "replay", "run", str(self.snapshot), "--code", str(worktree), "--json", "-",
+                *(arg for p in self.providers for arg in ("--provider", p))]
         return Invocation(argv, neutral_dir, {"PYTHONPATH": pythonpath})
+
+
+def _trust_flags(providers: tuple[str, ...]) -> str:
+    return "".join(f" --provider {p}" for p in providers)
 
 
 @dataclass(frozen=True)
@@ -174,7 +181,7 @@ def parse_report(stdout: str) -> dict[str, Any] | None:
     for candidate in candidates:
         try:
             value = json.loads(candidate)
-        except ValueError:
+        except (ValueError, RecursionError):  # not a report, or one nested too deep to be ours
             continue
         if isinstance(value, dict):
             return value

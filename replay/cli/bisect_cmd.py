@@ -9,8 +9,7 @@ from rich.console import Console
 from rich.text import Text
 
 from replay.cli.common import finish, json_option
-
-EXIT_INTERRUPTED = 130
+from replay.errors import EXIT_INTERRUPTED
 
 
 @click.command("bisect")
@@ -29,11 +28,15 @@ EXIT_INTERRUPTED = 130
               help="Seconds a probe may run; past that the commit is skipped.")
 @click.option("--no-cache", "no_cache", is_flag=True,
               help="Probe every commit again instead of reusing results kept in .git/replay-bisect-cache.json.")
+@click.option("--provider", "providers", multiple=True, metavar="MOD",
+              help="Trust provider module MOD in every probe's `replay run` (repeatable; see replay run --help). "
+                   "Modules in the probed worktree are trusted already.")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write every step (probes, verdicts, output tails) to FILE.")
 @json_option
 def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | None, jobs: int, first_parent: bool,
-            timeout: float | None, no_cache: bool, log_path: Path | None, json_target: str | None) -> None:
+            timeout: float | None, no_cache: bool, providers: tuple[str, ...], log_path: Path | None,
+            json_target: str | None) -> None:
     """Find the first commit between --good and --bad where SNAPSHOT stops
     replaying cleanly, or where `--run CMD` starts failing.
 
@@ -58,7 +61,8 @@ def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | N
     from replay.bisect import BisectOptions, Step, StepLog, fan_out, render, run_bisect  # gitpython: only here
 
     options = BisectOptions(good=good, bad=bad, snapshot=snapshot, repo=repo, run=run, jobs=jobs,
-                            first_parent=first_parent, timeout=timeout, reuse_cache=not no_cache)
+                            first_parent=first_parent, timeout=timeout, reuse_cache=not no_cache,
+                            providers=providers)
     quiet = json_target == "-" or not sys.stderr.isatty()
     progress = Console(stderr=True, highlight=False)
     log = StepLog(log_path) if log_path else None

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
+import traceback
 from typing import Any, Callable, NoReturn
 
 import click
 from rich.console import Console
 
-from replay.errors import ReplayError
+from replay.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ReplayError
 
 
 class ReplayGroup(click.Group):
-    """The `replay` group: a ReplayError raised by any command becomes `replay: error: ...` on
-    stderr and the error's exit code (2 for bad input, 125 for untestable code)."""
+    """The `replay` group, where every command ends the same way: a ReplayError becomes
+    `replay: error: ...` on stderr and its exit code (2 bad input, 125 untestable code);
+    Ctrl-C exits 130; any other exception is a bug in this tool, said so on one line, exit 70
+    (never 1, which `git bisect run` would take for a divergence)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -22,6 +27,33 @@ class ReplayGroup(click.Group):
         except ReplayError as exc:
             click.echo(f"replay: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("replay: interrupted", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except Exception as exc:
+            if os.environ.get("REPLAY_TRACEBACK") == "1":
+                traceback.print_exc()
+            message = " ".join(str(exc).split())
+            click.echo(f"replay: internal error (a bug in kernel-replay, please report it): {type(exc).__name__}: "
+                       f"{message} (REPLAY_TRACEBACK=1 prints the traceback)", err=True)
+            ctx.exit(EXIT_INTERNAL)
+
+
+class ToleranceValue(click.ParamType):
+    """A tolerance: a finite number >= 0 (NaN would make every comparison pass)."""
+
+    name = "FLOAT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number) or number < 0:
+            self.fail(f"{value!r} is not a finite number >= 0", param, ctx)
+        return number
 
 
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -34,9 +66,12 @@ def write_json(target: str, data: Any) -> None:
     text = json.dumps(data, indent=2, default=str)
     if target == "-":
         sys.stdout.write(text + "\n")
-    else:
+        return
+    try:
         with open(target, "w") as f:
             f.write(text + "\n")
+    except (OSError, ValueError) as exc:
+        raise ReplayError(f"{target}: cannot write the JSON report: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def finish(json_target: str | None, data: dict[str, Any], show: Callable[[Console], None], exit_code: int) -> NoReturn:

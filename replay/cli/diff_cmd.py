@@ -5,15 +5,15 @@ from pathlib import Path
 
 import click
 
-from replay.cli.common import finish, json_option
+from replay.cli.common import ToleranceValue, finish, json_option
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 
 
 @click.command("diff")
 @click.argument("a", type=click.Path(path_type=Path))
 @click.argument("b", type=click.Path(path_type=Path))
-@click.option("--atol", type=float, help="Absolute tolerance (default: bitwise).")
-@click.option("--rtol", type=float, help="Relative tolerance (default: bitwise).")
+@click.option("--atol", type=ToleranceValue(), help="Absolute tolerance (default: bitwise).")
+@click.option("--rtol", type=ToleranceValue(), help="Relative tolerance (default: bitwise).")
 @json_option
 def command(a: Path, b: Path, atol: float | None, rtol: float | None, json_target: str | None) -> None:
     """Compare snapshots A and B (two commits, two devices) call by call: inputs,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from replay.cli.common import finish, json_option, warn
+from replay.cli.common import ToleranceValue, finish, json_option, warn
 from replay.device import use_interpreter_without_gpu
 from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
 
@@ -16,8 +16,8 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
 @click.option("--golden-data", "golden", is_flag=False, flag_value="", default=None, metavar="[DIR]",
               help="Compare the recorded variant's rerun with the recorded outputs (or those of snapshot DIR), "
                    "bitwise unless --atol/--rtol are given.")
-@click.option("--atol", type=float, help="Absolute tolerance for --golden-data (default: bitwise).")
-@click.option("--rtol", type=float, help="Relative tolerance for --golden-data (default: bitwise).")
+@click.option("--atol", type=ToleranceValue(), help="Absolute tolerance for --golden-data (default: bitwise).")
+@click.option("--rtol", type=ToleranceValue(), help="Relative tolerance for --golden-data (default: bitwise).")
 @click.option("--repeat", type=click.IntRange(1), default=1, show_default=True,
               help="Run each variant N times; any bit difference between runs is reported as nondeterminism.")
 @click.option("--op", "ops", multiple=True, help="Only calls of this op (repeatable).")
@@ -27,12 +27,17 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
 @click.option("--device", type=click.Choice(["cpu", "cuda"]),
               help="Where to run (default: cuda if present, else cpu with the Triton interpreter).")
 @click.option("--code", "code_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Import the snapshot's kernel providers from DIR first (another commit's checkout).")
+              help="Import the snapshot's kernel providers from DIR first (another commit's checkout); "
+                   "modules in DIR are trusted.")
+@click.option("--provider", "providers", multiple=True, metavar="MOD",
+              help="Trust module or package MOD as a provider the snapshot may name (repeatable). Without it only "
+                   "packages declaring a 'replay.providers' entry point, and --code DIR, are imported.")
 @click.option("-v", "--verbose", is_flag=True, help="List every call, not just the failing ones, for long runs.")
 @json_option
 def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, repeat: int,
             ops: tuple[str, ...], calls: tuple[int, ...], variants: tuple[str, ...], fail_fast: bool,
-            device: str | None, code_dir: Path | None, verbose: bool, json_target: str | None) -> None:
+            device: str | None, code_dir: Path | None, providers: tuple[str, ...], verbose: bool,
+            json_target: str | None) -> None:
     """Replay SNAPSHOT: re-run every recorded call against each variant of its op
     (batched on the recorded batch, single row by row, and the reference) and
     name the first call, variant, rows and tag that diverge.
@@ -43,9 +48,13 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
       replay run snapshots/prefill_001 --op kv_scatter --json -
       replay run snapshots/prefill_001 --golden-data          # after editing a kernel
       replay run snapshots/prefill_001 --repeat 5             # hunt a race
+      replay run downloaded/snap --provider my_kernels        # trust the package it names
 
-    Exit 0 when every check passes, 1 on a divergence, 2 on bad input, 125 when the
-    kernels cannot be imported or built.
+    A snapshot names the module providing each op; only trusted ones are imported:
+    packages declaring a 'replay.providers' entry point, --provider MOD, --code DIR.
+
+    Exit 0 when every check passes, 1 on a divergence, 2 on bad input (an untrusted
+    provider too), 125 when the kernels cannot be imported or built, 130 interrupted.
     """
     available = use_interpreter_without_gpu()
     if device == "cpu":
@@ -59,7 +68,7 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         device=device or available, code_dir=code_dir,
         ops=frozenset(ops) or None, calls=frozenset(calls) or None, variants=frozenset(variants) or None,
         golden=golden is not None, golden_dir=Path(golden) if golden else None,
-        atol=atol, rtol=rtol, repeat=repeat, fail_fast=fail_fast)
+        atol=atol, rtol=rtol, repeat=repeat, fail_fast=fail_fast, providers=frozenset(providers))
     if (atol is not None or rtol is not None) and golden is None:
         raise click.BadParameter("only applies with --golden-data", param_hint="--atol/--rtol")
     with call_progress(quiet=json_target == "-") as progress:

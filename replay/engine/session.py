@@ -5,7 +5,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from replay.engine import checks
 from replay.engine.provenance import golden_warning
@@ -15,6 +15,7 @@ from replay.errors import RegistryError, SnapshotError
 from replay.registry import REFERENCE, Op, get_op, load_provider
 from replay.snapshot import CallRecord, Snapshot
 from replay.tolerance import Tolerance
+from replay.trust import ProviderTrust
 
 
 @dataclass
@@ -31,6 +32,7 @@ class ReplayOptions:
     repeat: int = 1
     fail_fast: bool = False
     tag_level: int = 2
+    providers: frozenset[str] = frozenset()  # modules the user trusts beyond the declared ones
 
     @property
     def explicit_tolerance(self) -> Tolerance | None:
@@ -43,10 +45,11 @@ ProgressFn = Callable[[int, int, CallReport], None]
 
 
 class _Providers:
-    """Imports each provider module once (from --code first, when given)."""
+    """Imports each trusted provider module once (from --code first, when given)."""
 
-    def __init__(self, code_dir: Path | None):
+    def __init__(self, code_dir: Path | None, trusted: Iterable[str]):
         self.code_dir = code_dir
+        self.trust = ProviderTrust.of(trusted, code_dir)
         self.loaded: set[str] = set()
 
     def code_dirs(self) -> list[Path]:
@@ -61,6 +64,7 @@ class _Providers:
 
     def op_for(self, record: CallRecord, snapshot: Path) -> Op:
         if record.provider and record.provider not in self.loaded:
+            self.trust.check(record.provider, f"{snapshot}: call {record.index}")
             load_provider(record.provider, self.code_dir)
             self.loaded.add(record.provider)
         try:
@@ -149,7 +153,7 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
                and (options.calls is None or e.index in options.calls)]
     if not entries:
         raise SnapshotError(f"{path}: no calls match the filters ({len(snapshot)} calls recorded)")
-    providers = _Providers(options.code_dir)
+    providers = _Providers(options.code_dir, options.providers)
     for done, entry in enumerate(entries, start=1):
         load_started = time.perf_counter()
         record = snapshot.load(entry)

@@ -14,6 +14,8 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from replay.snapshot import schema
+
 META_KEY = "replay.call"
 BLOB_KEY = "data"
 ROLES = ("in", "out", "state", "tag")
@@ -28,21 +30,18 @@ def serialize_blob(span: torch.Tensor) -> bytes:
     return safetensors.torch.save({BLOB_KEY: span})
 
 
-def read_header(data: bytes) -> dict[str, Any]:
-    """The call description from a call file's bytes (raises ValueError if malformed)."""
+def read_metadata(data: bytes) -> str:
+    """The call description's JSON text from a call file's bytes (raises ValueError if malformed)."""
     if len(data) < 8:
         raise ValueError("file is shorter than a safetensors header")
     (size,) = struct.unpack("<Q", data[:8])
     if size > len(data) - 8:
         raise ValueError("header runs past the end of the file (truncated?)")
-    header = json.loads(data[8:8 + size])
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict) or META_KEY not in meta:
+    header = schema.parse(data[8:8 + size], "document")
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict) or not isinstance(meta.get(META_KEY), str):
         raise ValueError(f"no '{META_KEY}' metadata: not a replay call file")
-    call = json.loads(meta[META_KEY])
-    if not isinstance(call, dict):
-        raise ValueError(f"'{META_KEY}' metadata is not a JSON object")
-    return call
+    return meta[META_KEY]
 
 
 def read_spans(data: bytes) -> dict[str, torch.Tensor]:

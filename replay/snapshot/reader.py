@@ -1,8 +1,9 @@
 """Reading and verifying a snapshot, one call at a time."""
 from __future__ import annotations
 
-import json
+import os
 import re
+import stat
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,13 +12,16 @@ from typing import Any, Iterator
 import torch
 
 from replay.errors import SnapshotError
-from replay.snapshot import callfile, jsonargs
+from replay.snapshot import callfile, jsonargs, schema
 from replay.snapshot.files import sha256_bytes
 from replay.snapshot.manifest import FORMAT_VERSION
-from replay.snapshot.tensors import DTYPES, Geometry, rebuild
+from replay.snapshot.tensors import Geometry, rebuild
 from replay.snapshot.writer import INDEX, MANIFEST, blob_relpath
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_MANIFEST_BYTES = 16 << 20
+MAX_INDEX_BYTES = 1 << 30
+MAX_BLOB_BYTES = 1 << 40
 
 
 def _one_line(exc: BaseException) -> str:
@@ -76,32 +80,40 @@ class Snapshot:
         self.verify = verify
         self._blob_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._blob_cache_bytes = blob_cache_bytes
-        if not self.path.is_dir():
-            raise SnapshotError(f"{self.path}: no such snapshot directory")
+        try:
+            if not self.path.is_dir():
+                raise SnapshotError(f"{self.path}: no such snapshot directory")
+            self._root = os.path.realpath(self.path)
+        except (OSError, ValueError) as exc:  # a NUL byte or an unreachable path
+            raise SnapshotError(f"{self.path}: not a readable directory: {_one_line(exc)}") from None
         self.manifest = self._read_manifest()
         self.entries = self._read_index()
 
     def _read_manifest(self) -> dict[str, Any]:
         path = self.path / MANIFEST
+        data = self._read_file(MANIFEST, limit=MAX_MANIFEST_BYTES, missing="missing manifest (not a snapshot, "
+                               "or its recording never started)")
         try:
-            manifest = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise SnapshotError(f"{path}: missing manifest (not a snapshot, or its recording never started)") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise SnapshotError(f"{path}: unreadable manifest: {_one_line(exc)}") from None
-        version = manifest.get("format_version") if isinstance(manifest, dict) else None
+            manifest = schema.parse(data, "document")  # the version first: a newer format has other shapes
+        except schema.SchemaError as exc:
+            raise SnapshotError(f"{path}: unreadable manifest: {exc}") from None
+        version = manifest.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
             raise SnapshotError(f"{path}: manifest has no valid format_version (a positive integer)")
         if version > FORMAT_VERSION:
             raise SnapshotError(f"{path}: format version {version} is newer than this tool reads "
                                 f"({FORMAT_VERSION}); upgrade kernel-replay")
+        try:
+            schema.validate(manifest, "manifest")
+        except schema.SchemaError as exc:
+            raise SnapshotError(f"{path}: malformed manifest: {exc}") from None
         return manifest
 
     def _read_index(self) -> list[CallEntry]:
         path = self.path / INDEX
-        if not path.exists():
+        if not os.path.lexists(path):
             return []
-        raw = path.read_bytes()
+        raw = self._read_file(INDEX, limit=MAX_INDEX_BYTES)
         lines = raw.split(b"\n")
         # A line without its newline was cut off mid-append: that call never finished.
         complete = lines[:-1]
@@ -110,12 +122,11 @@ class Snapshot:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
-                entries.append(CallEntry(int(obj["index"]), str(obj["op"]), str(obj["variant"]),
-                                         str(obj["file"]), str(obj["sha256"]), int(obj["bytes"]),
-                                         tuple(obj.get("blobs", ()))))
-            except (ValueError, KeyError, TypeError) as exc:
-                raise SnapshotError(f"{path}:{number}: malformed index line: {_one_line(exc)}") from None
+                obj = schema.parse(line, "index_line")
+            except schema.SchemaError as exc:
+                raise SnapshotError(f"{path}:{number}: malformed index line: {exc}") from None
+            entries.append(CallEntry(obj["index"], obj["op"], obj["variant"], obj["file"], obj["sha256"],
+                                     obj["bytes"], tuple(obj.get("blobs", ()))))
         entries.sort(key=lambda e: e.index)
         for before, after in zip(entries, entries[1:]):
             if before.index == after.index:
@@ -137,18 +148,41 @@ class Snapshot:
                             f"(calls {self.entries[0].index}..{self.entries[-1].index})" if self.entries
                             else f"{self.path}: snapshot has no calls")
 
-    def _read_verified(self, rel: str, expected_sha: str, expected_bytes: int | None = None) -> bytes:
+    def _read_file(self, rel: str, *, limit: int, exact: bool = False,
+                   missing: str = "missing file listed in the index") -> bytes:
+        """The bytes of `rel`: a regular file whose real path lies inside the snapshot, at most
+        `limit` bytes (exactly `limit` when `exact`); never a link out, a device or a FIFO."""
         path = self.path / rel
         if ".." in Path(rel).parts or Path(rel).is_absolute():
             raise SnapshotError(f"{self.path / INDEX}: refuses path {rel!r} outside the snapshot")
+        real = os.path.realpath(path)
+        if not real.startswith(self._root + os.sep):
+            raise SnapshotError(f"{path}: leads outside the snapshot (to {real}); refused")
         try:
-            data = path.read_bytes()
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
-            raise SnapshotError(f"{path}: missing file listed in the index") from None
+            raise SnapshotError(f"{path}: {missing}") from None
         except OSError as exc:
             raise SnapshotError(f"{path}: unreadable: {_one_line(exc)}") from None
-        if self.verify and expected_bytes is not None and len(data) != expected_bytes:
-            raise SnapshotError(f"{path}: {len(data)} bytes, the index says {expected_bytes} (truncated or corrupt file)")
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise SnapshotError(f"{path}: not a regular file; refused")
+            if info.st_size > limit or (exact and self.verify and info.st_size != limit):
+                raise SnapshotError(f"{path}: {info.st_size} bytes, "
+                                    + (f"the index says {limit} (truncated or corrupt file)" if exact
+                                       else f"more than the {limit} this file may hold"))
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read(info.st_size)  # what fstat saw, even if the file grows meanwhile
+        finally:
+            os.close(fd)
+
+    def _read_verified(self, rel: str, expected_sha: str, expected_bytes: int | None = None) -> bytes:
+        path = self.path / rel
+        if expected_bytes is None:
+            data = self._read_file(rel, limit=MAX_BLOB_BYTES)
+        else:
+            data = self._read_file(rel, limit=expected_bytes, exact=True)
         if self.verify and sha256_bytes(data) != expected_sha:
             raise SnapshotError(f"{path}: sha256 mismatch (corrupt or truncated file)")
         return data
@@ -181,24 +215,23 @@ class Snapshot:
         path = self.path / entry.file
         data = self._read_verified(entry.file, entry.sha256, entry.bytes)
         try:
-            header = callfile.read_header(data)
-            spans = callfile.read_spans(data)
-        except Exception as exc:  # malformed JSON or safetensors payload
-            raise SnapshotError(f"{path}: unreadable call file: {_one_line(exc)}") from None
+            header = schema.parse(callfile.read_metadata(data), "call")
+        except (ValueError, schema.SchemaError) as exc:
+            raise SnapshotError(f"{path}: unreadable call metadata: {_one_line(exc)}") from None
         _check_header(path, header)
+        try:
+            spans = callfile.read_spans(data)
+        except Exception as exc:  # safetensors raises several types for a bad payload
+            raise SnapshotError(f"{path}: unreadable call file: {_one_line(exc)}") from None
         tensors: dict[str, torch.Tensor] = {}
         for key, geo in header["tensors"].items():
-            if not isinstance(geo, dict) or geo.get("dtype") not in DTYPES:
-                dtype = geo.get("dtype") if isinstance(geo, dict) else None
-                raise SnapshotError(f"{path}: tensor {key!r} has unknown dtype {dtype!r} "
-                                    f"(known: {', '.join(DTYPES)})")
             # A blob is shared by many calls: give each call its own copy.
             span = self._blob(geo["blob"], path).clone() if "blob" in geo else spans.get(key)
             if span is None:
                 raise SnapshotError(f"{path}: tensor {key!r} is described but not stored")
             try:
                 tensors[key] = rebuild(span, Geometry.from_json(geo))
-            except (ValueError, RuntimeError, KeyError, TypeError) as exc:
+            except ValueError as exc:
                 raise SnapshotError(f"{path}: tensor {key!r}: {_one_line(exc)}") from None
         return CallRecord(index=entry.index, op=header["op"], variant=header["variant"],
                           provider=header.get("provider"), args=header["args"],
@@ -208,13 +241,23 @@ class Snapshot:
 
 
 def _check_header(path: Path, header: dict[str, Any]) -> None:
-    """The call description's required fields have the right types (a clear error if not)."""
-    expected = {"op": str, "variant": str, "args": list, "tensors": dict}
-    for name, kind in expected.items():
-        if not isinstance(header.get(name), kind):
-            raise SnapshotError(f"{path}: call metadata field {name!r} is missing or not a {kind.__name__}")
+    """What the schema cannot say: each argument is a tensor or JSON, tensors it names are
+    described, JSON values decode, and names are unique."""
+    seen = set()
     for arg in header["args"]:
-        if not isinstance(arg, dict) or "name" not in arg or ("tensor" in arg) == ("json" in arg):
-            raise SnapshotError(f"{path}: malformed argument entry {arg!r} (needs 'name' and one of 'tensor', 'json')")
+        name = arg["name"]
+        if ("tensor" in arg) == ("json" in arg):
+            raise SnapshotError(f"{path}: argument {name!r} needs exactly one of 'tensor' and 'json'")
+        if name in seen:
+            raise SnapshotError(f"{path}: argument {name!r} appears twice")
+        seen.add(name)
         if "tensor" in arg and arg["tensor"] not in header["tensors"]:
-            raise SnapshotError(f"{path}: argument {arg['name']!r} refers to undescribed tensor {arg['tensor']!r}")
+            raise SnapshotError(f"{path}: argument {name!r} refers to undescribed tensor {arg['tensor']!r}")
+        try:
+            jsonargs.decode(arg.get("json"))
+        except ValueError as exc:
+            raise SnapshotError(f"{path}: argument {name!r}: {_one_line(exc)}") from None
+    for key in header["tensors"]:
+        if key.partition("/")[0] not in callfile.ROLES:
+            raise SnapshotError(f"{path}: tensor key {key!r} has no role ({', '.join(callfile.ROLES)})")
+

@@ -7,6 +7,7 @@ rebuilds the same view: same strides, same storage offset.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -70,15 +71,34 @@ def span_copy_cpu(t: torch.Tensor) -> tuple[torch.Tensor, Geometry]:
     return copy, g
 
 
+# Reading a tensor costs memory in proportion to what is stored, whatever the geometry claims:
+# a view may reach MAX_VIEW_RATIO times its stored bytes (a broadcast), or MIN_VIEW_LIMIT bytes.
+MAX_VIEW_RATIO = 64
+MIN_VIEW_LIMIT = 256 << 20
+# The zeros before a storage offset are made only up to the stored span's size; past that the
+# rebuilt view keeps the offset modulo OFFSET_ALIGN bytes (its alignment), not its distance.
+OFFSET_ALIGN = 256
+
+
 def rebuild(span: torch.Tensor, g: Geometry) -> torch.Tensor:
     """Rebuild the recorded view over `span` (elements before the offset are zero)."""
     if DTYPES.get(g.dtype) != span.dtype:
         raise ValueError(f"stored dtype {span.dtype} does not match recorded dtype {g.dtype}")
+    if len(g.shape) != len(g.stride):
+        raise ValueError(f"shape {list(g.shape)} and stride {list(g.stride)} differ in length")
     if span.numel() != g.span:
         raise ValueError(f"stored span has {span.numel()} elements, geometry needs {g.span}")
-    if g.storage_offset:
-        base = torch.zeros(g.storage_offset + g.span, dtype=span.dtype)
-        base[g.storage_offset:] = span
+    numel = math.prod(g.shape)
+    size = span.element_size()
+    if numel * size > max(MAX_VIEW_RATIO * g.span * size, MIN_VIEW_LIMIT):
+        raise ValueError(f"a view of {numel} elements over {g.span} stored: more than {MAX_VIEW_RATIO} times "
+                         f"what is stored; refused")
+    offset = g.storage_offset
+    if offset > g.span:
+        offset %= max(1, OFFSET_ALIGN // size)
+    if offset:
+        base = torch.zeros(offset + g.span, dtype=span.dtype)
+        base[offset:] = span
     else:
         base = span
-    return torch.as_strided(base, g.shape, g.stride, g.storage_offset)
+    return torch.as_strided(base, g.shape, g.stride, offset)

@@ -69,3 +69,10 @@ def make_dirty(repo: Path) -> None:
     git(repo, "add", "counter")
     (repo / "counter").write_text("unstaged\n")
     (repo / "notes.txt").write_text("untracked\n")
+
+
+def leftover_worktrees(repo: Path) -> str:
+    """What no bisect may leave: worktrees besides the main one, and what `git worktree prune` would remove."""
+    listed = [line for line in git(repo, "worktree", "list", "--porcelain").splitlines() if line.startswith("worktree ")]
+    prune = subprocess.run(["git", "worktree", "prune", "--dry-run", "-v"], cwd=repo, capture_output=True, text=True)
+    return "\n".join(listed[1:] + (prune.stdout + prune.stderr).splitlines())

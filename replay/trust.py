@@ -1,0 +1,58 @@
+"""Which provider modules a snapshot may make `replay` import: the trust rule.
+
+Each call in a snapshot names the module that declares its op, and replaying imports that
+module, which runs its code. A snapshot is data that may come from anywhere, so it never
+chooses the code on its own: a provider is imported only if the user trusts it, because
+
+- an installed package declares it in the `replay.providers` entry-point group (this
+  project's `kernels` does, in pyproject.toml);
+- the user names it, `--provider MOD` (a module, or a package and its submodules);
+- it lives in the tree the user gave with `--code DIR` (`replay bisect` gives its worktrees).
+
+Anything else is refused before any import, with a line saying how to trust it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Iterable
+
+from replay.errors import UntrustedProviderError
+
+ENTRY_POINT_GROUP = "replay.providers"
+
+
+def declared_providers() -> frozenset[str]:
+    """The modules installed packages declare in the `replay.providers` entry-point group."""
+    return frozenset(ep.value.split(":")[0].strip() for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+@dataclass(frozen=True)
+class ProviderTrust:
+    """The modules (packages include their submodules) and the code tree a replay may import from."""
+
+    modules: frozenset[str]
+    code_dir: Path | None = None
+
+    @classmethod
+    def of(cls, named: Iterable[str] = (), code_dir: Path | None = None) -> ProviderTrust:
+        """The declared providers, the ones the user named, and the modules under `code_dir`."""
+        return cls(declared_providers() | frozenset(named), code_dir)
+
+    def allows(self, module: str) -> bool:
+        if any(module == m or module.startswith(m + ".") for m in self.modules):
+            return True
+        if self.code_dir is None:
+            return False
+        top = self.code_dir / module.split(".")[0]
+        return (top / "__init__.py").is_file() or top.with_suffix(".py").is_file()
+
+    def check(self, module: str, where: str) -> None:
+        """Raise UntrustedProviderError (exit 2) unless `module` may be imported."""
+        if not self.allows(module):
+            raise UntrustedProviderError(
+                f"{where}: provider module '{module}' is not trusted, so it is not imported (a snapshot does not "
+                f"choose the code replay runs); trust it with --provider {module.split('.')[0]}, with --code DIR "
+                f"for a tree holding it, or by installing a package that declares it in the "
+                f"'{ENTRY_POINT_GROUP}' entry-point group")

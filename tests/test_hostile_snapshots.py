@@ -1,0 +1,169 @@
+"""A snapshot is untrusted input: every hostile file is exit 2 and one line naming it, in bounded time
+and memory; nothing a snapshot says makes replay import code the user did not trust."""
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hostile
+from replay.cli import main
+
+MAX_SECONDS = 20
+MAX_GROWTH_BYTES = 400 << 20
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return hostile.record(tmp_path_factory.mktemp("hostile") / "snap")
+
+
+@pytest.fixture
+def snapshot(pristine: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "snap"
+    shutil.copytree(pristine, copy)
+    return copy
+
+
+def replay(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def bounded(command: tuple[str, ...]) -> Result:
+    """Run a command in process; it must end in MAX_SECONDS with peak memory up by MAX_GROWTH_BYTES at most."""
+    before, started = peak_rss_bytes(), time.monotonic()
+    result = replay(*command)
+    assert time.monotonic() - started < MAX_SECONDS, command
+    assert peak_rss_bytes() - before < MAX_GROWTH_BYTES, command
+    return result
+
+
+def assert_one_line_error(result: Result, names: Path, says: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("replay: error: "), result.stderr
+    assert str(names) in lines[0] and says in lines[0], lines[0]
+
+
+def test_the_pristine_recording_reads_and_replays(pristine: Path) -> None:
+    assert replay("show", str(pristine)).exit_code == 0
+    result = replay("run", str(pristine), "--provider", hostile.PROVIDER)
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("case", list(hostile.HOSTILE))
+def test_hostile_file_is_exit_2_with_one_line_naming_it(case: str, snapshot: Path) -> None:
+    mutate, says = hostile.HOSTILE[case]
+    damaged = mutate(snapshot)
+    for command in (("show", str(snapshot)), ("run", str(snapshot), "--provider", hostile.PROVIDER)):
+        assert_one_line_error(bounded(command), damaged, says)
+
+
+def test_a_far_storage_offset_costs_no_memory(snapshot: Path) -> None:
+    hostile.edit_call(hostile.geometry("in/x", storage_offset=2 * 10 ** 9))(snapshot)
+    result = bounded(("show", str(snapshot), "--json", "-"))
+    assert result.exit_code == 0, result.output
+    # the zeros before the offset are not made: the view keeps its alignment (256 bytes), not its distance
+    assert json.loads(result.stdout)["calls"][0]["tensors"][0]["storage_offset"] == 2 * 10 ** 9 % 64
+
+
+def test_statistics_of_a_broadcast_view_do_not_expand_it(snapshot: Path) -> None:
+    hostile.edit_call(hostile.geometry("state/position_buf", shape=[2 ** 22, 4], stride=[0, 1]))(snapshot)
+    result = bounded(("show", str(snapshot), "--role", "state", "--json", "-"))
+    assert result.exit_code == 0, result.output
+    (summary,) = json.loads(result.stdout)["calls"][0]["tensors"]
+    assert (summary["numel"], summary["min"], summary["max"], summary["mean"]) == (2 ** 24, 0, 3, 1.5)
+
+
+@pytest.mark.parametrize("provider", ["this", "venv.__main__", "os", "hostile_not_trusted"])
+def test_a_snapshot_cannot_choose_the_code_that_runs(provider: str, snapshot: Path) -> None:
+    damaged = hostile.edit_call(lambda call: call.update(provider=provider))(snapshot)
+    result = bounded(("run", str(snapshot), "--json", "-"))
+    assert_one_line_error(result, snapshot, f"provider module '{provider}' is not trusted")
+    assert f"--provider {provider.split('.')[0]}" in result.stderr and damaged.exists()
+    assert "Zen of Python" not in result.output
+
+
+def test_a_provider_is_trusted_when_the_user_names_it(snapshot: Path) -> None:
+    assert replay("run", str(snapshot)).exit_code == 2  # the test module declares no entry point
+    assert replay("run", str(snapshot), "--provider", hostile.PROVIDER).exit_code == 0
+
+
+@pytest.mark.parametrize("option", ["--atol", "--rtol"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "-inf", "abc"])
+def test_tolerances_that_would_turn_checks_off_are_refused(option: str, value: str, snapshot: Path) -> None:
+    for command in (("run", str(snapshot), "--golden-data", "--provider", hostile.PROVIDER), ("diff", str(snapshot),
+                                                                                              str(snapshot))):
+        result = replay(*command, option, value)
+        assert result.exit_code == 2 and option in result.stderr, result.output
+
+
+@pytest.mark.parametrize("poison", ["0000c07f", "0000807f", "000080ff"], ids=["nan", "inf", "-inf"])
+def test_tampered_outputs_never_pass_on_non_finite_arithmetic(poison: str, snapshot: Path) -> None:
+    def poisoned(header: dict, body: bytes) -> tuple[dict, bytes]:
+        begin, end = header["out/out"]["data_offsets"]
+        return header, body[:begin] + bytes.fromhex(poison) * ((end - begin) // 4) + body[end:]
+    hostile.edit_call_file(poisoned)(snapshot)
+    result = replay("run", str(snapshot), "--golden-data", "--rtol", "1", "--atol", "1e30", "--provider",
+                    hostile.PROVIDER, "--json", "-")
+    assert result.exit_code == 1, result.output
+
+
+def test_json_to_an_unwritable_path_is_exit_2(snapshot: Path, tmp_path: Path) -> None:
+    result = replay("show", str(snapshot), "--json", str(tmp_path / "no" / "such" / "dir" / "r.json"))
+    assert result.exit_code == 2 and "cannot write the JSON report" in result.stderr
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.text(max_size=6)
+                           | st.floats(allow_nan=False, allow_infinity=False),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                       max_size=3),
+                           max_leaves=8)
+MANIFEST_FIELDS = ["format_version", "created", "producer", "environment", "notes", "capture_errors"]
+INDEX_FIELDS = ["index", "op", "variant", "file", "sha256", "bytes", "blobs"]
+CALL_FIELDS = ["op", "variant", "provider", "index", "args", "tensors", "returns_json", "launch", "meta"]
+
+
+def set_field(field: str, value: object):
+    return lambda document: document.update({field: value})
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(where=st.sampled_from(["manifest", "index", "call"]), field=st.data(), value=json_values)
+def test_any_json_shape_is_exit_0_1_or_2_never_a_traceback(where: str, field: st.DataObject, value: object,
+                                                          pristine: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                          ) -> None:
+    snapshot = tmp_path_factory.mktemp("shape") / "snap"
+    shutil.copytree(pristine, snapshot)
+    fields = {"manifest": MANIFEST_FIELDS, "index": INDEX_FIELDS, "call": CALL_FIELDS}[where]
+    name = field.draw(st.sampled_from(fields))
+    edit = {"manifest": hostile.edit_manifest, "index": hostile.edit_index, "call": hostile.edit_call}[where]
+    edit(set_field(name, value))(snapshot)
+    for command in (("show", str(snapshot)), ("run", str(snapshot), "--provider", hostile.PROVIDER)):
+        result = replay(*command)
+        assert result.exit_code in (0, 1, 2), (command, result.output)
+        assert "Traceback" not in result.output and "internal error" not in result.output, result.output
+
+
+@pytest.mark.parametrize("raised, code, says", [(KeyboardInterrupt(), 130, "replay: interrupted"),
+                                                (ZeroDivisionError("boom"), 70, "replay: internal error (a bug in "
+                                                                                "kernel-replay")])
+def test_interrupts_and_bugs_have_exit_codes_of_their_own(raised: BaseException, code: int, says: str,
+                                                          pristine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise raised
+    monkeypatch.setattr("replay.engine.session.replay_call", fail)
+    result = replay("run", str(pristine), "--provider", hostile.PROVIDER)
+    assert result.exit_code == code and result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert result.stderr.startswith(says) and "Traceback" not in result.output
