@@ -1,7 +1,9 @@
 """Comparing a tensor with its oracle: bitwise, ULP distance, tolerance metrics, bad rows."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -60,11 +62,12 @@ class Comparison:
 
 def format_value(value: float, dtype: str | None) -> str:
     """`value` with the digits that tell it from any other value of `dtype`: float32 as the shortest
-    decimal that reads back as the same float32; float16, bfloat16 and float64 as the shortest that
-    reads back as the same float64, which for the 16-bit types is their exact value; integers and
-    booleans as integers."""
+    decimal that reads back as the same float32; float16 and bfloat16 exactly (their every digit);
+    float64 as the shortest that reads back as the same float64; integers and booleans as integers."""
     if dtype == "float32":
         return str(np.float32(value))
+    if dtype in ("float16", "bfloat16") and math.isfinite(value):
+        return str(Decimal(value)).replace("E", "e")
     if dtype is not None and not dtype.startswith(("float", "bfloat")) and float(value).is_integer():
         return str(int(value))
     return repr(float(value))
@@ -95,6 +98,8 @@ def ulp_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor | None:
         top = torch.iinfo(bits.dtype).min
         return torch.where(i < 0, top - i, i)
 
+    if a.dtype == torch.float64:  # two 64-bit positions can be 2^64 apart: no wrap, exact below 2^53
+        return (ordered(a).double() - ordered(b).double()).abs()
     return (ordered(a) - ordered(b)).abs()
 
 
@@ -136,12 +141,14 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
     diff = torch.where(both_nan | (a == e), torch.zeros_like(diff), diff)  # equal infinities differ by 0, not NaN
     if tolerance is None:
         bad = ~_elementwise_bits_equal(actual, expected)
+    elif not (actual.dtype.is_floating_point or expected.dtype.is_floating_point):
+        bad = actual.to(torch.int64) != expected.to(torch.int64)  # integers compare exactly, not through float64
     else:
         # "not within", so that NaN arithmetic can only fail; an infinity matches only itself
         # (rtol * inf would let any value pass against it)
         infinite = (torch.isinf(a) | torch.isinf(e)) & (a != e)
         bad = ~(diff <= tolerance.atol + tolerance.rtol * e.abs()) & ~both_nan | nan_mismatch | infinite
-    finite = torch.isfinite(diff)
+    finite = torch.isfinite(diff) & torch.isfinite(e)
     max_abs = float(diff[finite].max()) if finite.any() else float("inf")
     rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
     max_rel = float(rel[finite].max()) if finite.any() else float("inf")
@@ -162,7 +169,8 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
         comparison.first_index = list(first)
         comparison.first_actual = float(a[first])
         comparison.first_expected = float(e[first])
-        comparison.first_ulp = int(ulps[first]) if ulps is not None else None
+        nan_involved = bool(torch.isnan(a[first]) | torch.isnan(e[first]))  # NaN is no distance from anything
+        comparison.first_ulp = int(ulps[first]) if ulps is not None and not nan_involved else None
     if batch_axis is not None and bad.dim() > batch_axis:
         comparison.rows = bad.shape[batch_axis]
         per_row = bad.movedim(batch_axis, 0).reshape(bad.shape[batch_axis], -1).any(dim=1)

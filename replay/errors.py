@@ -6,7 +6,7 @@ EXIT_DIVERGED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERNAL = 70  # a bug in kernel-replay itself (sysexits' EX_SOFTWARE): never a verdict
 EXIT_UNTESTABLE = 125
-EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM, as a shell reports it
+EXIT_INTERRUPTED = 130  # Ctrl-C (and SIGTERM during a bisect), as a shell reports it
 
 
 class ReplayError(Exception):

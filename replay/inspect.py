@@ -154,7 +154,8 @@ def summarise_call(record: CallRecord, roles: tuple[str, ...] = (), export_dir: 
                           record.returns_json, record.launch)
     for role, name, tensor in selected_tensors(record, roles):
         row = TensorSummary(role, name, DTYPE_NAMES[tensor.dtype], list(tensor.shape), list(tensor.stride()),
-                            tensor.storage_offset(), record.blobs.get(f"{role}/{name}"), **tensor_stats(tensor))
+                            record.recorded_offsets.get(f"{role}/{name}", tensor.storage_offset()),
+                            record.blobs.get(f"{role}/{name}"), **tensor_stats(tensor))
         if export_dir is not None:
             target = export_dir / export_name(record.index, record.op, role, name)
             row.exported_dtype = export_tensor(tensor, target)

@@ -7,9 +7,13 @@ chooses the code on its own: a provider is imported only if the user trusts it, 
 - an installed package declares it in the `replay.providers` entry-point group (this
   project's `kernels` does, in pyproject.toml);
 - the user names it, `--provider MOD` (a module, or a package and its submodules);
-- it lives in the tree the user gave with `--code DIR` (`replay bisect` gives its worktrees).
+- it is a package (a directory with __init__.py) at the top of the tree the user gave with
+  `--code DIR` (`replay bisect` gives its worktrees); loose .py files there (setup.py, a
+  noxfile) are not trusted.
 
-Anything else is refused before any import, with a line saying how to trust it.
+The harness itself (`replay`) is never a provider. Anything else is refused before any
+import, with a line saying how to trust it. `python -m replay` drops the working directory
+from sys.path, so a trusted name cannot be found in whatever directory replay runs from.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import Iterable
 from replay.errors import UntrustedProviderError
 
 ENTRY_POINT_GROUP = "replay.providers"
+HARNESS = "replay"
 
 
 def declared_providers() -> frozenset[str]:
@@ -41,12 +46,12 @@ class ProviderTrust:
         return cls(declared_providers() | frozenset(named), code_dir)
 
     def allows(self, module: str) -> bool:
+        top = module.split(".")[0]
+        if top == HARNESS:
+            return False
         if any(module == m or module.startswith(m + ".") for m in self.modules):
             return True
-        if self.code_dir is None:
-            return False
-        top = self.code_dir / module.split(".")[0]
-        return (top / "__init__.py").is_file() or top.with_suffix(".py").is_file()
+        return self.code_dir is not None and (self.code_dir / top / "__init__.py").is_file()
 
     def check(self, module: str, where: str) -> None:
         """Raise UntrustedProviderError (exit 2) unless `module` may be imported."""

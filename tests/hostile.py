@@ -110,7 +110,9 @@ def edit_call(edit: Callable[[dict[str, Any]], Any]) -> Callable[[Path], Path]:
     def change(header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
         call = json.loads(header["__metadata__"]["replay.call"])
         replaced = edit(call)
-        header["__metadata__"]["replay.call"] = json.dumps(call if replaced is None else replaced)
+        # "OVERFLOW" stands for a number no float holds (json.dumps cannot write one)
+        header["__metadata__"]["replay.call"] = json.dumps(call if replaced is None else replaced).replace(
+            '"OVERFLOW"', "1e999")
         return header, body
     return edit_call_file(change)
 
@@ -163,7 +165,8 @@ HOSTILE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "manifest git commit not hex": (edit_manifest(lambda m: m["producer"].update(git={"commit": "x;rm"})),
                                     "commit"),
     "manifest version a string": (edit_manifest(lambda m: m.update(format_version="1")), "format_version"),
-    "manifest version a float": (raw_manifest('{"format_version": 1e400}'), "format_version"),
+    "manifest version a float": (raw_manifest('{"format_version": 1.5}'), "format_version"),
+    "manifest number overflowing": (raw_manifest('{"format_version": 1e400}'), "overflows"),
     "manifest version a bool": (edit_manifest(lambda m: m.update(format_version=True)), "format_version"),
     "manifest NaN literal": (raw_manifest('{"format_version": 1, "notes": NaN}'), "NaN"),
     "manifest a list": (raw_manifest("[1, 2]"), "manifest"),
@@ -204,6 +207,9 @@ HOSTILE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "call file a link to /dev/zero": (replace_call_file(lambda t: t.symlink_to("/dev/zero")), "outside the snapshot"),
     "call file a FIFO": (replace_call_file(lambda t: os.mkfifo(t)), "regular file"),
     "call file a directory": (replace_call_file(lambda t: t.mkdir()), "regular file"),
+    "call file sparse": (lambda p: (edit_index(lambda e: e.update(bytes=3 << 30))(p),
+                                    os.truncate(p / lines(p)[0]["file"], 3 << 30), p / lines(p)[0]["file"])[-1],
+                         "sparse"),
     "call file grown": (lambda p: (os.truncate(p / lines(p)[0]["file"], 1 << 20), p / lines(p)[0]["file"])[-1],
                         "bytes"),
     # call metadata: shapes, numbers, literals, wrappers
@@ -216,6 +222,11 @@ HOSTILE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "storage offset huge": (edit_call(geometry("in/x", storage_offset=10 ** 20)), "storage_offset"),
     "broadcast view of 4e12 elements": (edit_call(geometry("state/position_buf", shape=[10 ** 6, 10 ** 6, 4],
                                                            stride=[0, 0, 1])), "refused"),
+    "overlapping view of 28M elements": (edit_call(geometry("in/weight", shape=[3] * 15 + [2], stride=[1] * 15 + [33])),
+                                         "refused"),
+    "views of a call past its budget": (edit_call(lambda c: c["tensors"].update(
+        {f"tag/wide{i}": {**c["tensors"]["in/weight"], "shape": [2 ** 16, 64], "stride": [0, 1]} for i in range(8)})),
+        "views reach"),
     "dtype unknown": (edit_call(geometry("in/x", dtype="complex128")), "dtype"),
     "dtype a list": (edit_call(geometry("in/x", dtype=["float32"])), "dtype"),
     "blob not a digest": (edit_call(geometry("in/weight", blob="../../etc/passwd")), "blob"),
@@ -230,6 +241,8 @@ HOSTILE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "arg $ key beside others": (edit_call(lambda c: c["args"][4].update(json={"$tuple": [], "x": 1})), "only key"),
     "op an int": (edit_call(lambda c: c.update(op=5)), "op"),
     "provider not a module name": (edit_call(lambda c: c.update(provider="os; rm -rf /")), "provider"),
+    "metadata number overflowing": (edit_call(lambda c: c.update(meta={"x": "OVERFLOW"})), "overflows"),
+    "provider ending in a newline": (edit_call(lambda c: c.update(provider="hostile\n")), "provider"),
     "metadata NaN literal": (raw_call_metadata('{"op": "x", "variant": "y", "args": [], "tensors": {}, "meta": NaN}'),
                              "NaN"),
     "metadata nested deep": (raw_call_metadata('{"op": "x", "meta": ' + nested(100_000) + "}"), "deep"),

@@ -30,6 +30,11 @@ def test_a_16_bit_float_prints_exactly(value: float, dtype: torch.dtype) -> None
     assert float(format_value(held, str(dtype).removeprefix("torch."))) == held
 
 
+def test_16_bit_floats_print_every_digit() -> None:
+    assert format_value(2.0 ** -24, "float16") == "5.9604644775390625e-8"  # repr would round it to 16 digits
+    assert format_value(1.0078125, "bfloat16") == "1.0078125" and format_value(-3.0, "bfloat16") == "-3"
+
+
 def test_integers_print_as_integers() -> None:
     assert format_value(3.0, "int32") == "3" and format_value(-1.0, "int64") == "-1"
 

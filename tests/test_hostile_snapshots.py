@@ -3,18 +3,25 @@ and memory; nothing a snapshot says makes replay import code the user did not tr
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
+import torch
 from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hostile
 from replay.cli import main
+from replay.inspect import tensor_stats
+from replay.snapshot import Snapshot
 
 MAX_SECONDS = 20
 MAX_GROWTH_BYTES = 400 << 20
@@ -74,16 +81,22 @@ def test_a_far_storage_offset_costs_no_memory(snapshot: Path) -> None:
     hostile.edit_call(hostile.geometry("in/x", storage_offset=2 * 10 ** 9))(snapshot)
     result = bounded(("show", str(snapshot), "--json", "-"))
     assert result.exit_code == 0, result.output
-    # the zeros before the offset are not made: the view keeps its alignment (256 bytes), not its distance
-    assert json.loads(result.stdout)["calls"][0]["tensors"][0]["storage_offset"] == 2 * 10 ** 9 % 64
+    # the zeros before the offset are not made (the view keeps its alignment, 256 bytes); show says what was recorded
+    assert json.loads(result.stdout)["calls"][0]["tensors"][0]["storage_offset"] == 2 * 10 ** 9
+    record = Snapshot(snapshot).load(0)
+    assert record.tensors["in/x"].storage_offset() == 2 * 10 ** 9 % 64 and record.recorded_offsets["in/x"] == 2 * 10 ** 9
 
 
 def test_statistics_of_a_broadcast_view_do_not_expand_it(snapshot: Path) -> None:
-    hostile.edit_call(hostile.geometry("state/position_buf", shape=[2 ** 22, 4], stride=[0, 1]))(snapshot)
+    hostile.edit_call(hostile.geometry("state/position_buf", shape=[2 ** 20, 4], stride=[0, 1]))(snapshot)
     result = bounded(("show", str(snapshot), "--role", "state", "--json", "-"))
     assert result.exit_code == 0, result.output
     (summary,) = json.loads(result.stdout)["calls"][0]["tensors"]
-    assert (summary["numel"], summary["min"], summary["max"], summary["mean"]) == (2 ** 24, 0, 3, 1.5)
+    assert (summary["numel"], summary["min"], summary["max"], summary["mean"]) == (2 ** 22, 0, 3, 1.5)
+    # a view no memory could expand: statistics over one copy of its elements, counts scaled
+    huge = torch.as_strided(torch.tensor([1.0, float("nan"), float("inf"), 3.0]), (2 ** 40, 4), (0, 1))
+    stats = tensor_stats(huge)
+    assert (stats["min"], stats["max"], stats["mean"], stats["nan"], stats["inf"]) == (1.0, 3.0, 2.0, 2 ** 40, 2 ** 40)
 
 
 @pytest.mark.parametrize("provider", ["this", "venv.__main__", "os", "hostile_not_trusted"])
@@ -126,34 +139,47 @@ def test_json_to_an_unwritable_path_is_exit_2(snapshot: Path, tmp_path: Path) ->
 
 
 json_values = st.recursive(st.none() | st.booleans() | st.integers(-(2 ** 70), 2 ** 70) | st.text(max_size=6)
-                           | st.floats(allow_nan=False, allow_infinity=False),
+                           | st.floats(allow_nan=False, allow_infinity=False) | st.just("OVERFLOW"),
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
                                                                                        max_size=3),
                            max_leaves=8)
 MANIFEST_FIELDS = ["format_version", "created", "producer", "environment", "notes", "capture_errors"]
 INDEX_FIELDS = ["index", "op", "variant", "file", "sha256", "bytes", "blobs"]
 CALL_FIELDS = ["op", "variant", "provider", "index", "args", "tensors", "returns_json", "launch", "meta"]
+GEOMETRY_FIELDS = ["dtype", "shape", "stride", "storage_offset", "blob"]
+ARGUMENT_FIELDS = ["name", "tensor", "json"]
 
 
 def set_field(field: str, value: object):
     return lambda document: document.update({field: value})
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(where=st.sampled_from(["manifest", "index", "call"]), field=st.data(), value=json_values)
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def edit_inside(key: str) -> Callable[[Callable[[dict], object]], Callable[[Path], Path]]:
+    """An edit of a tensor's geometry ("tensors") or of the first argument ("args") of the first call."""
+    def within(edit: Callable[[dict], object]) -> Callable[[Path], Path]:
+        return hostile.edit_call(lambda call: edit(call["tensors"]["in/x"] if key == "tensors" else call["args"][0]))
+    return within
+
+
+@given(where=st.sampled_from(["manifest", "index", "call", "geometry", "argument"]), field=st.data(),
+       value=json_values)
 def test_any_json_shape_is_exit_0_1_or_2_never_a_traceback(where: str, field: st.DataObject, value: object,
                                                           pristine: Path, tmp_path_factory: pytest.TempPathFactory,
                                                           ) -> None:
     snapshot = tmp_path_factory.mktemp("shape") / "snap"
     shutil.copytree(pristine, snapshot)
-    fields = {"manifest": MANIFEST_FIELDS, "index": INDEX_FIELDS, "call": CALL_FIELDS}[where]
+    fields = {"manifest": MANIFEST_FIELDS, "index": INDEX_FIELDS, "call": CALL_FIELDS, "geometry": GEOMETRY_FIELDS,
+              "argument": ARGUMENT_FIELDS}[where]
     name = field.draw(st.sampled_from(fields))
-    edit = {"manifest": hostile.edit_manifest, "index": hostile.edit_index, "call": hostile.edit_call}[where]
+    edit = {"manifest": hostile.edit_manifest, "index": hostile.edit_index, "call": hostile.edit_call,
+            "geometry": edit_inside("tensors"), "argument": edit_inside("args")}[where]
     edit(set_field(name, value))(snapshot)
     for command in (("show", str(snapshot)), ("run", str(snapshot), "--provider", hostile.PROVIDER)):
         result = replay(*command)
         assert result.exit_code in (0, 1, 2), (command, result.output)
         assert "Traceback" not in result.output and "internal error" not in result.output, result.output
+        assert len(result.stderr.strip().splitlines()) <= 1, result.stderr
 
 
 @pytest.mark.parametrize("raised, code, says", [(KeyboardInterrupt(), 130, "replay: interrupted"),
@@ -167,3 +193,29 @@ def test_interrupts_and_bugs_have_exit_codes_of_their_own(raised: BaseException,
     result = replay("run", str(pristine), "--provider", hostile.PROVIDER)
     assert result.exit_code == code and result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert result.stderr.startswith(says) and "Traceback" not in result.output
+
+
+def test_the_harness_and_loose_modules_under_code_are_never_providers(snapshot: Path, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "pkg").mkdir(parents=True)
+    (tree / "pkg" / "__init__.py").write_text("")
+    (tree / "setup.py").write_text("raise SystemExit('setup.py ran')\n")
+    for provider in ("replay.__main__", "setup"):
+        hostile.edit_call(lambda call: call.update(provider=provider))(snapshot)
+        result = replay("run", str(snapshot), "--code", str(tree))
+        assert_one_line_error(result, snapshot, f"provider module '{provider}' is not trusted")
+    hostile.edit_call(lambda call: call.update(provider="pkg"))(snapshot)
+    assert "is not trusted" not in replay("run", str(snapshot), "--code", str(tree), "--call", "0").stderr  # a package is
+
+
+def test_python_m_replay_does_not_import_providers_from_the_working_directory(tmp_path: Path) -> None:
+    # the shipped snapshot names kernels.*, a trusted name; a kernels/ where replay runs must not be it
+    planted = tmp_path / "kernels"
+    planted.mkdir()
+    (planted / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('planted code ran')\n")
+    shipped = Path(__file__).resolve().parents[1] / "snapshots" / "prefill_001"
+    done = subprocess.run([sys.executable, "-m", "replay", "run", str(shipped), "--call", "0", "--variant", "batched",
+                           "--json", "-"], cwd=tmp_path, capture_output=True, text=True,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert not (tmp_path / "ran").exists(), done.stderr
+    assert done.returncode == 0, done.stderr

@@ -25,6 +25,8 @@ def main() -> None:
       1    a divergence or contract violation was found
       2    bad input (unreadable snapshot, unknown op, bad ref, bad option)
       125  this commit cannot be tested (import or build failure)
+      130  interrupted (Ctrl-C)
+      70   an internal error: a bug in kernel-replay, never a verdict
     """
 
 

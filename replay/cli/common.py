@@ -25,7 +25,7 @@ class ReplayGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ReplayError as exc:
-            click.echo(f"replay: error: {exc}", err=True)
+            click.echo(f"replay: error: {one_line(str(exc))}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("replay: interrupted", err=True)
@@ -35,9 +35,8 @@ class ReplayGroup(click.Group):
         except Exception as exc:
             if os.environ.get("REPLAY_TRACEBACK") == "1":
                 traceback.print_exc()
-            message = " ".join(str(exc).split())
             click.echo(f"replay: internal error (a bug in kernel-replay, please report it): {type(exc).__name__}: "
-                       f"{message} (REPLAY_TRACEBACK=1 prints the traceback)", err=True)
+                       f"{one_line(str(exc))} (REPLAY_TRACEBACK=1 prints the traceback)", err=True)
             ctx.exit(EXIT_INTERNAL)
 
 
@@ -63,7 +62,7 @@ def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def write_json(target: str, data: Any) -> None:
-    text = json.dumps(data, indent=2, default=str)
+    text = json.dumps(finite_json(data), indent=2, default=str, allow_nan=False)
     if target == "-":
         sys.stdout.write(text + "\n")
         return
@@ -85,4 +84,21 @@ def finish(json_target: str | None, data: dict[str, Any], show: Callable[[Consol
 
 
 def warn(message: str) -> None:
-    click.echo(f"replay: warning: {message}", err=True)
+    click.echo(f"replay: warning: {one_line(message)}", err=True)
+
+
+def one_line(message: str) -> str:
+    """`message` as one printable line: names from a snapshot (an op called "x\nall good") cannot
+    start a line of their own; control characters are shown escaped."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
+
+
+def finite_json(value: Any) -> Any:
+    """`value` with non-finite floats as the strings "nan", "inf", "-inf": strict JSON for any reader."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value

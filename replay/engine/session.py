@@ -52,14 +52,14 @@ class _Providers:
         self.trust = ProviderTrust.of(trusted, code_dir)
         self.loaded: set[str] = set()
 
-    def code_dirs(self) -> list[Path]:
-        """The directories of the providers' top-level packages (or modules), as imported."""
+    def code_paths(self) -> list[Path]:
+        """Where the providers' code is: a top-level package's directory, or a loose module's file."""
         found = []
         for provider in self.loaded:
             module = sys.modules.get(provider.split(".")[0])
-            origin = getattr(module, "__file__", None)
-            if origin:
-                found.append(Path(origin).resolve().parent)
+            origin = Path(getattr(module, "__file__", None) or "")
+            if origin.name:
+                found.append(origin.resolve().parent if origin.name == "__init__.py" else origin.resolve())
         return found
 
     def op_for(self, record: CallRecord, snapshot: Path) -> Op:
@@ -170,7 +170,7 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
             break
     if options.golden:
         warning = golden_warning(golden_snapshot.manifest if golden_snapshot else snapshot.manifest,
-                                 options.device, providers.code_dirs())
+                                 options.device, providers.code_paths(), options.explicit_tolerance is not None)
         report.warnings += [warning] if warning else []
     report.total_seconds = time.perf_counter() - started
     return report

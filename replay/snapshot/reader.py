@@ -22,6 +22,11 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_INDEX_BYTES = 1 << 30
 MAX_BLOB_BYTES = 1 << 40
+# what a call's views may reach in all, over what its files store (see tensors.MAX_VIEW_RATIO)
+CALL_VIEW_RATIO = 64
+CALL_VIEW_LIMIT = 64 << 20
+# a file whose size is mostly holes would cost memory its disk blocks do not: refused past this size
+SPARSE_SLACK = 1 << 20
 
 
 def _one_line(exc: BaseException) -> str:
@@ -60,6 +65,8 @@ class CallRecord:
     meta: dict[str, Any] = field(default_factory=dict)
     returns_json: dict[str, Any] = field(default_factory=dict)
     blobs: dict[str, str] = field(default_factory=dict)
+    # as recorded: a far offset is rebuilt nearer (docs/FORMAT.md), so a tensor's own may differ
+    recorded_offsets: dict[str, int] = field(default_factory=dict)
 
     def role(self, role: str) -> dict[str, torch.Tensor]:
         """Tensors of one role ('in', 'out', 'state', 'tag'), by name, in recorded order."""
@@ -168,6 +175,9 @@ class Snapshot:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):
                 raise SnapshotError(f"{path}: not a regular file; refused")
+            if info.st_size > SPARSE_SLACK and info.st_blocks * 512 < info.st_size // 2:
+                raise SnapshotError(f"{path}: a sparse file ({info.st_size} bytes, {info.st_blocks * 512} on disk); "
+                                    "refused")
             if info.st_size > limit or (exact and self.verify and info.st_size != limit):
                 raise SnapshotError(f"{path}: {info.st_size} bytes, "
                                     + (f"the index says {limit} (truncated or corrupt file)" if exact
@@ -224,6 +234,7 @@ class Snapshot:
         except Exception as exc:  # safetensors raises several types for a bad payload
             raise SnapshotError(f"{path}: unreadable call file: {_one_line(exc)}") from None
         tensors: dict[str, torch.Tensor] = {}
+        stored, viewed = len(data), 0
         for key, geo in header["tensors"].items():
             # A blob is shared by many calls: give each call its own copy.
             span = self._blob(geo["blob"], path).clone() if "blob" in geo else spans.get(key)
@@ -233,11 +244,17 @@ class Snapshot:
                 tensors[key] = rebuild(span, Geometry.from_json(geo))
             except ValueError as exc:
                 raise SnapshotError(f"{path}: tensor {key!r}: {_one_line(exc)}") from None
+            stored += span.numel() * span.element_size() if "blob" in geo else 0
+            viewed += tensors[key].numel() * tensors[key].element_size()
+            if viewed > max(CALL_VIEW_RATIO * stored, CALL_VIEW_LIMIT):
+                raise SnapshotError(f"{path}: its views reach {viewed} bytes by tensor {key!r}, more than "
+                                    f"{CALL_VIEW_RATIO} times the {stored} bytes it stores; refused")
         return CallRecord(index=entry.index, op=header["op"], variant=header["variant"],
                           provider=header.get("provider"), args=header["args"],
                           tensors=tensors, launch=header.get("launch", []),
                           meta=header.get("meta", {}), returns_json=header.get("returns_json", {}),
-                          blobs={k: g["blob"] for k, g in header["tensors"].items() if "blob" in g})
+                          blobs={k: g["blob"] for k, g in header["tensors"].items() if "blob" in g},
+                          recorded_offsets={k: g["storage_offset"] for k, g in header["tensors"].items()})
 
 
 def _check_header(path: Path, header: dict[str, Any]) -> None:

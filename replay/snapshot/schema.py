@@ -9,6 +9,7 @@ covers the subset of JSON Schema the file uses.
 from __future__ import annotations
 
 import json
+import math
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -34,10 +35,17 @@ def _reject_constant(name: str) -> Any:
     raise SchemaError(f"{name} is not valid JSON (the format has no NaN or Infinity literals)")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise SchemaError(f"the number {text[:20]} overflows a float (the format has no infinities)")
+    return value
+
+
 def parse(text: str | bytes, definition: str) -> Any:
     """`text` as JSON, checked against the schema definition named `definition`."""
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except RecursionError:
         raise SchemaError(f"nested more than {MAX_DEPTH} levels deep") from None
     except SchemaError:
@@ -85,7 +93,7 @@ def _check(value: Any, rule: dict[str, Any], where: str) -> None:
     if isinstance(value, str):
         if len(value) > rule.get("maxLength", len(value)):
             raise SchemaError(f"{here}: a string of {len(value)} characters, at most {rule['maxLength']} allowed")
-        if "pattern" in rule and not re.search(rule["pattern"], value):
+        if "pattern" in rule and not _pattern(rule["pattern"]).search(value):
             raise SchemaError(f"{here}: {_describe(value)} is not a valid value here")
     if isinstance(value, list):
         if not rule.get("minItems", 0) <= len(value) <= rule.get("maxItems", len(value)):
@@ -104,6 +112,13 @@ def _check(value: Any, rule: dict[str, Any], where: str) -> None:
                 raise SchemaError(f"{here}: unexpected field {key!r}")
             if isinstance(sub, dict):
                 _check(item, sub, f"{where}.{key}" if where else key)
+
+
+@lru_cache(maxsize=None)
+def _pattern(source: str) -> re.Pattern[str]:
+    """A schema pattern with JSON Schema's meaning of `$` (the very end; Python's also matches before a
+    final newline)."""
+    return re.compile(re.sub(r"(?<!\\)\$$", r"\\Z", source))
 
 
 def _describe(value: Any) -> str:

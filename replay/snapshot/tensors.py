@@ -72,9 +72,10 @@ def span_copy_cpu(t: torch.Tensor) -> tuple[torch.Tensor, Geometry]:
 
 
 # Reading a tensor costs memory in proportion to what is stored, whatever the geometry claims:
-# a view may reach MAX_VIEW_RATIO times its stored bytes (a broadcast), or MIN_VIEW_LIMIT bytes.
+# a view (a broadcast, overlapping strides) may reach MAX_VIEW_RATIO times its stored bytes, or
+# MIN_VIEW_LIMIT bytes; the reader also bounds the sum over a call (replay/snapshot/reader.py).
 MAX_VIEW_RATIO = 64
-MIN_VIEW_LIMIT = 256 << 20
+MIN_VIEW_LIMIT = 16 << 20
 # The zeros before a storage offset are made only up to the stored span's size; past that the
 # rebuilt view keeps the offset modulo OFFSET_ALIGN bytes (its alignment), not its distance.
 OFFSET_ALIGN = 256

@@ -55,7 +55,9 @@ def test_the_engine_probe_finds_the_commit_and_shows_its_report_beside_its_paren
     commits += [SyntheticCommit("faster batched scale", {f"{MODULE}.py": BUGGY})]
     commits += [SyntheticCommit(f"docs {i}", {"README": f"{i}\n"}) for i in range(5, 7)]
     shas = write_history(tmp_path / "repo", commits)
-    result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded, repo=tmp_path / "repo", jobs=2))
+    # a loose module, not a package: trusted only because it is named, and bisect passes that on to its probes
+    result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded, repo=tmp_path / "repo", jobs=2,
+                                      providers=(MODULE,)))
     assert result.first_bad.sha == shas[4]
     bad, parent = result.first_bad_probe.outcome.report, result.parent_probe.outcome.report
     assert bad["passed"] is False and bad["first_divergence"]["op"] == OP

@@ -60,3 +60,20 @@ def test_unknown_commit_dirty_recording_and_other_environment_all_said_in_one_li
 
 def test_a_snapshot_without_a_commit_says_so() -> None:
     assert code_differences(None, False, []) == ["the snapshot records no git commit"]
+
+
+def test_a_new_untracked_kernel_file_and_a_loose_module_are_seen(kernel_repo: tuple[Path, str]) -> None:
+    package, commit = kernel_repo
+    (package / "new_kernel.py").write_text("y = 1\n")
+    assert code_differences(commit, False, [package]) == [f"kern/ changed since the recorded commit {commit[:10]} "
+                                                          f"(new_kernel.py)"]
+    assert code_differences(commit, False, [package / "op.py"]) == []  # a module file: only itself counts
+    (package / "op.py").write_text("x = 3\n")
+    assert code_differences(commit, False, [package / "op.py"]) == [f"op.py changed since the recorded commit "
+                                                                    f"{commit[:10]} (op.py)"]
+
+
+def test_the_advice_does_not_repeat_what_was_given(kernel_repo: tuple[Path, str]) -> None:
+    package, commit = kernel_repo
+    warning = golden_warning(manifest(commit, triton="0.0"), "cpu", [package], tolerance_given=True)
+    assert warning is not None and "--atol" not in warning and "record the snapshot again here" in warning
