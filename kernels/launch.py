@@ -46,14 +46,39 @@ def warps_for(block_elements: int) -> int:
 
 
 def run(kernel: Any, grid: Sequence[int], *args: Any, path: str | None = None, **meta: Any) -> Any:
-    """Launch a Triton kernel and record the launch (name, grid, block sizes, path) into the call."""
+    """Launch a Triton kernel and record the launch (name, grid, block sizes, path, and what compiling
+    it again takes: its module, signature and constexprs) into the call."""
     grid = tuple(int(g) for g in grid)
     compiled = kernel[grid](*args, **meta)
+    if not replay.recorder.launches_wanted():
+        return compiled
     info = {k: v for k, v in meta.items() if isinstance(v, (bool, int, str))}
     if path is not None:
         info["path"] = path
-    replay.record_launch(kernel.fn.__name__, grid, compiled=compiled, **info)
+    replay.record_launch(kernel.fn.__name__, grid, compiled=compiled, module=kernel.fn.__module__,
+                         signature=signature(kernel, args, meta), **info)
     return compiled
+
+
+_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+                 torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+                 torch.bool: "i1"}
+
+
+def signature(kernel: Any, args: Sequence[Any], meta: dict[str, Any]) -> dict[str, str]:
+    """Triton's signature of a launch: each argument's type ("*fp32" for a pointer), "constexpr" for
+    the compile-time ones (given as keywords), as triton.compile(ASTSource(...)) takes it."""
+    types = {}
+    for name, value in zip(kernel.arg_names, args):
+        if isinstance(value, torch.Tensor):
+            types[name] = "*" + _TRITON_TYPES[value.dtype]
+        elif isinstance(value, bool):
+            types[name] = "i1"
+        elif isinstance(value, int):
+            types[name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
+        else:
+            types[name] = "fp32"
+    return {**types, **{name: "constexpr" for name in kernel.arg_names if name in meta}}
 
 
 def elementwise_rows(op: str, kernel: Any, **inputs: torch.Tensor) -> torch.Tensor:

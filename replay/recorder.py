@@ -104,6 +104,12 @@ def tag(name: str, tensor: torch.Tensor, level: int = 1) -> torch.Tensor:
     return tensor
 
 
+def launches_wanted() -> bool:
+    """Whether a call is being recorded or replayed now, so that launch records are kept (a kernel
+    library may skip working out what it would record otherwise)."""
+    return _sink.get() is not None
+
+
 def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None, **info: Any) -> None:
     """Record a kernel launch into the running call's launch records (a no-op outside one).
 

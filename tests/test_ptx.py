@@ -113,3 +113,15 @@ def test_mutated_real_ptx_parses_or_raises_ptx_error_only(data: st.DataObject) -
         return
     for function in module.kernels:
         analyse(function)
+
+
+def test_a_snapshot_without_compilable_launches_or_with_untrusted_modules_is_exit_2(tmp_path: Path) -> None:
+    import hostile
+
+    snapshot = hostile.record(tmp_path / "snap")
+    result = CliRunner().invoke(main, ["ptx", "--snapshot", str(snapshot)])
+    assert result.exit_code == 2 and "no launch record says how to compile" in result.stderr
+    hostile.edit_call(lambda call: call.update(launch=[{"kernel": "k", "module": "os", "signature": {"x": "i32"}}]))(
+        snapshot)
+    result = CliRunner().invoke(main, ["ptx", "--snapshot", str(snapshot)])
+    assert result.exit_code == 2 and "provider module 'os' is not trusted" in result.stderr

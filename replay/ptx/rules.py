@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from replay.ptx.parser import Function, Instruction
 
@@ -53,12 +53,16 @@ class KernelReport:
                 "violations": [v.to_json() for v in self.violations]}
 
 
-def analyse(function: Function) -> KernelReport:
+def analyse(function: Function, param_names: Mapping[str, str] | None = None) -> KernelReport:
+    """What `function` does and which rules it breaks; `param_names` renames PTX parameters
+    (Triton's `<kernel>_param_3`) to the kernel's own argument names."""
+    names = param_names or {}
     report = KernelReport(function.name)
     report.violations = shared_address_widths(function)
     report.axes_read = sorted({axis for inst in function.instructions for op in inst.operands
                                for axis in _AXIS.findall(op)})
-    report.params_read, report.params_written = dereferenced_params(function)
+    read, written = dereferenced_params(function)
+    report.params_read, report.params_written = [names.get(p, p) for p in read], [names.get(p, p) for p in written]
     report.local_accesses = sum(1 for inst in function.instructions if "local" in inst.parts[1:]) + \
         sum(1 for space, _, _ in function.variables if space == ".local")
     return report
