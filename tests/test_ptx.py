@@ -125,3 +125,17 @@ def test_a_snapshot_without_compilable_launches_or_with_untrusted_modules_is_exi
         snapshot)
     result = CliRunner().invoke(main, ["ptx", "--snapshot", str(snapshot)])
     assert result.exit_code == 2 and "provider module 'os' is not trusted" in result.stderr
+
+
+def test_a_compile_that_runs_out_of_time_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+
+    from replay.errors import ReplayError
+    from replay.ptx.compile import CompileJob, compile_jobs
+
+    def too_slow(*args: object, **kwargs: object) -> None:
+        raise subprocess.TimeoutExpired("python", 5)
+    monkeypatch.setattr(subprocess, "run", too_slow)
+    job = CompileJob("kernels.rmsnorm", "_rmsnorm_rows_kernel", (("x_ptr", "*fp32"),), (), 90)
+    with pytest.raises(ReplayError, match=r"compiling 1 kernel\(s\) for PTX took more than 5 s"):
+        compile_jobs([job], timeout=5)

@@ -43,16 +43,22 @@ class CompileJob:
         return [name for name, kind in self.signature if kind != "constexpr"]
 
 
-def compile_jobs(jobs: list[CompileJob], timeout: float = 600) -> list[str]:
-    """PTX text for each job, compiled in one child process; a ReplayError names the first failure."""
+def compile_jobs(jobs: list[CompileJob], timeout: float | None = None) -> list[str]:
+    """PTX text for each job, compiled in one child process; a ReplayError names the first failure.
+
+    Sequential: the GEMV's configurations take 10-20 s each on a CPU core, so a whole snapshot's
+    kernels for three targets take minutes."""
     payload = json.dumps([{"module": j.module, "kernel": j.kernel, "signature": dict(j.signature),
                            "constexprs": dict(j.constexprs), "arch": j.arch} for j in jobs])
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": os.environ.get(
         "TRITON_DEFAULT_FP_FUSION", "1"), "PYTHONPATH": os.pathsep.join(sys.path)}
     # -c, with its working directory taken off the path: only what the parent resolved is imported
     worker = "import sys; del sys.path[0]; from replay.ptx.compile import main; main()"
-    done = subprocess.run([sys.executable, "-c", worker], input=payload, capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    try:
+        done = subprocess.run([sys.executable, "-c", worker], input=payload, capture_output=True, text=True,
+                              env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ReplayError(f"compiling {len(jobs)} kernel(s) for PTX took more than {timeout:g} s") from None
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ReplayError(f"compiling {len(jobs)} kernel(s) for PTX failed: {tail}")
