@@ -17,7 +17,7 @@ import torch
 import replay
 from replay import recorder
 from replay.errors import ReplayError, SnapshotError
-from replay.snapshot import Snapshot, writer
+from replay.snapshot import Snapshot, files, writer
 
 RIVALS = 8
 CALLS = 3
@@ -219,7 +219,7 @@ def test_without_hard_links_the_manifest_is_still_created_exclusively(tmp_path: 
     def no_links(src: object, dst: object) -> None:
         raise OSError(errno.EPERM, os.strerror(errno.EPERM))
 
-    monkeypatch.setattr(writer.os, "link", no_links)
+    monkeypatch.setattr(files.os, "link", no_links)
     path = tmp_path / "snap"
     won, refused = race(lambda who: writer.SnapshotWriter(path))
     assert len(won) == 1 and all(isinstance(exc, SnapshotError) for exc in refused), refused

@@ -1,7 +1,6 @@
 """`replay ptx`: parse PTX files and check their kernels; the work is replay.ptx's."""
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 
 import click
@@ -9,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from replay.cli.common import finish, json_option
-from replay.errors import EXIT_DIVERGED, EXIT_PASS, ReplayError
+from replay.errors import EXIT_DIVERGED, EXIT_PASS
 
 
 @click.command("ptx")
@@ -41,29 +40,17 @@ def command(files: tuple[Path, ...], snapshot: Path | None, archs: str, provider
     Exit 0 when every rule holds, 1 on a violation, 2 on an unreadable or malformed file
     (one line naming the file and line).
     """
-    from replay.ptx import analyse, parse
-    from replay.ptx.sources import snapshot_ptx
+    from replay.ptx.check import check_sources
+    from replay.ptx.sources import file_ptx, snapshot_ptx
 
     if not files and snapshot is None:
         raise click.UsageError("give PTX FILES, or --snapshot DIR")
-    sources = []
-    for path in files:
-        try:
-            sources.append((str(path), path.read_text(), {}))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ReplayError(f"{path}: unreadable: {getattr(exc, 'strerror', None) or exc}") from None
+    sources = [file_ptx(path) for path in files]
     if snapshot is not None:
         sources += snapshot_ptx(snapshot, _archs(archs), providers, code_dir)
-    reports = []
-    for where, text, names in sources:
-        for kernel in parse(text, where).kernels:
-            if fnmatch.fnmatchcase(kernel.name, kernel_glob):
-                reports.append((where, analyse(kernel, names)))
-    if not reports:
-        raise ReplayError(f"no kernel matching {kernel_glob!r} in {', '.join(w for w, _, _ in sources)}")
-    violated = any(report.violations for _, report in reports)
-    data = {"passed": not violated, "kernels": [{"file": path, **report.to_json()} for path, report in reports]}
-    finish(json_target, data, lambda console: _print(console, reports), EXIT_DIVERGED if violated else EXIT_PASS)
+    report = check_sources(sources, kernel_glob)
+    finish(json_target, report.to_json(), lambda console: _print(console, report.kernels),
+           EXIT_PASS if report.passed else EXIT_DIVERGED)
 
 
 def _archs(text: str) -> list[int]:

@@ -33,3 +33,11 @@ def snapshot_ptx(path: Path, archs: Iterable[int], providers: Iterable[str] = ()
     texts = compile_jobs(list(jobs))
     return [(where, text, {f"{job.kernel}_param_{i}": name for i, name in enumerate(job.param_names())})
             for (job, where), text in zip(jobs.items(), texts)]
+
+
+def file_ptx(path: Path) -> tuple[str, str, dict[str, str]]:
+    """(where, PTX text, no renames) of a PTX file."""
+    try:
+        return str(path), path.read_text(), {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReplayError(f"{path}: unreadable: {getattr(exc, 'strerror', None) or exc}") from None

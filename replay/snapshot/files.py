@@ -1,11 +1,13 @@
-"""Atomic file writes, content hashes, and names made safe to become paths."""
+"""Atomic and exclusive file writes, content hashes, and names made safe to become paths."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
 import threading
+import uuid
 from pathlib import Path
 
 
@@ -27,6 +29,50 @@ def write_atomic(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+# errno values of a file system that has no hard links (FAT, some network and FUSE file systems)
+_NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EXDEV}
+
+
+def create_exclusive(path: Path, data: bytes) -> bool:
+    """Write `path` complete unless it exists; False if it did. Of two writers, one wins.
+
+    The data goes to a temporary name, which is then hard-linked to `path`: unlike a
+    rename, a link never replaces a file, and `path` is never seen half-written. Without
+    hard links, `path` is created with O_EXCL and then written.
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.new")
+    write_atomic(tmp, data)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        if exc.errno not in _NO_HARD_LINKS:
+            raise
+        return _create_with_o_excl(path, data)
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+    return True
+
+
+def _create_with_o_excl(path: Path, data: bytes) -> bool:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return False
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise
+    return True
 
 
 def append_line(path: Path, line: str) -> None:
