@@ -35,7 +35,7 @@ def command(files: tuple[Path, ...], snapshot: Path | None, archs: str, provider
     Examples:
       replay ptx build/kernels.ptx
       replay ptx ~/.triton/cache/*/kv_scatter*.ptx --kernel '*scatter*' --json -
-      replay ptx --snapshot snapshots/prefill_001 --arch sm_80,sm_89,sm_90
+      replay ptx --snapshot snapshots/prefill_001 --arch sm_90   # minutes on a CPU: the GEMV tiles
 
     Exit 0 when every rule holds, 1 on a violation, 2 on an unreadable or malformed file
     (one line naming the file and line).
