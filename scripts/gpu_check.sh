@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# On a GPU machine: the kernel tests (their GPU twins run, the interpreter twins skip), then
-# the kernel benchmark. Logs and bench_kernels.json go to $OUT (default ./out).
-# Uses the machine's python3 as is (torch, triton, pytest): no install, no network.
+# On a GPU machine: the whole test suite (GPU twins run, interpreter twins skip), then the
+# kernel benchmark. Logs and bench_kernels.json go to $OUT (default ./out).
+# Uses the machine's python3 (torch, triton, pytest, pytest-xdist) with no network: wheels
+# downloaded beforehand into .whl/ (gitpython, gitdb, smmap) are installed from there, and the
+# project is installed editable so its entry points (the trusted 'kernels' provider) exist.
 #   scripts/gpu_check.sh [bench options, e.g. --sweep]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -11,9 +13,12 @@ mkdir -p "$OUT"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())" \
     2>&1 | tee "$OUT/versions.txt"
-python3 -m pytest tests/kernels -q -p no:cacheprovider -rs --durations=10 2>&1 | tee "$OUT/pytest_kernels.log"
+if compgen -G ".whl/*.whl" > /dev/null; then python3 -m pip install -q --no-index .whl/*.whl; fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1
+# Triton compiles each kernel configuration on first use: spread the tests over the cores
+python3 -m pytest tests -q -p no:cacheprovider -rs --durations=15 -n "${JOBS:-12}" 2>&1 | tee "$OUT/pytest.log"
 tests=${PIPESTATUS[0]}
 python3 scripts/bench_kernels.py "$@" 2>&1 | tee "$OUT/bench_kernels.log"
 bench=${PIPESTATUS[0]}
-echo "gpu_check: tests exit $tests, bench exit $bench" | tee -a "$OUT/pytest_kernels.log"
+echo "gpu_check: tests exit $tests, bench exit $bench" | tee -a "$OUT/pytest.log"
 [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
