@@ -30,6 +30,7 @@ attention = replay.op(
     tolerance=ELEMENTWISE,
     doc="Causal GQA attention of q [T, H, D] at positions [T] over a contiguous or paged KV cache; "
         "fp32 online softmax over fixed key blocks; tag 'lse' [T, H] fp32.",
+    kernel_rules=replay.KernelRules(row_axis="x"),  # a program per (token, head)
 )
 
 

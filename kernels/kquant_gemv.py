@@ -26,6 +26,7 @@ def _declare(name: str, fmt: QuantFormat) -> Op:
         tolerance=REDUCTION,
         doc=f"out = x @ dequant_{fmt.name}(weight).T; weight uint8 [N, K/256*{fmt.block_bytes}] "
             f"in ggml {fmt.name} layout; fp32 accumulation, output in x's dtype.",
+        kernel_rules=replay.KernelRules(row_axis="y"),  # x rows on axis 1, weight rows on axis 0
     )
 
     def reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

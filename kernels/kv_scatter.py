@@ -46,6 +46,7 @@ kv_scatter = replay.op(
     split_row=split_row,
     doc="Write K/V rows [T, H_kv, D] at positions (direct) or position_buf[:T] (indirect) into a "
         "contiguous or paged cache; kv_cache_lengths += seq_len_buf; tag 'positions' [T] int32.",
+    kernel_rules=replay.KernelRules(row_axis="x", ignore_when_given={"positions": ("position_buf",)}),
 )
 
 

@@ -55,7 +55,8 @@ def run(kernel: Any, grid: Sequence[int], *args: Any, path: str | None = None, *
     info = {k: v for k, v in meta.items() if isinstance(v, (bool, int, str))}
     if path is not None:
         info["path"] = path
-    replay.record_launch(kernel.fn.__name__, grid, compiled=compiled, module=kernel.fn.__module__,
+    pointers = {name: value for name, value in zip(kernel.arg_names, args) if isinstance(value, torch.Tensor)}
+    replay.record_launch(kernel.fn.__name__, grid, compiled=compiled, pointers=pointers, module=kernel.fn.__module__,
                          signature=signature(kernel, args, meta), **info)
     return compiled
 

@@ -18,6 +18,7 @@ residual_add = replay.op(
     batch_axes={"x": 0, "residual": 0, "out": 0},
     tolerance=ELEMENTWISE,
     doc="out = x + residual, computed in fp32.",
+    kernel_rules=replay.KernelRules(row_axis="x"),
 )
 
 

@@ -20,6 +20,7 @@ rmsnorm = replay.op(
     batch_axes={"x": 0, "out": 0, "rstd": 0},
     tolerance=ELEMENTWISE,
     doc="out = x * rsqrt(mean(x^2, -1) + eps) * weight; fp32 accumulation; tag 'rstd' [M] fp32.",
+    kernel_rules=replay.KernelRules(row_axis="x"),
 )
 
 MAX_ROW = 65536  # a row lives in one program's registers

@@ -26,6 +26,7 @@ rope = replay.op(
     tolerance=ELEMENTWISE,
     doc="Rotary embedding of x [T, H, D] at positions [T] using cos/sin tables [P, D/2]; "
         "layout 'neox' or 'interleaved'.",
+    kernel_rules=replay.KernelRules(row_axis="x"),
 )
 
 

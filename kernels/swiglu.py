@@ -18,6 +18,7 @@ swiglu = replay.op(
     batch_axes={"gate": 0, "up": 0, "out": 0},
     tolerance=ELEMENTWISE,
     doc="out = gate * sigmoid(gate) * up, computed in fp32.",
+    kernel_rules=replay.KernelRules(row_axis="x"),
 )
 
 

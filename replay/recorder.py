@@ -19,7 +19,7 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -54,9 +54,24 @@ class CallSink:
     """Collects the tags and launch records of one running call."""
 
     level: int
+    arguments: Mapping[str, Any] = field(default_factory=dict)  # the call's, to name what a kernel is handed
     tags: dict[str, torch.Tensor] = field(default_factory=dict)
     launches: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # tags that were not tensors, described
+
+    def argument_holding(self, pointer: torch.Tensor) -> str | None:
+        """The call argument a kernel's tensor argument is, or is a view into: the same address
+        first, else the argument whose storage holds it."""
+        tensors = [(n, t) for n, t in self.arguments.items() if isinstance(t, torch.Tensor)]
+        for name, tensor in tensors:
+            if tensor.data_ptr() == pointer.data_ptr() and tensor.device == pointer.device:
+                return name
+        address = pointer.data_ptr()
+        for name, tensor in tensors:
+            storage = tensor.untyped_storage()
+            if tensor.device == pointer.device and storage.data_ptr() <= address < storage.data_ptr() + storage.nbytes():
+                return name
+        return None
 
     def add_tag(self, name: str, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):  # a recording reports it; a replay skips it
@@ -69,9 +84,10 @@ class CallSink:
 
 
 @contextlib.contextmanager
-def collecting(level: int = 2) -> Iterator[CallSink]:
-    """Collect tags (up to `level`) and launch records of the code run inside."""
-    sink = CallSink(level)
+def collecting(level: int = 2, arguments: Mapping[str, Any] | None = None) -> Iterator[CallSink]:
+    """Collect tags (up to `level`) and launch records of the code run inside; `arguments`, the
+    call's, name the tensors its kernels are handed (a launch record's `binds`)."""
+    sink = CallSink(level, dict(arguments or {}))
     token = _sink.set(sink)
     try:
         yield sink
@@ -110,7 +126,8 @@ def launches_wanted() -> bool:
     return _sink.get() is not None
 
 
-def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None, **info: Any) -> None:
+def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None,
+                  pointers: Mapping[str, torch.Tensor] | None = None, **info: Any) -> None:
     """Record a kernel launch into the running call's launch records (a no-op outside one).
 
     Args:
@@ -118,6 +135,8 @@ def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None, **info
         grid: the launch grid (any sequence of ints).
         compiled: the object a Triton launch returns; its warps, shared memory and
             registers are recorded when the backend reports them.
+        pointers: the kernel's tensor arguments by its parameter names; recorded as `binds`,
+            parameter -> the call's argument it points into (`src_pos_ptr` -> `position_buf`).
         **info: anything else worth keeping, JSON or kept as its repr: block sizes,
             `path="indirect"` for which of two code paths ran.
 
@@ -138,6 +157,9 @@ def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None, **info
             entry[attr] = getattr(meta, attr)
     if getattr(compiled, "n_regs", None) is not None:
         entry["registers"] = compiled.n_regs
+    binds = {param: sink.argument_holding(tensor) for param, tensor in (pointers or {}).items()}
+    if any(binds.values()):
+        entry["binds"] = {param: name for param, name in binds.items() if name is not None}
     entry.update(info)
     sink.launches.append({key: _json_or_repr(value) for key, value in entry.items()})
 
@@ -299,7 +321,7 @@ class Recording:
             self._report(f"op '{spec.op}': could not copy inputs: {exc}; capture stopped", stop=True)
             return fn(*args, **kwargs)
 
-        sink = CallSink(self.tag_level)
+        sink = CallSink(self.tag_level, bound.arguments)
         token = _sink.set(sink)
         started = time.perf_counter()
         try:

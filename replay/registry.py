@@ -20,6 +20,7 @@ import torch
 
 from replay import recorder as _recorder
 from replay.errors import ProviderImportError, RegistryError
+from replay.kernel_rules import KernelRules
 from replay.tolerance import DEFAULT, EXACT, Tolerance
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -68,8 +69,10 @@ class Op:
     serial_rows: bool = False
     split_row: Callable[[dict[str, Any], int], dict[str, Any]] | None = None
     doc: str = ""
+    kernel_rules: KernelRules | None = None
     variants: dict[str, Variant] = field(default_factory=dict)
     contracts: list[Contract] = field(default_factory=list)
+    examples: dict[str, Callable[..., dict[str, Any]]] = field(default_factory=dict)
 
     def variant(self, name: str, *, backends: Iterable[str] = BACKENDS) -> Callable[[F], F]:
         """Decorator registering `fn` as variant `name`, runnable on `backends`.
@@ -157,6 +160,15 @@ class Op:
         self.contracts.append(Contract(fn.__name__, fn))
         return fn
 
+    def example(self, name: str = "default") -> Callable[[F], F]:
+        """Decorator registering `fn(rows, dtype, device) -> arguments`: a small, valid call of this
+        op, for tools that run its variants with no recording at hand (`replay ptx OP`). Several
+        examples, one per code path (`paged`, `indirect`), each get a name."""
+        def register(fn: F) -> F:
+            self.examples[name] = fn
+            return fn
+        return register
+
     def get(self, variant: str, backend: str | None = None) -> Variant:
         """The variant called `variant`, checked to run on `backend`; clear error otherwise."""
         found = self.variants.get(variant)
@@ -183,7 +195,7 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
        mutates: Iterable[str] = (), outputs: Iterable[str] = (),
        tolerance: Tolerance | Mapping[torch.dtype, Tolerance] | None = None,
        serial_rows: bool = False, split_row: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
-       doc: str = "", provider: str | None = None) -> Op:
+       doc: str = "", provider: str | None = None, kernel_rules: KernelRules | None = None) -> Op:
     """Declare op `name`: the argument layout, tolerance and contracts its variants share.
 
     Args:
@@ -202,6 +214,8 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
             the batch axes is not enough.
         doc: one line on what the op computes, shown by tools.
         provider: the module snapshots name to import the op again (default: the caller's).
+        kernel_rules: what its kernels' PTX must show (`replay.KernelRules`: the grid axis
+            rows come from, the arguments each launch path reads); checked by `replay ptx`.
 
     Returns:
         The Op; its `reference`, `single`, `batched`, `variant(name)` and `contract` decorate
@@ -220,7 +234,7 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
     if isinstance(tolerance, Tolerance):
         tolerance = {dt: tolerance for dt in DEFAULT}
     declared = Op(name, provider, dict(batch_axes or {}), tuple(state), tuple(mutates), tuple(outputs),
-                  dict(tolerance or {}), serial_rows, split_row, doc)
+                  dict(tolerance or {}), serial_rows, split_row, doc, kernel_rules)
     _OPS[name] = declared
     return declared
 

@@ -274,3 +274,22 @@ def test_integer_too_big_in_an_output_or_a_launch_record(tmp_path: Path,
     (record,) = Snapshot(tmp_path / "snap")
     assert record.op == "cap_launches_big"  # launch records are informational: kept as text
     assert record.launch[0]["size"] == str(2**2000) and record.launch[0]["huge"] == "<int>"
+
+
+@replay.capture("cap_hands_views", state=("position_buf",))
+def hands_views(x: torch.Tensor, position_buf: torch.Tensor) -> torch.Tensor:
+    scratch = torch.zeros(2)
+    replay.record_launch("views_kernel", (1,), pointers={"x_ptr": x, "pos_ptr": position_buf[1:],
+                                                         "scratch_ptr": scratch})
+    return x + 1
+
+
+def test_a_launch_names_the_call_argument_each_pointer_points_into(tmp_path: Path) -> None:
+    with replay.recording(tmp_path / "snap"):
+        hands_views(torch.zeros(3), torch.arange(4, dtype=torch.int32))
+    (launch,) = Snapshot(tmp_path / "snap").load(0).launch
+    # a view into position_buf is position_buf; a tensor made inside the call is no argument
+    assert launch["binds"] == {"x_ptr": "x", "pos_ptr": "position_buf"}
+    with recorder.collecting(arguments={"buf": (buf := torch.zeros(8))}) as sink:  # how a replay names them
+        replay.record_launch("k", (1,), pointers={"p": buf[4:]})
+    assert sink.launches[0]["binds"] == {"p": "buf"}

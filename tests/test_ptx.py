@@ -1,5 +1,6 @@
-"""`replay ptx` on PTX files: the parser (line numbers, the grammar compilers emit, clear errors) and the
-rules (64-bit shared addresses, grid axes read, pointer parameters dereferenced)."""
+"""`replay ptx` on PTX files: the parser (line numbers, the grammar compilers emit, clear errors), the
+rules (64-bit shared addresses, grid axes read, pointer parameters dereferenced), an op's rules
+(replay.KernelRules: the row axis, arguments to ignore) and the cubin reader."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replay.cli import main
+from replay.errors import RegistryError
+from replay.kernel_rules import KernelRules
 from replay.ptx import PTXError, analyse, parse
+from replay.ptx.cubin import registers, stack_bytes
+from replay.ptx.rules import op_rule_findings
 
 HERE = Path(__file__).parent / "ptx"
 TRITON_KV_SCATTER = HERE / "kv_scatter_sm90.ptx"  # Triton 3.9's PTX of kernels/kv_scatter.py for sm_90
@@ -32,6 +37,58 @@ def test_a_kernel_read_through_two_levels_of_address_arithmetic_is_named() -> No
     assert report.params_read == ["scatter_batched_param_k", "scatter_batched_param_position_buf"]
     assert report.params_written == ["scatter_batched_param_cache"]  # through a position loaded: data, not the param
     assert report.axes_read == ["x"]  # a batched kernel that never reads %ctaid.y
+
+
+PLANTED_SCATTER = HERE / "planted_indirect_position_buf.ptx"
+
+
+def test_a_batched_kernel_that_never_reads_its_row_axis_is_caught_at_its_entry() -> None:
+    report = analyse(kernel(PLANTED_SCATTER, "scatter_batched"))
+    rules = KernelRules(row_axis="y")
+    (finding,) = op_rule_findings(report, rules, "batched")
+    assert (finding.rule, finding.line) == ("row-axis", 7) and "never reads %ctaid.y" in finding.message
+    assert op_rule_findings(report, KernelRules(row_axis="x"), "batched") == []
+    # a single-vector kernel reading the batched axis is caught where it reads it, unless it runs one program there
+    (single,) = op_rule_findings(report, KernelRules(row_axis="x"), "single")
+    assert (single.rule, single.line) == ("row-axis", 23)
+    assert op_rule_findings(report, KernelRules(row_axis="x"), "single", grid=[1]) == []
+
+
+def test_the_command_applies_a_row_axis_to_files(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["ptx", str(PLANTED_SCATTER), "--row-axis", "y", "--variant", "batched",
+                                       "--json", "-"])
+    assert result.exit_code == 1, result.output
+    (violation,) = json.loads(result.stdout)["kernels"][0]["violations"]
+    assert violation["rule"] == "row-axis" and violation["line"] == 7
+    assert CliRunner().invoke(main, ["ptx", str(PLANTED_SCATTER), "--row-axis", "x", "--variant",
+                                     "batched"]).exit_code == 0
+    lonely = CliRunner().invoke(main, ["ptx", str(PLANTED_SCATTER), "--variant", "batched"])
+    assert lonely.exit_code == 2 and "--row-axis" in lonely.stderr
+
+
+def test_an_argument_read_although_the_call_gave_its_replacement_is_caught_at_the_load() -> None:
+    binds = {"position_buf": "position_buf", "k": "k", "cache": "k_cache"}  # kernel argument -> call argument
+    names = {f"scatter_batched_param_{n}": n for n in binds}
+    report = analyse(kernel(PLANTED_SCATTER, "scatter_batched"), names, binds)
+    assert report.arguments_read == ["k", "position_buf"]
+    rules = KernelRules(ignore_when_given={"positions": ("position_buf",)})
+    (finding,) = op_rule_findings(report, rules, "batched", binds=binds, given={"positions", "k"})
+    # the load at line 28 reaches position_buf through cvta and two adds
+    assert (finding.rule, finding.line) == ("ignore-when-given", 28)
+    assert "reads position_buf (through position_buf) although the call gives positions" in finding.message
+    assert op_rule_findings(report, rules, "batched", binds=binds, given={"k"}) == []  # the indirect call
+
+
+def test_kernel_rules_are_checked_when_declared() -> None:
+    with pytest.raises(RegistryError, match="row_axis 'w'"):
+        KernelRules(row_axis="w")
+    with pytest.raises(RegistryError, match="ignore_when_given"):
+        KernelRules(ignore_when_given={"positions": "position_buf"})  # a string, not a tuple of names
+
+
+def test_the_cubin_reader_takes_only_elf_and_finds_nothing_in_noise() -> None:
+    assert registers(b"not an ELF file") is None and stack_bytes(b"") is None
+    assert registers(b"\x7fELF\x02\x01" + bytes(100)) is None  # headers that point at nothing
 
 
 def test_triton_ptx_parses_and_its_kv_scatter_reads_what_the_kernel_says() -> None:

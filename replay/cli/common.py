@@ -102,3 +102,21 @@ def finite_json(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [finite_json(v) for v in value]
     return value
+
+
+device_option = click.option("--device", type=click.Choice(["cpu", "cuda"]),
+                             help="Where to run (default: cuda if present, else cpu with the Triton interpreter).")
+
+
+def chosen_device(device: str | None) -> str:
+    """The device kernels run on: `device` if given and present, else cuda when present, else the
+    CPU with Triton's interpreter (chosen before triton is first imported)."""
+    from replay.device import use_interpreter_without_gpu
+
+    available = use_interpreter_without_gpu()
+    if device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    if device == "cuda" and available != "cuda":
+        raise click.BadParameter("no CUDA device is present", param_hint="--device")
+    return device or available
+

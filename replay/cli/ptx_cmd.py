@@ -1,56 +1,90 @@
-"""`replay ptx`: parse PTX files and check their kernels; the work is replay.ptx's."""
+"""`replay ptx`: compile or read PTX and check its kernels; the work is replay.ptx's."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from replay.cli.common import finish, json_option
+from replay.cli.common import chosen_device, device_option, finish, json_option
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
+from replay.kernel_rules import AXES, KernelRules
+from replay.ptx.check import PtxReport, check_sources
+from replay.ptx.sources import file_ptx, op_ptx, ops_named, snapshot_ptx
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 @click.command("ptx")
-@click.argument("files", nargs=-1, type=click.Path(path_type=Path))
+@click.argument("targets", nargs=-1, metavar="[OP ...] [FILE.ptx ...]")
 @click.option("--snapshot", type=click.Path(path_type=Path), metavar="DIR",
               help="Compile exactly the Triton kernels and constexprs that ran in snapshot DIR (its launch records).")
 @click.option("--arch", "archs", default="sm_90", show_default=True, metavar="sm_80,sm_89,...",
-              help="CUDA targets to compile --snapshot's kernels for, comma-separated.")
+              help="CUDA targets to compile for, comma-separated.")
+@click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True,
+              help="Activation dtype of the examples OPs run on.")
+@device_option
+@click.option("--row-axis", type=click.Choice(AXES), help="For FILE.ptx: the grid axis batched kernels take rows from.")
+@click.option("--variant", type=click.Choice(["batched", "single"]),
+              help="For FILE.ptx with --row-axis: its kernels are batched ones (must read the axis) or single-vector "
+                   "ones (must not).")
 @click.option("--provider", "providers", multiple=True, metavar="MOD",
-              help="Trust MOD as a module --snapshot's launches may name (see replay run --help).")
+              help="Trust and import MOD, a module declaring ops (see replay run --help).")
 @click.option("--code", "code_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Packages at the top of DIR are trusted kernel modules.")
 @click.option("--kernel", "kernel_glob", metavar="GLOB", default="*", show_default=True,
               help="Only kernels whose name matches GLOB.")
 @json_option
-def command(files: tuple[Path, ...], snapshot: Path | None, archs: str, providers: tuple[str, ...],
-            code_dir: Path | None, kernel_glob: str, json_target: str | None) -> None:
-    """Check the kernels in PTX FILES from any compiler (nvcc, Triton, by hand): shared memory
-    addressed with 32-bit registers, which grid axes each kernel reads, which pointer
-    parameters it dereferences (def-use from ld.param through address arithmetic to global
-    loads and stores: does it read position_buf?), and local memory (spills).
+def command(targets: tuple[str, ...], snapshot: Path | None, archs: str, dtype: str, device: str | None,
+            row_axis: str | None, variant: str | None, providers: tuple[str, ...], code_dir: Path | None,
+            kernel_glob: str, json_target: str | None) -> None:
+    """Check compiled kernels statically: shared memory addressed with 32-bit registers; the
+    grid axis a batched kernel takes its row from (and a single-vector one does not); which
+    pointer parameters each kernel dereferences (def-use from ld.param through address
+    arithmetic to global loads and stores), named as the call's arguments, so that it says
+    whether a kernel reads position_buf; local memory (spills); registers and shared memory.
+
+    \b
+    What is checked:
+      OP ...        the kernels each op's single and batched variants launch on its registered
+                    examples (Op.example), compiled for each --arch; no OP and no FILE: every op
+      --snapshot    exactly the kernels and constexprs a recording ran
+      FILE.ptx      PTX from any compiler (nvcc, Triton's cache, by hand)
+    An op's rules come from its registration (replay.KernelRules); an op's batched and single
+    kernels are then listed side by side where they differ.
 
     \b
     Examples:
-      replay ptx build/kernels.ptx
-      replay ptx ~/.triton/cache/*/kv_scatter*.ptx --kernel '*scatter*' --json -
-      replay ptx --snapshot snapshots/prefill_001 --arch sm_90   # minutes on a CPU: the GEMV tiles
+      replay ptx                                   # every registered op, sm_90
+      replay ptx q6k_gemv kv_scatter --arch sm_80,sm_89,sm_90
+      replay ptx --snapshot snapshots/prefill_001 --arch sm_90
+      replay ptx build/gemv.ptx --row-axis y --variant batched --json -
 
-    Exit 0 when every rule holds, 1 on a violation, 2 on an unreadable or malformed file
-    (one line naming the file and line).
+    Compiling takes seconds a kernel on a CPU core, spread over the cores; Triton's cache
+    makes a second run fast. Exit 0 when every rule holds, 1 on a violation, 2 on bad input
+    (a malformed file: one line naming the file and line).
     """
-    from replay.ptx.check import check_sources
-    from replay.ptx.sources import file_ptx, snapshot_ptx
-
-    if not files and snapshot is None:
-        raise click.UsageError("give PTX FILES, or --snapshot DIR")
-    sources = [file_ptx(path) for path in files]
+    files = [Path(t) for t in targets if t.endswith(".ptx") or Path(t).is_file()]
+    op_names = [t for t in targets if not (t.endswith(".ptx") or Path(t).is_file())]
+    if variant is not None and row_axis is None:
+        raise click.BadParameter("needs --row-axis, the axis the rule is about", param_hint="--variant")
+    targets_archs = _archs(archs)
+    file_rules = KernelRules(row_axis=row_axis) if row_axis else None
+    sources = [file_ptx(path, file_rules, variant) for path in files]
     if snapshot is not None:
-        sources += snapshot_ptx(snapshot, _archs(archs), providers, code_dir)
+        sources += snapshot_ptx(snapshot, targets_archs, providers, code_dir)
+    examples_device = None
+    if op_names or (not files and snapshot is None):
+        examples_device = chosen_device(device)
+        import torch
+
+        ops = ops_named(op_names, providers, code_dir)
+        sources += op_ptx(ops, targets_archs, getattr(torch, dtype), examples_device)
     report = check_sources(sources, kernel_glob)
-    finish(json_target, report.to_json(), lambda console: _print(console, report.kernels),
-           EXIT_PASS if report.passed else EXIT_DIVERGED)
+    finish(json_target, {**report.to_json(), "examples_device": examples_device},
+           lambda console: _print(console, report, examples_device), EXIT_PASS if report.passed else EXIT_DIVERGED)
 
 
 def _archs(text: str) -> list[int]:
@@ -63,15 +97,45 @@ def _archs(text: str) -> list[int]:
     return found
 
 
-def _print(console: Console, reports: list) -> None:
+def _print(console: Console, report: PtxReport, examples_device: str | None) -> None:
     if not console.is_terminal:
-        console.width = 200  # piped output: keep kernel names whole
-    table = Table(title_justify="left", title=f"{len(reports)} kernels")
-    for column in ("source", "kernel", "grid axes read", "params read", "params written", "local", "verdict"):
+        console.width = 200  # piped output: keep names whole
+    if examples_device == "cpu":
+        console.print("[yellow]note:[/] the ops' examples ran on the CPU (Triton interpreter), so their launch "
+                      "configurations are the ones a kernel picks there; where it picks by device (the GEMV tiles), "
+                      "run on a GPU machine or check a GPU recording with --snapshot")
+    table = Table(title_justify="left", title=f"{len(report.kernels)} kernels (reads, writes: the call's arguments "
+                                              "where the launch recorded them, else the kernel's parameters)")
+    for column in ("source", "target", "kernel", "grid axes", "reads", "writes", "regs", "stack", "smem", "local",
+                   "verdict"):
         table.add_column(column, overflow="fold")
-    for path, report in reports:
-        verdict = "[red]" + "; ".join(f"line {v.line}: {v.message}" for v in report.violations) + "[/]" \
-            if report.violations else "[green]ok[/]"
-        table.add_row(path, report.name, ", ".join(report.axes_read) or "-", ", ".join(report.params_read) or "-",
-                      ", ".join(report.params_written) or "-", str(report.local_accesses), verdict)
+    for kernel in report.kernels:
+        r, s = kernel.report, kernel.source
+        verdict = "[red]" + escape("; ".join(f"line {v.line}: {v.message}" for v in r.violations)) + "[/]" \
+            if r.violations else "[green]ok[/]"
+        table.add_row(escape(s.where), f"sm_{s.arch}" if s.arch else "-", r.name, ", ".join(r.axes_read) or "-",
+                      _named(r.params_read, s.binds), _named(r.params_written, s.binds), _shown(s.registers),
+                      _shown(s.stack), _shown(s.shared), str(r.local_accesses), verdict)
     console.print(table)
+    pairs = [p for p in report.pairs() if p.differences]
+    if pairs:
+        side = Table(title_justify="left", title="batched vs single, where they differ")
+        for column in ("op", "example", "target", "what", "batched", "single"):
+            side.add_column(column, overflow="fold")
+        for pair in pairs:
+            for what, (batched, single) in pair.differences.items():
+                side.add_row(pair.op, escape(pair.example or "-"), f"sm_{pair.arch}", what, _shown(batched),
+                             _shown(single))
+        console.print(side)
+
+
+def _named(params: list[str], binds: dict[str, str]) -> str:
+    return ", ".join(binds.get(p, p) for p in params) or "-"
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "-"
+    return "-" if value is None else str(value)

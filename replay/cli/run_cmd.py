@@ -1,13 +1,11 @@
 """`replay run`: replay a snapshot against every variant, the reference, or golden outputs."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
 
-from replay.cli.common import ToleranceValue, finish, json_option, warn
-from replay.device import use_interpreter_without_gpu
+from replay.cli.common import ToleranceValue, chosen_device, device_option, finish, json_option, warn
 from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
 
 
@@ -24,8 +22,7 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
 @click.option("--call", "calls", type=int, multiple=True, help="Only this call index (repeatable).")
 @click.option("--variant", "variants", multiple=True, help="Only this variant (repeatable); the reference still runs.")
 @click.option("--fail-fast", is_flag=True, help="Stop at the first diverging call.")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]),
-              help="Where to run (default: cuda if present, else cpu with the Triton interpreter).")
+@device_option
 @click.option("--code", "code_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Import the snapshot's kernel providers from DIR first (another commit's checkout); "
                    "modules in DIR are trusted.")
@@ -56,16 +53,12 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
     Exit 0 when every check passes, 1 on a divergence, 2 on bad input (an untrusted
     provider too), 125 when the kernels cannot be imported or built, 130 interrupted.
     """
-    available = use_interpreter_without_gpu()
-    if device == "cpu":
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    if device == "cuda" and available != "cuda":
-        raise click.BadParameter("no CUDA device is present", param_hint="--device")
+    device = chosen_device(device)
     from replay.engine import ReplayOptions, replay_snapshot
     from replay.cli.progress import call_progress
 
     options = ReplayOptions(
-        device=device or available, code_dir=code_dir,
+        device=device, code_dir=code_dir,
         ops=frozenset(ops) or None, calls=frozenset(calls) or None, variants=frozenset(variants) or None,
         golden=golden is not None, golden_dir=Path(golden) if golden else None,
         atol=atol, rtol=rtol, repeat=repeat, fail_fast=fail_fast, providers=frozenset(providers))

@@ -59,7 +59,7 @@ def _is_build_failure(exc: Exception) -> bool:
 
 
 def _invoke(variant: Variant, args: dict[str, Any], tag_level: int) -> tuple[Any, recorder.CallSink]:
-    with recorder.collecting(tag_level) as sink:
+    with recorder.collecting(tag_level, args) as sink:
         result = variant.fn(**args)
     return result, sink
 

@@ -2,9 +2,10 @@
 
 A launch record that carries `module`, `signature` and the constexpr values (kernels/launch.py
 records them) says how to compile that kernel again: `triton.compile(ASTSource(fn, signature,
-constexprs), target=GPUTarget("cuda", arch, 32))`. That runs in a child process with the
-Triton interpreter off (a process that chose the interpreter has no compilable kernels), one
-child for all launches; the modules it imports must be trusted (replay/trust.py).
+constexprs), target=GPUTarget("cuda", arch, 32), options={"num_warps": ...})`. That runs in
+child processes with the Triton interpreter off (a process that chose the interpreter has no
+compilable kernels), the jobs dealt out over the cores; the modules they import must be
+trusted (replay/trust.py). Triton's own cache (TRITON_CACHE_DIR) makes a second run fast.
 
     python -c "from replay.ptx.compile import main; main()" < jobs.json > results.json
 """
@@ -15,10 +16,15 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from replay.errors import ReplayError
+from replay.ptx import cubin
+
+
+_OPTIONS = ("num_warps", "num_stages")  # launch options that change the compiled code
 
 
 @dataclass(frozen=True)
@@ -28,28 +34,45 @@ class CompileJob:
     signature: tuple[tuple[str, str], ...]
     constexprs: tuple[tuple[str, Any], ...]
     arch: int
+    options: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def from_launch(cls, launch: dict[str, Any], arch: int) -> CompileJob | None:
+    def from_launch(cls, launch: Mapping[str, Any], arch: int) -> CompileJob | None:
         """The job for a launch record, or None when it does not say how to compile it."""
         signature = launch.get("signature")
         if not isinstance(signature, dict) or not isinstance(launch.get("module"), str):
             return None
         constexprs = tuple((name, launch.get(name)) for name, kind in signature.items() if kind == "constexpr")
-        return cls(launch["module"], str(launch["kernel"]), tuple(signature.items()), constexprs, arch)
+        options = tuple((name, launch[name]) for name in _OPTIONS if isinstance(launch.get(name), int))
+        return cls(launch["module"], str(launch["kernel"]), tuple(signature.items()), constexprs, arch, options)
 
     def param_names(self) -> list[str]:
         """The kernel's runtime arguments in order: PTX calls them <kernel>_param_0, _param_1, ..."""
         return [name for name, kind in self.signature if kind != "constexpr"]
 
 
-def compile_jobs(jobs: list[CompileJob], timeout: float | None = None) -> list[str]:
-    """PTX text for each job, compiled in one child process; a ReplayError names the first failure.
+@dataclass(frozen=True)
+class Compiled:
+    ptx: str
+    registers: int | None  # per thread, from the cubin
+    stack: int | None  # bytes of local memory (spills, local arrays) a thread, from the cubin
+    shared: int | None  # bytes of shared memory a program uses
 
-    Sequential: the GEMV's configurations take 10-20 s each on a CPU core, so a whole snapshot's
-    kernels for three targets take minutes."""
+
+def compile_jobs(jobs: list[CompileJob], timeout: float | None = None, workers: int | None = None) -> list[Compiled]:
+    """Each job compiled, in child processes (at most `workers`, default one a core); a ReplayError
+    names the first failure. A GEMV configuration takes seconds on a CPU core."""
+    workers = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+    shares = [jobs[i::workers] for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda share: _compile_in_child(share, timeout), shares))
+    by_job = {job: result for share, done in zip(shares, results) for job, result in zip(share, done)}
+    return [by_job[job] for job in jobs]
+
+
+def _compile_in_child(jobs: list[CompileJob], timeout: float | None) -> list[Compiled]:
     payload = json.dumps([{"module": j.module, "kernel": j.kernel, "signature": dict(j.signature),
-                           "constexprs": dict(j.constexprs), "arch": j.arch} for j in jobs])
+                           "constexprs": dict(j.constexprs), "arch": j.arch, "options": dict(j.options)} for j in jobs])
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": os.environ.get(
         "TRITON_DEFAULT_FP_FUSION", "1"), "PYTHONPATH": os.pathsep.join(sys.path)}
     # -c, with its working directory taken off the path: only what the parent resolved is imported
@@ -66,7 +89,7 @@ def compile_jobs(jobs: list[CompileJob], timeout: float | None = None) -> list[s
     for job, result in zip(jobs, results):
         if "error" in result:
             raise ReplayError(f"{job.module}.{job.kernel} for sm_{job.arch}: {result['error']}")
-    return [result["ptx"] for result in results]
+    return [Compiled(r["ptx"], r["registers"], r["stack"], r["shared"]) for r in results]
 
 
 def _compile(job: dict[str, Any]) -> dict[str, str]:
@@ -77,7 +100,10 @@ def _compile(job: dict[str, Any]) -> dict[str, str]:
     try:
         fn = getattr(importlib.import_module(job["module"]), job["kernel"])
         source = ASTSource(fn=fn, signature=job["signature"], constexprs=job["constexprs"])
-        return {"ptx": triton.compile(source, target=GPUTarget("cuda", job["arch"], 32)).asm["ptx"]}
+        compiled = triton.compile(source, target=GPUTarget("cuda", job["arch"], 32), options=job["options"])
+        binary = compiled.asm.get("cubin", b"")
+        return {"ptx": compiled.asm["ptx"], "registers": cubin.registers(binary), "stack": cubin.stack_bytes(binary),
+                "shared": getattr(compiled.metadata, "shared", None)}
     except Exception as exc:  # the kernel's own compile error, reported against it
         return {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:500]}
 

@@ -9,6 +9,7 @@ operands (`{%r1, %r2}`), scoped `{ }` blocks, `.loc` line info and `.section` de
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
@@ -40,8 +41,8 @@ class Instruction:
     operands: tuple[str, ...]
     predicate: str | None = None
 
-    @property
-    def parts(self) -> tuple[str, ...]:
+    @functools.cached_property
+    def parts(self) -> tuple[str, ...]:  # asked for by every rule, for every instruction
         return tuple(self.opcode.split("."))
 
 
@@ -117,76 +118,85 @@ def parse(text: str, source: str = "<ptx>") -> Module:
     return module
 
 
+_COMMENT_OR_STRING = re.compile(r'//[^\n]*|/\*.*?\*/|"[^"\n]*"|/\*|"', re.S)
+_SPECIAL = re.compile(r"[;{}:\n]")
+_SECTION_SPECIAL = re.compile(r"[{}\n]")
+
+
 def _strip_comments(text: str, source: str) -> str:
     """Comments blanked out, newlines kept, so that line numbers stay right."""
-    out, i = [], 0
-    while i < len(text):
-        if text.startswith("//", i):
-            end = text.find("\n", i)
-            i = len(text) if end < 0 else end
-        elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            if end < 0:
-                raise PTXError(f"{source}:{text.count(chr(10), 0, i) + 1}: unterminated /* comment")
-            out.append("\n" * text.count("\n", i, end))
-            i = end + 2
-        elif text[i] == '"':
-            end = text.find('"', i + 1)
-            if end < 0 or "\n" in text[i:end]:
-                raise PTXError(f"{source}:{text.count(chr(10), 0, i) + 1}: unterminated string")
-            out.append(text[i:end + 1])
-            i = end + 1
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
+    def blank(match: re.Match) -> str:
+        found = match.group()
+        if found == "/*":
+            raise PTXError(f"{source}:{text.count(chr(10), 0, match.start()) + 1}: unterminated /* comment")
+        if found == '"':
+            raise PTXError(f"{source}:{text.count(chr(10), 0, match.start()) + 1}: unterminated string")
+        if found.startswith("//"):
+            return ""
+        return "\n" * found.count("\n") if found.startswith("/*") else found
+    return _COMMENT_OR_STRING.sub(blank, text)
 
 
 def _statements(text: str, source: str):
-    """(line, statement, how it ended: ';', '{', '}', ':' or 'line') for each statement in order."""
-    line, start_line, buffer = 1, 1, []
-    i, skip_depth = 0, 0
-    while i < len(text):
-        char = text[i]
-        pending = "".join(buffer).strip()
-        if not pending:
-            start_line = line
-            rest = text[i:text.find("\n", i) if "\n" in text[i:] else len(text)].strip()
-            if rest.startswith(_LINE_DIRECTIVES) and not rest.endswith(";"):
-                yield line, rest, "line"
-                i += len(text[i:].split("\n", 1)[0])
+    """(line, statement, how it ended: ';', '{', '}', ':' or 'line') for each statement in order.
+
+    Scans from one statement-ending character to the next (regex search, not a loop per
+    character): a statement is the text between them, so its start and line are all it keeps."""
+    line, i, end = 1, 0, len(text)
+    while True:
+        # a new statement: skip the blanks before it, then whole-line directives (.loc, .file)
+        while True:
+            blank = re.compile(r"\s*").match(text, i).end()
+            line += text.count("\n", i, blank)
+            i = blank
+            stop = text.find("\n", i)
+            rest = text[i:end if stop < 0 else stop].strip()
+            if not (rest.startswith(_LINE_DIRECTIVES) and not rest.endswith(";")):
+                break
+            yield line, rest, "line"
+            i = end if stop < 0 else stop
+        if i >= end:
+            return
+        begin, start_line = i, line
+        while True:
+            match = _SPECIAL.search(text, i)
+            if match is None:
+                raise PTXError(f"{source}:{start_line}: statement without its ';' at the end of the file")
+            char, at = match.group(), match.start()
+            i = at + 1
+            if char == "\n":
+                line += 1
                 continue
+            pending = text[begin:at].strip()
+            if char == "{" and pending and not pending.startswith(_OPENS_BLOCK):
+                close = text.find("}", at)  # a vector operand, { %r1, %r2 }: part of the statement
+                if close < 0:
+                    raise PTXError(f"{source}:{line}: unclosed vector operand")
+                line += text.count("\n", at, close)
+                i = close + 1
+                continue
+            if char == ":" and not (_LABEL.match(pending + ":") and not pending.startswith((".", "@"))
+                                    and " " not in pending):
+                continue
+            yield start_line, pending, char
+            if char == "{" and pending.startswith(".section"):
+                i, line = _skip_section(text, i, line, source)
+            break
+
+
+def _skip_section(text: str, i: int, line: int, source: str) -> tuple[int, int]:
+    """Past the braces of a .section (debug data); returns the position after it and the line there."""
+    depth = 1
+    while depth:
+        match = _SECTION_SPECIAL.search(text, i)
+        if match is None:
+            raise PTXError(f"{source}: ends inside a .section")
+        char, i = match.group(), match.end()
         if char == "\n":
             line += 1
-        if skip_depth:  # inside a .section's braces
-            skip_depth += {"{": 1, "}": -1}.get(char, 0)
-            i += 1
-            continue
-        if char == "{" and pending and not pending.startswith(_OPENS_BLOCK):
-            end = text.find("}", i)  # a vector operand, { %r1, %r2 }: part of the statement
-            if end < 0:
-                raise PTXError(f"{source}:{line}: unclosed vector operand")
-            line += text.count("\n", i, end)
-            buffer.append(text[i:end + 1])
-            i = end + 1
-            continue
-        if char in ";{}":
-            statement = "".join(buffer).strip()
-            buffer = []
-            if char == "{" and statement.startswith(".section"):
-                skip_depth = 1
-            yield start_line, statement, char
-        elif char == ":" and _LABEL.match(pending + ":") and not pending.startswith((".", "@")) \
-                and " " not in pending:
-            buffer = []
-            yield start_line, pending, ":"
         else:
-            buffer.append(char)
-        i += 1
-    if "".join(buffer).strip():
-        raise PTXError(f"{source}:{start_line}: statement without its ';' at the end of the file")
-    if skip_depth:
-        raise PTXError(f"{source}: ends inside a .section")
+            depth += 1 if char == "{" else -1
+    return i, line
 
 
 def _function_header(statement: str, line: int) -> Function:

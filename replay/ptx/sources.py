@@ -1,43 +1,183 @@
-"""The PTX of the kernels a snapshot ran: its launch records compiled again for each target."""
+"""Where PTX comes from: files from any compiler, the kernels a snapshot ran, or the kernels an op's
+variants launch on its registered examples; the last two compiled again for each CUDA target."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
+import torch
+
+from replay import recorder
 from replay.errors import ReplayError
+from replay.kernel_rules import KernelRules
 from replay.ptx.compile import CompileJob, compile_jobs
+from replay.registry import REFERENCE, SINGLE, Op, all_ops, get_op, load_provider
 from replay.snapshot import Snapshot
 from replay.trust import ProviderTrust
 
-
-def snapshot_ptx(path: Path, archs: Iterable[int], providers: Iterable[str] = (),
-                 code_dir: Path | None = None) -> list[tuple[str, str, dict[str, str]]]:
-    """(where, PTX text, PTX parameter name -> argument name) for each distinct kernel launch of the
-    snapshot at `path` and each target; the kernels' modules must be trusted."""
-    snapshot = Snapshot(path)
-    trust = ProviderTrust.of(providers, code_dir)
-    jobs: dict[CompileJob, str] = {}
-    for entry in snapshot.entries:
-        for launch in snapshot.load(entry).launch:
-            for arch in archs:
-                job = CompileJob.from_launch(launch, arch)
-                if job is not None and job not in jobs:
-                    trust.check(job.module, f"{path}: call {entry.index}")
-                    jobs[job] = f"{path}: call {entry.index} ({entry.op}), {job.kernel} for sm_{arch}"
-    if not jobs:
-        raise ReplayError(f"{path}: no launch record says how to compile its kernel (module and signature: "
-                          "record with kernels/launch.py's run, or pass record_launch(module=, signature=))")
-    if code_dir is not None and str(code_dir.resolve()) not in sys.path:
-        sys.path.insert(0, str(code_dir.resolve()))  # the compiling child imports from the same places
-    texts = compile_jobs(list(jobs))
-    return [(where, text, {f"{job.kernel}_param_{i}": name for i, name in enumerate(job.param_names())})
-            for (job, where), text in zip(jobs.items(), texts)]
+BATCH_ROWS = 5  # rows a batched variant's example gets: more than one program's worth in every kernel here
 
 
-def file_ptx(path: Path) -> tuple[str, str, dict[str, str]]:
-    """(where, PTX text, no renames) of a PTX file."""
+@dataclass
+class PtxSource:
+    """One kernel's PTX and what is known of the launch it came from."""
+
+    where: str
+    text: str
+    param_names: dict[str, str] = field(default_factory=dict)  # PTX parameter -> kernel argument
+    binds: dict[str, str] = field(default_factory=dict)  # kernel argument -> the call's argument
+    op: str | None = None
+    variant: str | None = None
+    example: str | None = None  # the op example (code path) that launched it
+    arch: int | None = None
+    grid: list[int] | None = None
+    path: str | None = None  # the launch's recorded path ("direct", "indirect")
+    given: frozenset[str] = frozenset()  # the call's arguments that were not None
+    rules: KernelRules | None = None
+    constexprs: dict[str, Any] = field(default_factory=dict)
+    registers: int | None = None
+    stack: int | None = None  # bytes of local memory a thread (spills), from the cubin
+    shared: int | None = None
+
+
+@dataclass
+class _Launch:
+    """A launch to compile for each target, and where it came from."""
+
+    record: Mapping[str, Any]
+    where: str
+    op: Op | None
+    variant: str
+    given: frozenset[str]
+    example: str | None = None
+
+
+def file_ptx(path: Path, rules: KernelRules | None = None, variant: str | None = None) -> PtxSource:
+    """A PTX file; `rules` and `variant` say what its kernels are, when the user does."""
     try:
-        return str(path), path.read_text(), {}
+        return PtxSource(str(path), path.read_text(), rules=rules, variant=variant)
     except (OSError, UnicodeDecodeError) as exc:
         raise ReplayError(f"{path}: unreadable: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def snapshot_ptx(path: Path, archs: Iterable[int], providers: Iterable[str] = (),
+                 code_dir: Path | None = None) -> list[PtxSource]:
+    """Each distinct kernel launch of the snapshot at `path`, compiled for each target; the kernels'
+    modules must be trusted. The op's rules apply where its (trusted) provider declares it."""
+    snapshot = Snapshot(path)
+    trust = ProviderTrust.of(providers, code_dir)
+    launches = []
+    for entry in snapshot.entries:
+        call = snapshot.load(entry)
+        op = _registered(entry.op, call.provider, trust, code_dir)
+        where = f"{path}: call {entry.index} ({entry.op} {entry.variant})"
+        given = frozenset(a["name"] for a in call.args if "tensor" in a or a.get("json") is not None)
+        for record in call.launch:
+            if isinstance(record.get("module"), str):
+                trust.check(record["module"], f"{path}: call {entry.index}")
+            launches.append(_Launch(record, where, op, entry.variant, given))
+    if code_dir is not None and str(code_dir.resolve()) not in sys.path:
+        sys.path.insert(0, str(code_dir.resolve()))  # the compiling children import from the same places
+    found = _compiled(launches, list(archs))
+    if not found:
+        raise ReplayError(f"{path}: no launch record says how to compile its kernel (module and signature: "
+                          "record with kernels/launch.py's run, or pass record_launch(module=, signature=))")
+    return found
+
+
+def op_ptx(ops: Iterable[Op], archs: Iterable[int], dtype: torch.dtype, device: str) -> list[PtxSource]:
+    """The kernels each op's variants but the reference launch on each of its examples (one row for
+    single, BATCH_ROWS for the others, `dtype` on `device`; variants that cannot run there are left
+    out), compiled for each target."""
+    launches = []
+    for op in ops:
+        if not op.examples:
+            raise ReplayError(f"op '{op.name}' registers no example (Op.example), so its kernels cannot be found "
+                              "without a recording: use replay ptx --snapshot DIR")
+        for example, make in op.examples.items():
+            for variant in (name for name, v in op.variants.items() if name != REFERENCE and device in v.backends):
+                arguments = _example_arguments(op, variant, example, make, dtype, device)
+                given = frozenset(name for name, value in arguments.items() if value is not None)
+                for record in _launches_of(op, variant, example, arguments):
+                    launches.append(_Launch(record, f"{op.name} {variant} [{example}]", op, variant, given, example))
+    found = _compiled(launches, list(archs))
+    if not found:
+        raise ReplayError(f"ops {', '.join(op.name for op in ops)}: their variants launched no kernel that "
+                          "says how to compile it (module and signature: kernels/launch.py's run records them)")
+    return found
+
+
+def ops_named(names: Iterable[str], providers: Iterable[str], code_dir: Path | None) -> list[Op]:
+    """The ops called `names` (every op, with none named) once the trusted providers are imported."""
+    trust = ProviderTrust.of(providers, code_dir)
+    for module in sorted(trust.modules):
+        load_provider(module, code_dir)
+    names = list(names) or sorted(op.name for op in all_ops().values() if op.examples)
+    if not names:
+        raise ReplayError("no op with examples is registered: name a provider with --provider MOD")
+    return [get_op(name) for name in names]
+
+
+def _example_arguments(op: Op, variant: str, example: str, make: Any, dtype: torch.dtype,
+                       device: str) -> dict[str, Any]:
+    try:
+        return make(1 if variant == SINGLE else BATCH_ROWS, dtype, device)
+    except Exception as exc:  # the provider's example failing, said in one line
+        raise _failed(op, variant, example, "building its arguments", exc) from None
+
+
+def _launches_of(op: Op, variant: str, example: str, arguments: dict[str, Any]) -> list[Mapping[str, Any]]:
+    try:
+        with recorder.collecting(0, arguments) as sink:
+            op.get(variant).fn(**arguments)
+    except ReplayError:
+        raise
+    except Exception as exc:  # the code under test failing is a finding about it, said in one line
+        raise _failed(op, variant, example, "running", exc) from None
+    return sink.launches
+
+
+def _failed(op: Op, variant: str, example: str, doing: str, exc: Exception) -> ReplayError:
+    return ReplayError(f"op '{op.name}' {variant}, example '{example}': {doing} failed: {type(exc).__name__}: "
+                       f"{' '.join(str(exc).split())[:300]}")
+
+
+def _registered(name: str, provider: str | None, trust: ProviderTrust, code_dir: Path | None) -> Op | None:
+    """The op `name` if its provider may be imported and declares it; its rules then apply."""
+    if provider is None or not trust.allows(provider):
+        return None
+    try:
+        load_provider(provider, code_dir)
+        return get_op(name)
+    except ReplayError:
+        return None
+
+
+def _compiled(launches: list[_Launch], archs: list[int]) -> list[PtxSource]:
+    """Every launch that says how to compile it, for each target; each distinct job compiled once."""
+    pending, seen = [], set()
+    for launch in launches:  # a prefill launches the same kernel in every layer: one row for them all
+        for arch in archs:
+            job = CompileJob.from_launch(launch.record, arch)
+            binds = launch.record.get("binds")
+            key = (job, launch.op and launch.op.name, launch.variant, launch.example, str(launch.record.get("path")),
+                   tuple(sorted((str(k), str(v)) for k, v in binds.items())) if isinstance(binds, dict) else ())
+            if job is not None and key not in seen:
+                seen.add(key)
+                pending.append((launch, job))
+    jobs = list(dict.fromkeys(job for _, job in pending))
+    results = dict(zip(jobs, compile_jobs(jobs))) if jobs else {}
+    sources = []
+    for launch, job in pending:
+        compiled, record = results[job], launch.record
+        names = {f"{job.kernel}_param_{i}": name for i, name in enumerate(job.param_names())}
+        binds = record.get("binds") if isinstance(record.get("binds"), dict) else {}
+        grid = record.get("grid") if isinstance(record.get("grid"), list) else None
+        path = record.get("path") if isinstance(record.get("path"), str) else None
+        sources.append(PtxSource(launch.where, compiled.ptx, names, binds,
+                                 launch.op.name if launch.op else None, launch.variant, launch.example, job.arch,
+                                 grid, path, launch.given, launch.op.kernel_rules if launch.op else None,
+                                 dict(job.constexprs), compiled.registers, compiled.stack, compiled.shared))
+    return sources

@@ -1,99 +1,16 @@
-"""Arguments for one call of each kernel op, small enough for the Triton interpreter, and the
-replay engine's checks on such a call."""
+"""Arguments for one call of each kernel op (kernels/examples.py makes them, small enough for the
+Triton interpreter), and the replay engine's checks on such a call."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
 import torch
 
-from kernels import ggml_quant
-from kernels.rope import rope_tables
+from kernels.examples import make  # noqa: F401 (the tests' one way to build a call)
 from replay.engine import CallReport, Check, ReplayOptions, check_arguments
 from replay.registry import get_op
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def _randn(gen: torch.Generator, *shape: int, dtype: torch.dtype, device: str, scale: float = 1.0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
-
-
-def _weights(fmt: ggml_quant.QuantFormat, n: int, k: int, seed: int, device: str) -> torch.Tensor:
-    w = np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32) * 0.1
-    return torch.from_numpy(ggml_quant.QUANTIZERS[fmt.name](w)).to(device)
-
-
-def rmsnorm(gen, rows, dtype, device, hidden: int = 200) -> dict[str, Any]:
-    return {"x": _randn(gen, rows, hidden, dtype=dtype, device=device),
-            "weight": _randn(gen, hidden, dtype=dtype, device=device), "eps": 1e-5}
-
-
-def residual_add(gen, rows, dtype, device, hidden: int = 300) -> dict[str, Any]:
-    return {"x": _randn(gen, rows, hidden, dtype=dtype, device=device),
-            "residual": _randn(gen, rows, hidden, dtype=dtype, device=device)}
-
-
-def swiglu(gen, rows, dtype, device, width: int = 200) -> dict[str, Any]:
-    return {"gate": _randn(gen, rows, width, dtype=dtype, device=device, scale=3.0),
-            "up": _randn(gen, rows, width, dtype=dtype, device=device)}
-
-
-def rope(gen, rows, dtype, device, layout: str = "neox", heads: int = 3, head_dim: int = 16) -> dict[str, Any]:
-    cos, sin = rope_tables(4096, head_dim, device=device)
-    return {"x": _randn(gen, rows, heads, head_dim, dtype=dtype, device=device),
-            "positions": torch.randint(0, 4096, (rows,), generator=gen, dtype=torch.int32).to(device),
-            "cos": cos, "sin": sin, "layout": layout}
-
-
-def _gemv(fmt: ggml_quant.QuantFormat) -> Callable[..., dict[str, Any]]:
-    def make(gen, rows, dtype, device, n: int = 40, k: int = 512) -> dict[str, Any]:
-        seed = int(torch.randint(0, 2**31, (1,), generator=gen))
-        return {"x": _randn(gen, rows, k, dtype=dtype, device=device), "weight": _weights(fmt, n, k, seed, device)}
-    return make
-
-
-def _cache(gen, dtype, device, paged: bool, heads: int, dim: int, capacity: int = 64, page: int = 8):
-    """Random K/V caches, and a block table that maps logical pages to shuffled physical ones."""
-    shape = (capacity // page, page, heads, dim) if paged else (capacity, heads, dim)
-    table = torch.randperm(capacity // page, generator=gen).to(torch.int32).to(device) if paged else None
-    return (_randn(gen, *shape, dtype=dtype, device=device), _randn(gen, *shape, dtype=dtype, device=device), table)
-
-
-def kv_scatter(gen, rows, dtype, device, paged: bool = True, indirect: bool = False,
-               cached: int = 5) -> dict[str, Any]:
-    heads, dim = 2, 16
-    k_cache, v_cache, table = _cache(gen, dtype, device, paged, heads, dim)
-    positions = torch.arange(cached, cached + rows, dtype=torch.int32, device=device)
-    position_buf = torch.zeros(16, dtype=torch.int32, device=device)
-    if indirect:
-        position_buf[:rows] = positions
-    return {"k": _randn(gen, rows, heads, dim, dtype=dtype, device=device),
-            "v": _randn(gen, rows, heads, dim, dtype=dtype, device=device),
-            "k_cache": k_cache, "v_cache": v_cache,
-            "kv_cache_lengths": torch.tensor([cached], dtype=torch.int32, device=device),
-            "position_buf": position_buf,
-            "seq_len_buf": torch.tensor([rows], dtype=torch.int32, device=device),
-            "positions": None if indirect else positions, "block_table": table}
-
-
-def attention(gen, rows, dtype, device, paged: bool = True, cached: int = 37) -> dict[str, Any]:
-    k_cache, v_cache, table = _cache(gen, dtype, device, paged, heads=2, dim=16)
-    return {"q": _randn(gen, rows, 4, 16, dtype=dtype, device=device), "k_cache": k_cache, "v_cache": v_cache,
-            "positions": torch.arange(cached, cached + rows, dtype=torch.int32, device=device),
-            "block_table": table, "scale": 0.25}
-
-
-MAKERS: dict[str, Callable[..., dict[str, Any]]] = {
-    "rmsnorm": rmsnorm, "residual_add": residual_add, "swiglu": swiglu, "rope": rope,
-    "q4k_gemv": _gemv(ggml_quant.Q4_K), "q6k_gemv": _gemv(ggml_quant.Q6_K),
-    "kv_scatter": kv_scatter, "attention": attention,
-}
-
-
-def make(op: str, rows: int, dtype: torch.dtype, device: str, seed: int = 0, **options: Any) -> dict[str, Any]:
-    gen = torch.Generator().manual_seed(seed)
-    return MAKERS[op](gen, rows, dtype, device, **options)
 
 
 def check(op: str, args: dict[str, Any], device: str, *variants: str) -> CallReport:
