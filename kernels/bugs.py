@@ -1,10 +1,13 @@
-"""Planted bugs: faulty variants that prove the checks can fail, kept out of the kernels.
+"""Planted bugs: faulty variants and models that prove the checks can fail, kept out of the kernels.
 
-Each bug is a wrong implementation of one variant of one op. `planting(name)` registers it
+Each op bug is a wrong implementation of one variant of one op. `planting(name)` registers it
 in place of the real variant for the duration of a block (a test), then puts the real one
-back; nothing in the kernels knows about it. Both bugs are in batched variants, so they
-show as batched-vs-single divergences. The demo's planted commit writes the kv_scatter one
-into kernels/kv_scatter.py (replay/demo.py).
+back; nothing in the kernels knows about it. Both are in batched variants, so they show as
+batched-vs-single divergences. The demo's planted commit writes the kv_scatter one into
+kernels/kv_scatter.py (replay/demo.py).
+
+The model bugs are TinyLlama subclasses that get the serving state wrong, the class `replay
+kv-check` exists to catch (MODEL_BUGS; kernels/kv_adapter.py's adapter_of drives one).
 """
 from __future__ import annotations
 
@@ -14,9 +17,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+import replay
 from kernels.ggml_quant import Q6_K
 from kernels.kquant_matmul import BATCHED_BLOCK_M, kquant_matmul
 from kernels.kv_scatter import scatter
+from kernels.model import TinyLlama
 from replay.registry import get_op
 
 # where a Q6_K super-block keeps its 16 int8 sub-block scales (after ql [128] and qh [64])
@@ -72,3 +77,60 @@ def planting(*names: str) -> Iterator[None]:
             bug = BUGS[name]
             stack.enter_context(get_op(bug.op).replacing(bug.variant, bug.fn))
         yield
+
+
+class GraphReadyPrefill(TinyLlama):
+    """Prefill through the indirect path, as a CUDA-graph-ready engine might: the kernels read
+    position_buf, which only a decode step writes (one slot), so a prefill after a reset or a
+    decode finds it stale and scatters its tokens to wrong positions."""
+
+    def prefill(self, tokens, chunk_size=None):
+        ids = torch.as_tensor(list(tokens), dtype=torch.int64, device=self.device)
+        positions = torch.arange(self.length, self.length + len(ids), dtype=torch.int32, device=self.device)
+        self.seq_len_buf.fill_(len(ids))
+        with replay.scope("step", self.steps):
+            logits = self._forward(ids, positions, self.prefill_ops, kv_positions=None)
+        self.length += len(ids)
+        self.steps += 1
+        return logits
+
+
+class StaleSeqLenDecode(TinyLlama):
+    """A decode step that never refreshes seq_len_buf: after a prefill of T tokens each step
+    advances kv_cache_lengths by T."""
+
+    def decode_step(self, token):
+        self._check_room(1)
+        self.token_buf.fill_(token)
+        self.position_buf[:1].fill_(self.length)
+        logits = self._decode_forward()  # seq_len_buf still holds what the last prefill (or reset) left
+        self.length += 1
+        self.steps += 1
+        return logits[0]
+
+
+class ChunkOffsetPrefill(TinyLlama):
+    """A chunked prefill that offsets each chunk by the previous chunk's length instead of the
+    tokens already cached: with chunks of equal size it is right until the chunk after the second."""
+
+    def prefill(self, tokens, chunk_size=None):
+        ids = torch.as_tensor(list(tokens), dtype=torch.int64, device=self.device)
+        chunk = chunk_size or len(ids)
+        logits, previous = [], 0
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            positions = torch.arange(previous, previous + len(part), dtype=torch.int32, device=self.device)
+            self.seq_len_buf.fill_(len(part))
+            with replay.scope("step", self.steps):
+                logits.append(self._forward(part, positions, self.prefill_ops, kv_positions=positions))
+            self.length += len(part)
+            self.steps += 1
+            previous = len(part)
+        return torch.cat(logits)
+
+
+MODEL_BUGS: dict[str, type[TinyLlama]] = {
+    "prefill_stale_position_buf": GraphReadyPrefill,
+    "decode_stale_seq_len": StaleSeqLenDecode,
+    "chunk_offset": ChunkOffsetPrefill,
+}

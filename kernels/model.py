@@ -127,6 +127,7 @@ class TinyLlama:
         self.seq_len_buf = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.token_buf = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.length = 0  # tokens cached, as the host knows it
+        self.steps = 0  # forward passes since the last reset: a recording labels its calls with it
         self._graph: torch.cuda.CUDAGraph | None = None
         self._graph_logits: torch.Tensor | None = None
 
@@ -136,28 +137,34 @@ class TinyLlama:
             cache.zero_()
         for buf in (self.kv_cache_lengths, self.position_buf, self.seq_len_buf):
             buf.zero_()
-        self.length = 0
+        self.length = self.steps = 0
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, ops: SimpleNamespace,
                  kv_positions: torch.Tensor | None) -> torch.Tensor:
         """Logits [T, vocab] of tokens [T] at positions [T]; writes their K/V into the cache."""
         c, w = self.config, self.weights
-        t = tokens.shape[0]
         h = w.embed[tokens]
         for i, layer in enumerate(w.layers):
-            a = ops.rmsnorm(h, layer.attn_norm, c.eps)
-            q = ops.rope(ops.q4k_gemv(a, layer.wq).view(t, c.heads, c.head_dim), positions, self.cos, self.sin, "neox")
-            k = ops.rope(ops.q4k_gemv(a, layer.wk).view(t, c.kv_heads, c.head_dim), positions, self.cos, self.sin,
-                         "neox")
-            v = ops.q6k_gemv(a, layer.wv).view(t, c.kv_heads, c.head_dim)
-            ops.kv_scatter(k, v, self.k_cache[i], self.v_cache[i], self.kv_cache_lengths[i:i + 1],
-                           self.position_buf, self.seq_len_buf, positions=kv_positions, block_table=self.block_table)
-            o = ops.attention(q, self.k_cache[i], self.v_cache[i], positions, self.block_table, c.head_dim ** -0.5)
-            h = ops.residual_add(h, ops.q4k_gemv(o.view(t, c.heads * c.head_dim), layer.wo))
-            f = ops.rmsnorm(h, layer.ffn_norm, c.eps)
-            g = ops.swiglu(ops.q4k_gemv(f, layer.w_gate), ops.q4k_gemv(f, layer.w_up))
-            h = ops.residual_add(h, ops.q6k_gemv(g, layer.w_down))
+            with replay.scope("layer", i):
+                h = self._layer(i, layer, h, positions, ops, kv_positions)
         return ops.q6k_gemv(ops.rmsnorm(h, w.out_norm, c.eps), w.lm_head)
+
+    def _layer(self, i: int, layer: LayerWeights, h: torch.Tensor, positions: torch.Tensor, ops: SimpleNamespace,
+               kv_positions: torch.Tensor | None) -> torch.Tensor:
+        c, t = self.config, h.shape[0]
+        a = ops.rmsnorm(h, layer.attn_norm, c.eps)
+        q = ops.rope(ops.q4k_gemv(a, layer.wq).view(t, c.heads, c.head_dim), positions, self.cos, self.sin, "neox")
+        k = ops.rope(ops.q4k_gemv(a, layer.wk).view(t, c.kv_heads, c.head_dim), positions, self.cos, self.sin,
+                     "neox")
+        v = ops.q6k_gemv(a, layer.wv).view(t, c.kv_heads, c.head_dim)
+        ops.kv_scatter(k, v, self.k_cache[i], self.v_cache[i], self.kv_cache_lengths[i:i + 1],
+                       self.position_buf, self.seq_len_buf, positions=kv_positions, block_table=self.block_table)
+        o = ops.attention(q, self.k_cache[i], self.v_cache[i], positions, self.block_table, c.head_dim ** -0.5)
+        h = ops.residual_add(h, ops.q4k_gemv(o.view(t, c.heads * c.head_dim), layer.wo))
+        f = ops.rmsnorm(h, layer.ffn_norm, c.eps)
+        g = ops.swiglu(ops.q4k_gemv(f, layer.w_gate), ops.q4k_gemv(f, layer.w_up))
+        h = ops.residual_add(h, ops.q6k_gemv(g, layer.w_down))
+        return h
 
     def prefill(self, tokens: Sequence[int], chunk_size: int | None = None) -> torch.Tensor:
         """Logits [T, vocab] of the prompt, `chunk_size` rows per batched call (all at once by default)."""
@@ -169,8 +176,10 @@ class TinyLlama:
             part = ids[start:start + chunk]
             positions = torch.arange(self.length, self.length + len(part), dtype=torch.int32, device=self.device)
             self.seq_len_buf.fill_(len(part))
-            logits.append(self._forward(part, positions, self.prefill_ops, kv_positions=positions))
+            with replay.scope("step", self.steps):
+                logits.append(self._forward(part, positions, self.prefill_ops, kv_positions=positions))
             self.length += len(part)
+            self.steps += 1
         return torch.cat(logits)
 
     def decode_step(self, token: int) -> torch.Tensor:
@@ -188,10 +197,12 @@ class TinyLlama:
             self._graph.replay()
             logits = self._graph_logits
         self.length += 1
+        self.steps += 1
         return logits[0]
 
     def _decode_forward(self) -> torch.Tensor:
-        return self._forward(self.token_buf, self.position_buf[:1], self.decode_ops, kv_positions=None)
+        with replay.scope("step", self.steps):
+            return self._forward(self.token_buf, self.position_buf[:1], self.decode_ops, kv_positions=None)
 
     def _capture(self) -> None:
         torch.cuda.synchronize(self.device)

@@ -185,3 +185,24 @@ def summarise(snapshot: Snapshot, selection: Selection = Selection(), export_dir
         if progress is not None:
             progress(done, len(entries), entry)
     return SnapshotSummary(str(snapshot.path), snapshot.manifest, len(snapshot), calls)
+
+
+SHOWN_VALUES = 8  # values of an index tensor key_params shows
+# positions, lengths and tables; not the bytes of quantised weights (uint8, int8)
+INDEX_DTYPES = (torch.int16, torch.int32, torch.int64)
+
+
+def key_params(arguments: dict[str, Any]) -> dict[str, Any]:
+    """What explains a call without opening its tensors: scalar arguments as they are, index tensors
+    (positions, position_buf, seq_len_buf, kv_cache_lengths, a block table) as their first values
+    and, when longer, their length."""
+    found: dict[str, Any] = {}
+    for name, value in arguments.items():
+        if isinstance(value, torch.Tensor):
+            if value.dtype in INDEX_DTYPES:
+                flat = value.reshape(-1)
+                shown = flat[:SHOWN_VALUES].tolist()
+                found[name] = shown if flat.numel() <= SHOWN_VALUES else {"first": shown, "of": flat.numel()}
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            found[name] = value
+    return found

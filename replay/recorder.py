@@ -35,6 +35,7 @@ TAG_LEVELS = (0, 1, 2)
 _recording: "Recording | None" = None
 _start_lock = threading.Lock()  # two threads starting recordings at once: one wins
 _sink: contextvars.ContextVar["CallSink | None"] = contextvars.ContextVar("replay_sink", default=None)
+_scope: contextvars.ContextVar[tuple[tuple[str, Any], ...]] = contextvars.ContextVar("replay_scope", default=())
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,39 @@ def tag(name: str, tensor: torch.Tensor, level: int = 1) -> torch.Tensor:
     return tensor
 
 
+@contextlib.contextmanager
+def scope(name: str, value: int | float | str | bool) -> Iterator[None]:
+    """Label the calls made inside the block: each recorded call keeps the labels of the scopes
+    around it (`{"step": 2, "layer": 3}`), which `replay trace` draws as nested slices and
+    `replay kv-check` uses to find a layer's cache. Costs one context-variable set with no
+    recording active.
+
+    Args:
+        name: what is being labelled: "step" and "layer" are drawn as the timeline's levels,
+            "run" separates the runs `replay kv-check SNAPSHOT` compares; any other is kept as is.
+        value: its value (a number or a short string).
+
+    Example:
+        for i, layer in enumerate(layers):
+            with replay.scope("layer", i):
+                h = layer(h)
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"replay.scope: the name must be a non-empty string, got {name!r}")
+    if not isinstance(value, (int, float, str, bool)):
+        raise ValueError(f"replay.scope({name!r}): the value must be a number or a string, got {type(value).__name__}")
+    token = _scope.set((*_scope.get(), (name, value)))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def current_scope() -> dict[str, Any]:
+    """The labels of the scopes around the running code, outermost first."""
+    return dict(_scope.get())
+
+
 def launches_wanted() -> bool:
     """Whether a call is being recorded or replayed now, so that launch records are kept (a kernel
     library may skip working out what it would record otherwise)."""
@@ -133,8 +167,9 @@ def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None,
     Args:
         kernel: the kernel's name.
         grid: the launch grid (any sequence of ints).
-        compiled: the object a Triton launch returns; its warps, shared memory and
-            registers are recorded when the backend reports them.
+        compiled: the object a Triton launch returns; its warps, stages, shared memory,
+            registers and hash (of the compiled kernel) are recorded when the backend reports
+            them (a GPU does; the interpreter does not).
         pointers: the kernel's tensor arguments by its parameter names; recorded as `binds`,
             parameter -> the call's argument it points into (`src_pos_ptr` -> `position_buf`).
         **info: anything else worth keeping, JSON or kept as its repr: block sizes,
@@ -152,7 +187,7 @@ def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None,
         return
     entry: dict[str, Any] = {"kernel": kernel, "grid": list(grid) if grid is not None else None}
     meta = getattr(compiled, "metadata", None)
-    for attr in ("num_warps", "shared"):
+    for attr in ("num_warps", "num_stages", "shared", "hash"):
         if meta is not None and hasattr(meta, attr):
             entry[attr] = getattr(meta, attr)
     if getattr(compiled, "n_regs", None) is not None:
@@ -250,6 +285,7 @@ class Recording:
         self.tag_level = tag_level if tag_level is not None else _tag_level_from_env()
         self.blob_threshold = blob_threshold
         self.writer = SnapshotWriter(path, notes=notes)
+        self.started = time.perf_counter()  # calls record their start from here
         self.stopped = False
         self.calls_written = 0
         self._blob_ids = _BlobIds()
@@ -328,9 +364,9 @@ class Recording:
             result = fn(*args, **kwargs)
         finally:
             _sink.reset(token)
-        duration = time.perf_counter() - started
+        timing = {"start_s": started - self.started, "duration_s": time.perf_counter() - started}
         try:
-            self._write(spec, index, arg_list, stored, bound.arguments, result, sink, duration)
+            self._write(spec, index, arg_list, stored, bound.arguments, result, sink, timing)
         except CaptureError as exc:
             self._report(str(exc), stop=False)
         except (OSError, TypeError, RuntimeError, ValueError) as exc:
@@ -338,7 +374,7 @@ class Recording:
         return result
 
     def _write(self, spec: CallSpec, index: int, arg_list: list, stored: dict, arguments: dict,
-               result: Any, sink: CallSink, duration: float) -> None:
+               result: Any, sink: CallSink, timing: dict[str, float]) -> None:
         if sink.rejected:
             raise CaptureError(f"op '{spec.op}': {sink.rejected[0]}; call not recorded")
         outputs = returned_values(result, spec.outputs)
@@ -354,7 +390,7 @@ class Recording:
             stored[f"tag/{name}"] = self._store(spec, f"tag '{name}'", value, reusable=False)
         header = {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": arg_list,
                   "returns_json": returned_json, "launch": sink.launches,
-                  "meta": {"duration_s": duration, "thread": threading.current_thread().name}}
+                  "meta": {**timing, "thread": threading.current_thread().name, "scope": current_scope()}}
         spans = {k: span for k, (span, _, digest) in stored.items() if digest is None}
         geometries = {k: g for k, (_, g, _) in stored.items()}
         blobs = {k: digest for k, (_, _, digest) in stored.items() if digest is not None}

@@ -7,6 +7,7 @@ import math
 import os
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 import click
@@ -119,4 +120,12 @@ def chosen_device(device: str | None) -> str:
     if device == "cuda" and available != "cuda":
         raise click.BadParameter("no CUDA device is present", param_hint="--device")
     return device or available
+
+
+def kernel_trust_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--provider MOD` and `--code DIR`: the kernel modules a command may import (replay/trust.py)."""
+    fn = click.option("--code", "code_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+                      help="Packages at the top of DIR are trusted kernel modules.")(fn)
+    return click.option("--provider", "providers", multiple=True, metavar="MOD",
+                        help="Trust and import MOD, a module declaring ops or kernels (see replay run --help).")(fn)
 

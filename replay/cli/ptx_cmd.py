@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from replay.cli.common import chosen_device, device_option, finish, json_option
+from replay.cli.common import chosen_device, device_option, finish, json_option, kernel_trust_options
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 from replay.kernel_rules import AXES, KernelRules
 from replay.ptx.check import PtxReport, check_sources
@@ -30,10 +30,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 @click.option("--variant", type=click.Choice(["batched", "single"]),
               help="For FILE.ptx with --row-axis: its kernels are batched ones (must read the axis) or single-vector "
                    "ones (must not).")
-@click.option("--provider", "providers", multiple=True, metavar="MOD",
-              help="Trust and import MOD, a module declaring ops (see replay run --help).")
-@click.option("--code", "code_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="Packages at the top of DIR are trusted kernel modules.")
+@kernel_trust_options
 @click.option("--kernel", "kernel_glob", metavar="GLOB", default="*", show_default=True,
               help="Only kernels whose name matches GLOB.")
 @json_option

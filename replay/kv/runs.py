@@ -1,0 +1,89 @@
+"""Running a model through kv-check's runs and recording them: the same tokens prefilled serially
+(one at a time, the decode path), batched, and in chunks, each followed by the same decode steps,
+each run recorded under `replay.scope("run", name)` into one snapshot."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+from replay.errors import ReplayError
+from replay.kv.adapter import KvAdapter
+from replay.recorder import recording, scope
+
+SERIAL = "serial"
+WHOLE = 0  # a chunk size meaning the whole prompt at once: the batched run
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    prompt_len: int
+    chunks: tuple[int, ...]  # chunk sizes; WHOLE for one batched call
+    decode_steps: int
+    seed: int = 0
+
+    def names(self) -> list[str]:
+        return [SERIAL, *(run_name(c, self.prompt_len) for c in self.chunks)]
+
+
+def run_name(chunk: int, prompt_len: int) -> str:
+    return "batched" if chunk in (WHOLE, prompt_len) else f"chunks of {chunk}"
+
+
+def parse_chunks(text: str) -> tuple[int, ...]:
+    """'1,4,N' -> (1, 4, WHOLE): N is the whole prompt in one batched call."""
+    found = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part.upper() == "N":
+            found.append(WHOLE)
+        elif part.isdigit() and int(part) > 0:
+            found.append(int(part))
+        else:
+            raise ReplayError(f"--chunks {text!r}: each chunk is a positive number of tokens or N (the whole prompt)")
+    if not found:
+        raise ReplayError(f"--chunks {text!r}: no chunk size given")
+    return tuple(dict.fromkeys(found))
+
+
+def record_runs(factory: Callable[[str], KvAdapter], device: str, plan: RunPlan, out_dir: Path,
+                on_run: Callable[[str], None] = lambda name: None) -> dict[str, torch.Tensor]:
+    """Record every run of `plan` into a new snapshot at `out_dir`; returns each run's logits of the
+    last token it processed."""
+    adapter = factory(device)
+    vocab = getattr(adapter, "vocab", 32)
+    rng = random.Random(plan.seed)
+    tokens = [rng.randrange(vocab) for _ in range(plan.prompt_len + plan.decode_steps)]
+    prompt, rest = tokens[:plan.prompt_len], tokens[plan.prompt_len:]
+    last: dict[str, torch.Tensor] = {}
+    with recording(out_dir, notes=f"replay kv-check: {', '.join(plan.names())}"):
+        for name, chunk in _runs(plan):
+            on_run(name)
+            adapter.reset()
+            with scope("run", name):
+                logits = _serial(adapter, tokens) if chunk is None else \
+                    _prefill_then_decode(adapter, prompt, rest, chunk)
+            last[name] = logits.detach().float().cpu().reshape(-1)
+    return last
+
+
+def _runs(plan: RunPlan) -> Iterator[tuple[str, int | None]]:
+    yield SERIAL, None
+    for chunk in plan.chunks:
+        yield run_name(chunk, plan.prompt_len), chunk
+
+
+def _serial(adapter: KvAdapter, tokens: Iterable[int]) -> torch.Tensor:
+    logits = None
+    for token in tokens:
+        logits = adapter.decode(token)
+    return logits
+
+
+def _prefill_then_decode(adapter: KvAdapter, prompt: list[int], rest: list[int], chunk: int) -> torch.Tensor:
+    logits = adapter.prefill(prompt, None if chunk == WHOLE else chunk)[-1]
+    for token in rest:
+        logits = adapter.decode(token)
+    return logits
