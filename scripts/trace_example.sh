@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-$(mktemp -d)}"
-python - "$out/gen" <<'PY'
+python="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}"
+"$python" - "$out/gen" <<'PY'
 import sys
 
 import kernels  # noqa: F401 (registers the ops; the interpreter without a GPU)
@@ -15,7 +16,7 @@ from kernels.model import TinyLlama, prompt_tokens
 with replay.recording(sys.argv[1], notes="tiny llama: 8-token prefill, 4 decode steps"):
     TinyLlama(seed=0).generate(prompt_tokens(8, 0), 5)
 PY
-python -m replay trace "$out/gen" --html "$out/trace.html" --chrome "$out/trace.json" > /dev/null
+"$python" -m replay trace "$out/gen" --html "$out/trace.html" --chrome "$out/trace.json" > /dev/null
 chromium --headless --no-sandbox --disable-gpu --virtual-time-budget=5000 --window-size=1500,420 \
     --screenshot=docs/trace_example.png "file://$out/trace.html" 2> /dev/null
 echo "wrote docs/trace_example.png (page: $out/trace.html, Chrome trace: $out/trace.json)"

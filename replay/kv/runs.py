@@ -59,7 +59,7 @@ def record_runs(factory: Callable[[str], KvAdapter], device: str, plan: RunPlan,
     prompt, rest = tokens[:plan.prompt_len], tokens[plan.prompt_len:]
     last: dict[str, torch.Tensor] = {}
     with recording(out_dir, notes=f"replay kv-check: {', '.join(plan.names())}"):
-        for name, chunk in _runs(plan):
+        for name, chunk in runs_of(plan):
             on_run(name)
             adapter.reset()
             with scope("run", name):
@@ -69,7 +69,8 @@ def record_runs(factory: Callable[[str], KvAdapter], device: str, plan: RunPlan,
     return last
 
 
-def _runs(plan: RunPlan) -> Iterator[tuple[str, int | None]]:
+def runs_of(plan: RunPlan) -> Iterator[tuple[str, int | None]]:
+    """(run name, chunk size) in order: the serial run first (chunk None), then each chunk size."""
     yield SERIAL, None
     for chunk in plan.chunks:
         yield run_name(chunk, plan.prompt_len), chunk
