@@ -97,7 +97,7 @@ class GraphReadyPrefill(TinyLlama):
 
 class StaleSeqLenDecode(TinyLlama):
     """A decode step that never refreshes seq_len_buf: after a prefill of T tokens each step
-    advances kv_cache_lengths by T."""
+    advances kv_cache_lengths by T; after a reset (seq_len_buf 0) by nothing."""
 
     def decode_step(self, token):
         self._check_room(1)

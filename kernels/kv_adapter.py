@@ -13,7 +13,6 @@ class TinyLlamaAdapter:
 
     def __init__(self, model: TinyLlama):
         self.model = model
-        self.layers = model.config.layers
         self.vocab = model.config.vocab
 
     def reset(self) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import math
 import os
 import sys
 import threading
@@ -140,8 +141,8 @@ def scope(name: str, value: int | float | str | bool) -> Iterator[None]:
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"replay.scope: the name must be a non-empty string, got {name!r}")
-    if not isinstance(value, (int, float, str, bool)):
-        raise ValueError(f"replay.scope({name!r}): the value must be a number or a string, got {type(value).__name__}")
+    if not isinstance(value, (int, float, str, bool)) or (isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"replay.scope({name!r}): the value must be a finite number or a string, got {value!r}")
     token = _scope.set((*_scope.get(), (name, value)))
     try:
         yield
@@ -192,7 +193,11 @@ def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None,
             entry[attr] = getattr(meta, attr)
     if getattr(compiled, "n_regs", None) is not None:
         entry["registers"] = compiled.n_regs
-    binds = {param: sink.argument_holding(tensor) for param, tensor in (pointers or {}).items()}
+    try:
+        binds = {param: sink.argument_holding(tensor) for param, tensor in (pointers or {}).items()
+                 if isinstance(tensor, torch.Tensor)}
+    except RuntimeError:  # a tensor without storage (sparse, meta): informational, never fatal
+        binds = {}
     if any(binds.values()):
         entry["binds"] = {param: name for param, name in binds.items() if name is not None}
     entry.update(info)

@@ -87,3 +87,27 @@ def test_a_chunked_prefill_at_the_wrong_offset_is_caught(tmp_path: Path) -> None
 def test_bad_chunks_are_exit_2(chunks: str) -> None:
     result = CliRunner().invoke(main, ["kv-check", "--chunks", chunks])
     assert result.exit_code == 2 and "--chunks" in result.stderr
+
+
+def test_a_recording_of_one_run_is_checked_for_state_only_and_one_without_cache_writes_is_bad_input(
+        tmp_path: Path) -> None:
+    shipped = Path(__file__).resolve().parents[1] / "snapshots" / "prefill_001"
+    result = CliRunner().invoke(main, ["kv-check", str(shipped)])
+    assert result.exit_code == 0 and "one run only" in result.stdout and "no run to compare against" in result.stdout
+    import hostile
+
+    other = hostile.record(tmp_path / "snap")
+    result = CliRunner().invoke(main, ["kv-check", str(other)])
+    assert result.exit_code == 2 and "no call writes a KV cache" in result.stderr
+
+
+def test_a_model_that_cannot_be_loaded_is_one_line_exit_2() -> None:
+    result = CliRunner().invoke(main, ["kv-check", "--model", "no_such_module_here:factory"])
+    assert result.exit_code == 2 and "--model 'no_such_module_here:factory'" in result.stderr
+    result = CliRunner().invoke(main, ["kv-check", "--model", "nonsense"])
+    assert result.exit_code == 2 and "not a declared model (tiny)" in result.stderr
+
+
+def test_a_chunk_as_long_as_the_prompt_is_the_batched_run_once() -> None:
+    assert RunPlan(8, (8, 0, 16, 4), 0).chunks == (0, 4)
+    assert RunPlan(8, (8, 0, 16, 4), 0).names() == ["serial", "batched", "chunks of 4"]

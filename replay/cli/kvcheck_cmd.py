@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from replay.cli.common import chosen_device, device_option, finish, json_option
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
+from replay.kv.check import KvReport
 from replay.snapshot import Snapshot
 
 
@@ -39,8 +40,9 @@ def command(snapshot: Path | None, model: str, prompt_len: int, chunks: str, dec
     positions given) continues kv_cache_lengths. A difference names run, layer, K or V,
     head, positions, and the call that should have written them, with the path it took.
 
-    With SNAPSHOT, the same checks on a recording: its runs are told apart by
-    replay.scope("run", name), the first being the baseline (another engine can write one).
+    With SNAPSHOT, the same checks on a recording, but the logits (not recorded as such): its
+    runs are told apart by replay.scope("run", name), the first being the baseline (another
+    engine can write one); the options that drive a model do not apply.
 
     \b
     Examples:
@@ -51,32 +53,35 @@ def command(snapshot: Path | None, model: str, prompt_len: int, chunks: str, dec
 
     Exit 0 when every run agrees, 1 on a difference or a stale state buffer, 2 on bad input.
     """
-    from replay.kv.check import check_snapshot, logits_findings
+    from replay.kv.check import check_snapshot
 
-    logits = {}
-    if snapshot is None:
-        device = chosen_device(device)
-        from replay.kv.adapter import load_factory
-        from replay.kv.runs import RunPlan, parse_chunks, record_runs
+    with tempfile.TemporaryDirectory(prefix="replay-kv-check-") as scratch:
+        logits = None
+        if snapshot is None:
+            device = chosen_device(device)
+            from replay.kv.adapter import load_factory
+            from replay.kv.runs import RunPlan, parse_chunks, record_runs
 
-        plan = RunPlan(prompt_len, parse_chunks(chunks), decode_steps)
-        factory = load_factory(model)
-        out_dir = keep_dir or Path(tempfile.mkdtemp(prefix="replay-kv-check-")) / "runs"
-        status = Console(stderr=True, quiet=json_target == "-")
-        logits = record_runs(factory, device, plan, out_dir, lambda name: status.print(f"kv-check: {name} run"))
-        snapshot = out_dir
-    report = check_snapshot(Snapshot(snapshot))
-    report.findings += logits_findings(logits)
-    data = {**report.to_json(), "recording": str(snapshot)}
-    finish(json_target, data, lambda console: _print(console, report, snapshot),
+            plan = RunPlan(prompt_len, parse_chunks(chunks), decode_steps)
+            factory = load_factory(model)
+            snapshot = keep_dir or Path(scratch) / "runs"
+            status = Console(stderr=True, quiet=json_target == "-")
+            logits = record_runs(factory, device, plan, snapshot, lambda name: status.print(f"kv-check: {name} run"))
+        report = check_snapshot(Snapshot(snapshot), logits=logits)
+    kept = None if keep_dir is None and logits is not None else str(snapshot)
+    finish(json_target, {**report.to_json(), "recording": kept}, lambda console: _print(console, report, kept),
            EXIT_PASS if report.passed else EXIT_DIVERGED)
 
 
-def _print(console: Console, report, recording: Path) -> None:
-    runs = ", ".join(report.runs[1:]) or "none"
+def _print(console: Console, report: KvReport, recording: str | None) -> None:
+    kept = f" (recording kept in {escape(recording)})" if recording else ""
     console.print(f"kv-check: {report.layers} layers, {report.positions} positions; baseline "
-                  f"{report.runs[0] if report.runs else '-'}, compared: {runs} (recording: {recording})")
+                  f"{escape(report.runs[0])}, compared: {escape(', '.join(report.runs[1:])) or 'none'}{kept}")
     for finding in report.findings:
-        console.print(f"[red]{finding.kind}[/] [{escape(finding.run)}] {escape(finding.message)}")
-    console.print("[green]every run left the same KV cache and read the right state[/]" if report.passed
-                  else f"[red]{len(report.findings)} finding(s)[/]")
+        console.print(f"[red]{finding.kind}[/] {escape(f'[{finding.run}]')} {escape(finding.message)}")
+    if not report.passed:
+        console.print(f"[red]{len(report.findings)} finding(s)[/]")
+    elif len(report.runs) < 2:
+        console.print("[yellow]one run only: every cache write read the right state; no run to compare against[/]")
+    else:
+        console.print("[green]every run left the same KV cache and read the right state[/]")

@@ -110,7 +110,7 @@ def _print(console: Console, report: PtxReport, examples_device: str | None) -> 
         r, s = kernel.report, kernel.source
         verdict = "[red]" + escape("; ".join(f"line {v.line}: {v.message}" for v in r.violations)) + "[/]" \
             if r.violations else "[green]ok[/]"
-        table.add_row(escape(s.where), f"sm_{s.arch}" if s.arch else "-", r.name, ", ".join(r.axes_read) or "-",
+        table.add_row(escape(s.where), f"sm_{s.arch}" if s.arch else "-", escape(r.name), ", ".join(r.axes_read) or "-",
                       _named(r.params_read, s.binds), _named(r.params_written, s.binds), _shown(s.registers),
                       _shown(s.stack), _shown(s.shared), str(r.local_accesses), verdict)
     console.print(table)
@@ -121,18 +121,18 @@ def _print(console: Console, report: PtxReport, examples_device: str | None) -> 
             side.add_column(column, overflow="fold")
         for pair in pairs:
             for what, (batched, single) in pair.differences.items():
-                side.add_row(pair.op, escape(pair.example or "-"), f"sm_{pair.arch}", what, _shown(batched),
+                side.add_row(escape(pair.op), escape(pair.example or "-"), f"sm_{pair.arch}", what, _shown(batched),
                              _shown(single))
         console.print(side)
 
 
 def _named(params: list[str], binds: dict[str, str]) -> str:
-    return ", ".join(binds.get(p, p) for p in params) or "-"
+    return escape(", ".join(str(binds.get(p, p)) for p in params)) or "-"
 
 
 def _shown(value: object) -> str:
     if isinstance(value, dict):
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "-"
+        return escape(", ".join(f"{k}={v}" for k, v in value.items())) or "-"
     if isinstance(value, list):
-        return ", ".join(map(str, value)) or "-"
-    return "-" if value is None else str(value)
+        return escape(", ".join(map(str, value))) or "-"
+    return "-" if value is None else escape(str(value))

@@ -19,7 +19,7 @@ from replay.trace.chrome import chrome_trace
 from replay.trace.html import render_html
 from replay.trace.resources import fill_resources
 from replay.trace.slices import timeline_slices
-from replay.trace.timeline import TimelineCall, build_timeline, scope_filter
+from replay.trace.timeline import TimelineCall, build_timeline, failing_calls, scope_filter
 from replay.trust import ProviderTrust
 
 
@@ -63,13 +63,13 @@ def command(snapshot: Path, ops: tuple[str, ...], calls: tuple[int, ...], steps:
                               (not calls or e.index in wanted_calls), scope_filter(steps, layers))
     if resources_arch is not None:
         fill_resources(timeline, _arch(resources_arch), ProviderTrust.of(providers, code_dir))
-    failing = _failing_calls(report_file) if report_file else set()
+    failing = failing_calls(report_file) if report_file else set()
     slices = timeline_slices(timeline, failing)
     title = f"replay trace {snapshot}"
     if chrome_file is not None:
-        write_atomic(chrome_file, json.dumps(chrome_trace(slices, title)).encode())
+        _write(chrome_file, json.dumps(chrome_trace(slices, title)))
     if html_file is not None:
-        write_atomic(html_file, render_html(title, [s.to_json() for s in slices]).encode())
+        _write(html_file, render_html(title, [s.to_json() for s in slices]))
     data = {"snapshot": str(snapshot), "calls": [c.to_json() for c in timeline], "failing_calls": sorted(failing)}
     finish(json_target, data, lambda console: _print(console, timeline, failing), EXIT_PASS)
 
@@ -81,12 +81,11 @@ def _arch(text: str) -> int:
         raise click.BadParameter(f"{text!r}: a target looks like sm_90", param_hint="--resources") from None
 
 
-def _failing_calls(path: Path) -> set[int]:
+def _write(path: Path, text: str) -> None:
     try:
-        report = json.loads(path.read_text())
-        return {int(c["index"]) for c in report["calls"] if not c["passed"]}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ReplayError(f"{path}: not a `replay run --json` report ({type(exc).__name__}: {exc})") from None
+        write_atomic(path, text.encode())
+    except OSError as exc:
+        raise ReplayError(f"{path}: cannot write: {exc.strerror or exc}") from None
 
 
 def _print(console: Console, timeline: list[TimelineCall], failing: set[int]) -> None:
@@ -102,8 +101,9 @@ def _print(console: Console, timeline: list[TimelineCall], failing: set[int]) ->
         for n, launch in enumerate(launches):
             first = n == 0
             table.add_row(_cell(call.step) if first else "", _cell(call.layer) if first else "",
-                          str(call.index) if first else "", call.op if first else "", call.variant if first else "",
-                          escape(str(launch.get("kernel", "-"))), _cell(launch.get("grid")),
+                          str(call.index) if first else "", escape(call.op) if first else "",
+                          escape(call.variant) if first else "", escape(str(launch.get("kernel", "-"))),
+                          _cell(launch.get("grid")),
                           _cell(launch.get("num_warps")), _cell(launch.get("registers")), _cell(launch.get("shared")),
                           _cell(launch.get("path")), escape(_params(call.params)) if first else "",
                           f"{call.duration_s * 1e3:.3f}" if first and call.duration_s is not None else "",
@@ -114,7 +114,7 @@ def _print(console: Console, timeline: list[TimelineCall], failing: set[int]) ->
 def _cell(value: Any) -> str:
     if value is None:
         return "-"
-    return "x".join(map(str, value)) if isinstance(value, list) else str(value)
+    return escape("x".join(map(str, value)) if isinstance(value, list) else str(value))
 
 
 def _params(params: dict[str, Any]) -> str:

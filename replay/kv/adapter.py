@@ -4,7 +4,7 @@ An engine exposes its model to kv-check with an object of this shape (see kernel
 for the tiny model's, about thirty lines):
 
     class MyAdapter:
-        layers: int                       # decoder layers, each with its own K/V cache
+        vocab: int                        # token ids kv-check may feed are below it
         def reset(self) -> None: ...      # empty the cache and the state buffers
         def prefill(self, tokens: list[int], chunk: int | None) -> torch.Tensor: ...   # logits [T, vocab]
         def decode(self, token: int) -> torch.Tensor: ...                              # logits [vocab]
@@ -30,7 +30,7 @@ ENTRY_POINT_GROUP = "replay.models"
 
 
 class KvAdapter(Protocol):
-    layers: int
+    vocab: int
 
     def reset(self) -> None: ...
 
@@ -50,5 +50,5 @@ def load_factory(spec: str) -> Callable[[str], KvAdapter]:
                           "nor module:function")
     try:
         return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as exc:
+    except Exception as exc:  # the user's module failing to import is said in one line
         raise ReplayError(f"--model {spec!r}: {type(exc).__name__}: {exc}") from None

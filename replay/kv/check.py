@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from replay.compare import bit_pattern, row_ranges
-from replay.snapshot import Snapshot
+from replay.errors import ReplayError
 from replay.inspect import key_params
+from replay.snapshot import Snapshot
 
 BASELINE_RUN = "recorded"  # the run name of calls recorded outside any "run" scope
 
@@ -99,8 +100,11 @@ class KvReport:
                 "layers": self.layers, "positions": self.positions, "findings": [f.to_json() for f in self.findings]}
 
 
-def check_snapshot(snapshot: Snapshot, names: CacheNames = CacheNames()) -> KvReport:
-    """Each run of `snapshot` against the first, and every cache write against its state."""
+def check_snapshot(snapshot: Snapshot, names: CacheNames = CacheNames(),
+                   logits: dict[str, torch.Tensor] | None = None) -> KvReport:
+    """Each run of `snapshot` against the first, every cache write against its state, and each
+    run's `logits` of its last token (when the runs were driven here) against the first run's.
+    A recording with no cache write is bad input: there would be nothing to check."""
     runs: dict[str, dict[int, LayerState]] = {}
     findings: list[Finding] = []
     for entry in snapshot.entries:
@@ -110,7 +114,9 @@ def check_snapshot(snapshot: Snapshot, names: CacheNames = CacheNames()) -> KvRe
             continue
         scope = record.meta.get("scope") if isinstance(record.meta.get("scope"), dict) else {}
         run = str(scope.get("run", BASELINE_RUN))
-        layer = int(scope.get("layer", 0))
+        layer = scope.get("layer", 0)
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise ReplayError(f"{snapshot.path}: call {entry.index}: scope layer {layer!r} is not an integer")
         state = runs.setdefault(run, {}).setdefault(layer, LayerState())
         writer = _writer(entry.index, record, args, scope, names)
         state.writers.append(writer)
@@ -118,11 +124,19 @@ def check_snapshot(snapshot: Snapshot, names: CacheNames = CacheNames()) -> KvRe
         table = args.get(names.block_table)
         after = outputs.get(names.lengths)
         state.length = int(after.reshape(-1)[0]) if isinstance(after, torch.Tensor) else writer.before + writer.rows
+        capacity = _capacity(outputs[names.k_cache], table)
+        if not 0 <= state.length <= capacity:
+            findings.append(Finding("lengths", run, f"layer {layer}: kv_cache_lengths is {state.length} after "
+                                                    f"{writer.describe()}, outside the cache's {capacity} "
+                                                    f"positions", layer))
+            state.length = min(max(state.length, 0), capacity)
         state.k = _by_position(outputs[names.k_cache], table, state.length)
         state.v = _by_position(outputs[names.v_cache], table, state.length)
     names_of_runs = list(runs)
     if not names_of_runs:
-        return KvReport([], 0, 0, findings)
+        raise ReplayError(f"{snapshot.path}: no call writes a KV cache (a call whose outputs include "
+                          f"'{names.k_cache}' and '{names.v_cache}'), so there is nothing to check")
+    findings += logits_findings(logits or {})
     baseline = runs[names_of_runs[0]]
     positions = max((s.length for s in baseline.values()), default=0)
     for run in names_of_runs[1:]:
@@ -159,6 +173,13 @@ def _state_findings(run: str, layer: int, writer: Writer, args: dict[str, Any], 
                                                f"{writer.before} + arange({writer.rows}) expects {expected}", layer,
                                  {"call": writer.call, "buffer": source, "held": values, "expected": expected}))
     return found
+
+
+def _capacity(cache: torch.Tensor, table: Any) -> int:
+    """Logical positions the cache can hold: the block table's pages when paged."""
+    if isinstance(table, torch.Tensor) and cache.dim() == 4:
+        return min(table.numel(), cache.shape[0]) * cache.shape[1]
+    return cache.shape[0]
 
 
 def _by_position(cache: torch.Tensor, table: Any, length: int) -> torch.Tensor:

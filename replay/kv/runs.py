@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -24,6 +24,11 @@ class RunPlan:
     chunks: tuple[int, ...]  # chunk sizes; WHOLE for one batched call
     decode_steps: int
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        # a chunk as long as the prompt is the batched run: one run a name, none twice
+        whole = tuple(dict.fromkeys(WHOLE if c >= self.prompt_len else c for c in self.chunks))
+        object.__setattr__(self, "chunks", whole)
 
     def names(self) -> list[str]:
         return [SERIAL, *(run_name(c, self.prompt_len) for c in self.chunks)]
@@ -52,21 +57,36 @@ def record_runs(factory: Callable[[str], KvAdapter], device: str, plan: RunPlan,
                 on_run: Callable[[str], None] = lambda name: None) -> dict[str, torch.Tensor]:
     """Record every run of `plan` into a new snapshot at `out_dir`; returns each run's logits of the
     last token it processed."""
-    adapter = factory(device)
+    adapter = _model_step("building the model", lambda: factory(device))
     vocab = getattr(adapter, "vocab", 32)
     rng = random.Random(plan.seed)
     tokens = [rng.randrange(vocab) for _ in range(plan.prompt_len + plan.decode_steps)]
     prompt, rest = tokens[:plan.prompt_len], tokens[plan.prompt_len:]
     last: dict[str, torch.Tensor] = {}
-    with recording(out_dir, notes=f"replay kv-check: {', '.join(plan.names())}"):
+    # strict: a capture failure must stop the check, not leave a run half recorded and compared
+    with recording(out_dir, notes=f"replay kv-check: {', '.join(plan.names())}", strict=True):
         for name, chunk in runs_of(plan):
             on_run(name)
-            adapter.reset()
             with scope("run", name):
-                logits = _serial(adapter, tokens) if chunk is None else \
-                    _prefill_then_decode(adapter, prompt, rest, chunk)
+                logits = _model_step(f"the {name} run", lambda: _run(adapter, tokens, prompt, rest, chunk))
             last[name] = logits.detach().float().cpu().reshape(-1)
     return last
+
+
+def _run(adapter: KvAdapter, tokens: list[int], prompt: list[int], rest: list[int], chunk: int | None) -> torch.Tensor:
+    adapter.reset()
+    return _serial(adapter, tokens) if chunk is None else _prefill_then_decode(adapter, prompt, rest, chunk)
+
+
+def _model_step(doing: str, step: Callable[[], Any]) -> Any:
+    """`step()`; the model failing is said in one line (a prompt longer than its cache, a broken adapter)."""
+    try:
+        return step()
+    except ReplayError:
+        raise
+    except Exception as exc:
+        raise ReplayError(f"kv-check: {doing} failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") \
+            from None
 
 
 def runs_of(plan: RunPlan) -> Iterator[tuple[str, int | None]]:

@@ -66,9 +66,10 @@ class PtxReport:
         for kernel in self.kernels:
             s = kernel.source
             if s.op is not None and s.variant in ("batched", "single"):
-                by_key.setdefault((s.op, s.example, s.arch, s.path), {}).setdefault(s.variant, kernel)
+                key = (s.op, s.example, s.arch, s.path, kernel.report.name)
+                by_key.setdefault(key, {}).setdefault(s.variant, kernel)
         found = []
-        for (op, example, arch, _), pair in by_key.items():
+        for (op, example, arch, _, _), pair in by_key.items():
             if len(pair) == 2:
                 batched, single = pair["batched"].facts(), pair["single"].facts()
                 differences = {k: (batched[k], single[k]) for k in _COMPARED if batched[k] != single[k]}

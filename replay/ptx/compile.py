@@ -40,9 +40,12 @@ class CompileJob:
     def from_launch(cls, launch: Mapping[str, Any], arch: int) -> CompileJob | None:
         """The job for a launch record, or None when it does not say how to compile it."""
         signature = launch.get("signature")
-        if not isinstance(signature, dict) or not isinstance(launch.get("module"), str):
+        if not isinstance(signature, dict) or not isinstance(launch.get("module"), str) or \
+                not isinstance(launch.get("kernel"), str) or not all(isinstance(k, str) for k in signature.values()):
             return None
         constexprs = tuple((name, launch.get(name)) for name, kind in signature.items() if kind == "constexpr")
+        if not all(isinstance(value, (bool, int, float, str)) for _, value in constexprs):
+            return None  # a value a recording could not have compiled with: not a record this reads
         options = tuple((name, launch[name]) for name in _OPTIONS if isinstance(launch.get(name), int))
         return cls(launch["module"], str(launch["kernel"]), tuple(signature.items()), constexprs, arch, options)
 

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from replay import recorder
-from replay.errors import ReplayError
+from replay.errors import RegistryError, ReplayError
 from replay.kernel_rules import KernelRules
 from replay.ptx.compile import CompileJob, compile_jobs
 from replay.registry import REFERENCE, SINGLE, Op, all_ops, get_op, load_provider
@@ -148,10 +148,10 @@ def _registered(name: str, provider: str | None, trust: ProviderTrust, code_dir:
     """The op `name` if its provider may be imported and declares it; its rules then apply."""
     if provider is None or not trust.allows(provider):
         return None
+    load_provider(provider, code_dir)  # a trusted provider that fails to import is an error, not "no rules"
     try:
-        load_provider(provider, code_dir)
         return get_op(name)
-    except ReplayError:
+    except RegistryError:
         return None
 
 

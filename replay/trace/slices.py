@@ -64,7 +64,8 @@ def _groups(calls: list[TimelineCall], call_slices: list[Slice], level: str) -> 
     found: list[Slice] = []
     previous: tuple | None = None
     for call, piece in zip(calls, call_slices):
-        key = (call.step,) if level == "step" else (call.step, call.layer)
+        run = call.scope.get("run")  # kv-check's runs each count their steps from 0
+        key = (run, call.step) if level == "step" else (run, call.step, call.layer)
         if key[-1] is None:
             previous = None
             continue

@@ -4,9 +4,12 @@ warps, stages, registers, shared memory and path.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from replay.errors import ReplayError
 from replay.inspect import key_params
 from replay.snapshot import Snapshot
 from replay.snapshot.reader import CallEntry
@@ -84,3 +87,12 @@ def scope_filter(steps: Iterable[Any] = (), layers: Iterable[Any] = ()) -> Calla
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def failing_calls(report: Path) -> set[int]:
+    """The calls a `replay run --json` report says failed."""
+    try:
+        data = json.loads(report.read_text())
+        return {int(c["index"]) for c in data["calls"] if not c["passed"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ReplayError(f"{report}: not a `replay run --json` report ({type(exc).__name__}: {exc})") from None

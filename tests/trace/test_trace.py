@@ -110,3 +110,19 @@ def test_registers_of_interpreter_launches_come_from_compiling_for_a_target(gene
     marked = None if torch.cuda.is_available() else "compiled for sm_90 (no GPU)"
     assert launches and all(launch["registers"] > 0 and launch.get("resources_from") == marked
                             for launch in launches)
+
+
+def test_an_output_that_cannot_be_written_is_exit_2(generation: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["trace", str(generation), "--html", str(tmp_path / "no" / "such" / "t.html")])
+    assert result.exit_code == 2 and "cannot write" in result.stderr
+
+
+def test_scope_labels_must_be_finite_and_a_missing_pointer_is_no_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="finite"):
+        with replay.scope("step", float("nan")):
+            pass
+    from replay import recorder
+
+    with recorder.collecting(arguments={"x": torch.zeros(2)}) as sink:
+        replay.record_launch("k", (1,), pointers={"x_ptr": None, "y_ptr": torch.zeros(1)})
+    assert "binds" not in sink.launches[0]
