@@ -1,0 +1,32 @@
+"""Batch invariance of recorded calls: each call's recorded arguments are the rows."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+from replay.engine.runner import fresh_copy
+from replay.invariance.check import InvarianceReport, Plan, check_rows
+from replay.registry import get_op, load_provider
+from replay.snapshot import Snapshot
+from replay.trust import ProviderTrust
+
+
+def check_snapshot(path: Path, plan: Plan, device: str, ops: Iterable[str] = (), calls: Iterable[int] = (),
+                   variant: str | None = None, providers: Iterable[str] = (),
+                   code_dir: Path | None = None) -> list[InvarianceReport]:
+    """Each chosen call of the snapshot at `path`, its `variant` (default: the recorded one) run on
+    its recorded rows; the ops' providers must be trusted."""
+    snapshot, trust = Snapshot(path), ProviderTrust.of(providers, code_dir)
+    wanted_ops, wanted_calls = set(ops), set(calls)
+    reports = []
+    for entry in snapshot.entries:
+        if (wanted_ops and entry.op not in wanted_ops) or (wanted_calls and entry.index not in wanted_calls):
+            continue
+        record = snapshot.load(entry)
+        if record.provider is not None:
+            trust.check(record.provider, f"{path}: call {entry.index}")
+            load_provider(record.provider, code_dir)
+        op = get_op(entry.op)
+        pool = {name: fresh_copy(value, device) for name, value in record.arguments().items()}
+        reports.append(check_rows(op, variant or entry.variant, f"call {entry.index}", pool, pool, plan, device))
+    return reports

@@ -1,0 +1,77 @@
+"""`replay invariance`: a row's output is the same alone, in batches of every size at every position,
+in chunks and with padding, for the project's kernels; a variant that switches its reduction with the
+batch size, and torch.matmul under cuBLAS, are caught."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import kernels  # noqa: F401 (registers the ops)
+from replay.cli import main
+from replay.registry import get_op
+
+
+def invariance(*args: str) -> tuple[int, dict]:
+    result = CliRunner().invoke(main, ["invariance", *args, "--json", "-"])
+    assert result.stdout.strip(), result.output
+    return result.exit_code, json.loads(result.stdout)
+
+
+def verdicts(report: dict) -> dict[tuple[str, int], bool]:
+    return {(r["property"], r["size"]): r["passed"] for op in report["ops"] for r in op["results"]}
+
+
+def test_the_row_kernels_are_batch_invariant_and_a_cache_writer_is_not_applicable() -> None:
+    code, report = invariance("rmsnorm", "q4k_gemv", "--batch-sizes", "1,2,5", "--chunks", "2", "--pad", "3")
+    assert code == 0, report
+    assert set(verdicts(report)) == {("batch", 1), ("batch", 2), ("batch", 5), ("chunks", 2), ("padding", 3)}
+    assert all(verdicts(report).values())
+    code, scatter = invariance("kv_scatter", "--batch-sizes", "2", "--example", "paged")
+    assert code == 0 and scatter["ops"][0]["skipped"].startswith("its rows share state")
+
+
+def rmsnorm_switching_with_batch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """An rmsnorm that, like a library picking its kernel by M, rounds differently past two rows (it
+    multiplies the scale into the weight first there)."""
+    x32, w32 = x.float(), weight.float()
+    scale = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    out = x32 * scale * w32 if x.shape[0] <= 2 else x32 * (scale * w32)
+    return out.to(x.dtype)
+
+
+def test_a_variant_that_switches_its_reduction_with_the_batch_is_caught() -> None:
+    with get_op("rmsnorm").replacing("batched", rmsnorm_switching_with_batch):
+        code, report = invariance("rmsnorm", "--batch-sizes", "1,2,3", "--chunks", "4", "--pad", "2")
+    assert code == 1
+    found = verdicts(report)
+    assert found[("batch", 1)] and found[("batch", 2)]
+    assert not found[("batch", 3)] and not found[("chunks", 4)] and not found[("padding", 2)]
+    three = next(r for r in report["ops"][0]["results"] if r["property"] == "batch" and r["size"] == 3)
+    assert three["rows_changed"] and three["max_ulp"] > 0 and "ulp" in three["first"]
+
+
+@pytest.mark.gpu
+def test_torch_matmul_under_cublas_is_caught() -> None:
+    code, report = invariance("torch_matmul", "--batch-sizes", "1,8,17", "--chunks", "4", "--pad", "5",
+                              "--dtype", "bfloat16", "--device", "cuda")
+    assert code == 1 and not all(verdicts(report).values())
+
+
+@pytest.mark.parametrize("option, value", [("--batch-sizes", "0"), ("--chunks", "x"), ("--pad", ",")])
+def test_bad_sizes_are_exit_2(option: str, value: str) -> None:
+    result = CliRunner().invoke(main, ["invariance", "rmsnorm", option, value])
+    assert result.exit_code == 2 and option in result.stderr
+
+
+def test_recorded_calls_are_checked_on_their_own_rows() -> None:
+    shipped = str(Path(__file__).resolve().parents[1] / "snapshots" / "prefill_001")
+    args = ("--snapshot", shipped, "rmsnorm", "--call", "0", "--batch-sizes", "1,3", "--chunks", "3", "--pad", "2")
+    code, report = invariance(*args)
+    assert code == 0 and [op["example"] for op in report["ops"]] == ["call 0"] and all(verdicts(report).values())
+    with get_op("rmsnorm").replacing("batched", rmsnorm_switching_with_batch):
+        code, report = invariance(*args)
+    assert code == 1 and not verdicts(report)[("batch", 3)] and verdicts(report)[("batch", 1)]
