@@ -9,6 +9,6 @@ from replay.device import use_interpreter_without_gpu
 use_interpreter_without_gpu()
 
 from kernels import attention, kquant_gemv, kv_scatter, residual_add, rmsnorm, rope, swiglu  # noqa: E402,F401
-from kernels import examples, torch_matmul  # noqa: E402,F401 (after the ops: examples registers theirs)
+from kernels import det_gemm, examples, torch_matmul  # noqa: E402,F401 (after the ops: examples registers theirs)
 
 OPS = ("rmsnorm", "residual_add", "rope", "swiglu", "q4k_gemv", "q6k_gemv", "kv_scatter", "attention")

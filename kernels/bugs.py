@@ -2,7 +2,7 @@
 
 Each op bug is a wrong implementation of one variant of one op. `planting(name)` registers it
 in place of the real variant for the duration of a block (a test), then puts the real one
-back; nothing in the kernels knows about it. Both are in batched variants, so they show as
+back; nothing in the kernels knows about it. All are in batched variants, so they show as
 batched-vs-single divergences. The demo's planted commit writes the kv_scatter one into
 kernels/kv_scatter.py (replay/demo.py).
 
@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 import replay
+from kernels import det_gemm
 from kernels.ggml_quant import Q6_K
 from kernels.kquant_matmul import BATCHED_BLOCK_M, kquant_matmul
 from kernels.kv_scatter import scatter
@@ -44,6 +45,17 @@ def kv_scatter_graph_ready(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tens
             indirect=True)
 
 
+def det_gemm_split_k(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """det_gemm with split-K past four rows, as a library does to fill the GPU: two fp32 halves of K
+    added, so a row's sum depends on the batch it rides in."""
+    if x.shape[0] <= 4:
+        return det_gemm.matmul(x, weight.t())
+    half = x.shape[1] // 2
+    low = det_gemm.matmul(x[:, :half], weight[:, :half].t(), torch.float32)
+    high = det_gemm.matmul(x[:, half:], weight[:, half:].t(), torch.float32)
+    return (low + high).to(x.dtype)
+
+
 @dataclass(frozen=True)
 class Bug:
     op: str
@@ -55,6 +67,8 @@ class Bug:
 BUGS = {
     "q6k_scale_index": Bug("q6k_gemv", "batched", q6k_gemv_batched_wrong_scale,
                            "batched q6k_gemv dequantises sub-block 15 of every super-block with scale 14"),
+    "det_gemm_split_k": Bug("det_gemm", "batched", det_gemm_split_k,
+                            "batched det_gemm splits K in two past four rows, so rows change with the batch"),
     "kv_scatter_stale_position_buf": Bug("kv_scatter", "batched", kv_scatter_graph_ready,
                                          "batched kv_scatter reads position_buf even when positions are given, so "
                                          "a prefill scatters every token where a stale position_buf points"),

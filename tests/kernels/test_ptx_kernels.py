@@ -28,7 +28,8 @@ def test_every_op_passes_its_rules_on_every_target_with_batched_and_single_side_
     code, report = ptx_json("--arch", ",".join(ARCHS), "--dtype", "float32")
     assert code == 0, [k["violations"] for k in report["kernels"] if k["violations"]]
     seen = {(k["op"], k["variant"], k["arch"]) for k in report["kernels"]}
-    assert seen == {(op, variant, arch) for op in kernels.OPS for variant in ("single", "batched") for arch in ARCHS}
+    with_kernels = {*kernels.OPS, "det_gemm"}  # torch_matmul launches no Triton kernel
+    assert seen == {(op, variant, arch) for op in with_kernels for variant in ("single", "batched") for arch in ARCHS}
     assert all(k["registers"] and k["registers"] > 0 for k in report["kernels"])  # read from each cubin
     gemv = [k for k in report["kernels"] if k["op"] == "q4k_gemv" and k["arch"] == "sm_90"]
     assert all(k["axes_read"] == ["x", "y"] for k in gemv)  # weight rows on x, activation rows on y
