@@ -22,6 +22,7 @@ from replay import recorder as _recorder
 from replay.errors import ProviderImportError, RegistryError
 from replay.kernel_rules import KernelRules
 from replay.tolerance import DEFAULT, EXACT, Tolerance
+from replay.trust import ProviderTrust
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -314,3 +315,15 @@ def load_provider(module: str, code_dir: str | Path | None = None) -> None:
             return
         raise ProviderImportError(f"provider module '{module}' failed to import: "
                                   f"{type(exc).__name__}: {exc}") from exc
+
+
+def trusted_ops(names: Iterable[str], providers: Iterable[str] = (), code_dir: str | Path | None = None) -> list[Op]:
+    """The ops called `names` once every trusted provider is imported (declared in entry points,
+    named in `providers`); with no name, every op that registers examples."""
+    for module in sorted(ProviderTrust.of(providers, Path(code_dir) if code_dir else None).modules):
+        load_provider(module, code_dir)
+    names = list(names) or sorted(op.name for op in _OPS.values() if op.examples)
+    if not names:
+        raise RegistryError("no op with examples is registered: name a provider with --provider MOD")
+    return [get_op(name) for name in names]
+

@@ -15,7 +15,7 @@ import kernels  # noqa: F401 (registers the ops; the interpreter without a GPU)
 from kernels.kv_adapter import tiny
 from replay.device import use_interpreter_without_gpu
 from replay.kv.check import check_snapshot
-from replay.kv.runs import RunPlan, parse_chunks, record_runs, runs_of
+from replay.kv.runs import RunPlan, parse_chunks, record_runs, run_once, runs_of
 from replay.snapshot import Snapshot
 
 
@@ -30,17 +30,10 @@ def main() -> None:
     plan = RunPlan(options.prompt_len, parse_chunks(options.chunks), options.decode_steps)
 
     adapter = tiny(device)
-    tokens = list(range(plan.prompt_len + plan.decode_steps))
+    tokens = plan.tokens(adapter.vocab)
     started = time.perf_counter()
     for _, chunk in runs_of(plan):  # the same runs, nothing recorded: the model's own cost
-        adapter.reset()
-        if chunk is None:
-            for token in tokens:
-                adapter.decode(token)
-        else:
-            adapter.prefill(tokens[:plan.prompt_len], chunk or None)
-            for token in tokens[plan.prompt_len:]:
-                adapter.decode(token)
+        run_once(adapter, tokens, plan.prompt_len, chunk)
     bare = time.perf_counter() - started
 
     out = Path(tempfile.mkdtemp(prefix="bench-kv-")) / "runs"

@@ -51,11 +51,12 @@ def main() -> None:
     import kernels  # noqa: F401 (registers the ops and their examples)
     from replay.device import use_interpreter_without_gpu
     from replay.ptx.check import check_sources
-    from replay.ptx.sources import op_ptx, ops_named
+    from replay.ptx.sources import op_ptx
+    from replay.registry import trusted_ops
 
     device = use_interpreter_without_gpu()
     archs = [int(a.removeprefix("sm_")) for a in options.arch.split(",")]
-    sources = op_ptx(ops_named([], ["kernels"], None), archs, getattr(torch, options.dtype), device)
+    sources = op_ptx(trusted_ops([], ["kernels"]), archs, getattr(torch, options.dtype), device)
     started = time.perf_counter()
     check_sources(sources)
     analysis = time.perf_counter() - started

@@ -9,9 +9,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from replay.cli.common import chosen_device, device_option, finish, json_option, kernel_trust_options
-from replay.errors import EXIT_DIVERGED, EXIT_PASS, ReplayError
-from replay.invariance.check import InvarianceReport, Plan, check_op
+from replay.errors import EXIT_DIVERGED, EXIT_PASS
+from replay.invariance.check import InvarianceReport, Plan, check_ops
 from replay.invariance.recorded import check_snapshot
+from replay.registry import trusted_ops
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -63,19 +64,12 @@ def command(ops: tuple[str, ...], batch_sizes: tuple[int, ...], chunks: tuple[in
     device = chosen_device(device)
     import torch
 
-    from replay.ptx.sources import ops_named
-
     plan = Plan(batch_sizes, chunks, pads)
     if snapshot is not None:
         reports = check_snapshot(snapshot, plan, device, ops, calls, variant, providers, code_dir)
     else:
-        reports = []
-        for op in ops_named(ops, providers, code_dir):
-            examples = [example] if example else list(op.examples)
-            if not examples:
-                raise ReplayError(f"op '{op.name}' registers no example (Op.example): its rows cannot be made")
-            reports += [check_op(op, variant or "batched", name, plan, getattr(torch, dtype), device)
-                        for name in examples]
+        reports = check_ops(trusted_ops(ops, providers, code_dir), variant or "batched", example, plan,
+                            getattr(torch, dtype), device)
     passed = all(r.passed for r in reports)
     finish(json_target, {"passed": passed, "device": device, "ops": [r.to_json() for r in reports]},
            lambda console: _print(console, reports), EXIT_PASS if passed else EXIT_DIVERGED)

@@ -2,7 +2,6 @@
 replay.kv's."""
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import click
@@ -11,7 +10,7 @@ from rich.markup import escape
 
 from replay.cli.common import chosen_device, device_option, finish, json_option
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
-from replay.kv.check import KvReport
+from replay.kv.check import KvReport, check_snapshot
 from replay.snapshot import Snapshot
 
 
@@ -53,22 +52,17 @@ def command(snapshot: Path | None, model: str, prompt_len: int, chunks: str, dec
 
     Exit 0 when every run agrees, 1 on a difference or a stale state buffer, 2 on bad input.
     """
-    from replay.kv.check import check_snapshot
+    if snapshot is not None:
+        report, kept = check_snapshot(Snapshot(snapshot)), str(snapshot)
+    else:
+        device = chosen_device(device)
+        from replay.kv.adapter import load_factory
+        from replay.kv.runs import RunPlan, check_model, parse_chunks
 
-    with tempfile.TemporaryDirectory(prefix="replay-kv-check-") as scratch:
-        logits = None
-        if snapshot is None:
-            device = chosen_device(device)
-            from replay.kv.adapter import load_factory
-            from replay.kv.runs import RunPlan, parse_chunks, record_runs
-
-            plan = RunPlan(prompt_len, parse_chunks(chunks), decode_steps)
-            factory = load_factory(model)
-            snapshot = keep_dir or Path(scratch) / "runs"
-            status = Console(stderr=True, quiet=json_target == "-")
-            logits = record_runs(factory, device, plan, snapshot, lambda name: status.print(f"kv-check: {name} run"))
-        report = check_snapshot(Snapshot(snapshot), logits=logits)
-    kept = None if keep_dir is None and logits is not None else str(snapshot)
+        status = Console(stderr=True, quiet=json_target == "-")
+        report = check_model(load_factory(model), device, RunPlan(prompt_len, parse_chunks(chunks), decode_steps),
+                             keep_dir, lambda name: status.print(f"kv-check: {name} run"))
+        kept = str(keep_dir) if keep_dir else None
     finish(json_target, {**report.to_json(), "recording": kept}, lambda console: _print(console, report, kept),
            EXIT_PASS if report.passed else EXIT_DIVERGED)
 

@@ -14,7 +14,7 @@ with its own first rows.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -72,6 +72,7 @@ class _Rows:
 
     def __init__(self, op: Op, fn: Callable[..., Any], pool: dict[str, Any], extra: dict[str, Any]):
         self.op, self.fn, self.pool, self.extra = op, fn, pool, extra
+        self.rows = op.rows(pool) or 0
         self.calls = 0  # since the last reset: a property's count
 
     def run(self, rows: slice, pad: int = 0) -> dict[str, torch.Tensor]:
@@ -90,15 +91,24 @@ class _Rows:
                 args[name] = value
         self.calls += 1
         outputs = returned_values(self.fn(**args), self.op.outputs)
-        count = len(range(*rows.indices(self._pool_rows())))
+        count = len(range(*rows.indices(self.rows)))
         return {name: value[(slice(None),) * self._axis(name) + (slice(0, count),)]
                 for name, value in outputs.items() if isinstance(value, torch.Tensor) and self._axis(name) is not None}
 
     def _axis(self, name: str) -> int | None:
         return self.op.batch_axes.get(name)
 
-    def _pool_rows(self) -> int:
-        return self.op.rows(self.pool) or 0
+
+def check_ops(ops: Iterable[Op], variant: str, example: str | None, plan: Plan, dtype: torch.dtype,
+              device: str) -> list[InvarianceReport]:
+    """Each op on `example`, or on each of its examples."""
+    reports = []
+    for op in ops:
+        examples = [example] if example else list(op.examples)
+        if not examples:
+            raise ReplayError(f"op '{op.name}' registers no example (Op.example): its rows cannot be made")
+        reports += [check_op(op, variant, name, plan, dtype, device) for name in examples]
+    return reports
 
 
 def check_op(op: Op, variant: str, example: str, plan: Plan, dtype: torch.dtype, device: str) -> InvarianceReport:
@@ -122,9 +132,9 @@ def check_rows(op: Op, variant: str, label: str, pool: dict[str, Any], extra: di
     if op.serial_rows:
         return InvarianceReport(op.name, variant, label, 0, skipped="its rows share state (serial_rows): a row's "
                                                                     "output depends on the rows before it")
-    rows = op.rows(pool) or 0
-    report = InvarianceReport(op.name, variant, label, rows)
     runner = _Rows(op, op.get(variant, device).fn, pool, extra)
+    rows = runner.rows
+    report = InvarianceReport(op.name, variant, label, rows)
     alone = [runner.run(slice(r, r + 1)) for r in range(rows)]
     expected = {name: torch.cat([a[name] for a in alone], dim=op.batch_axes[name]) for name in alone[0]} if alone \
         else {}

@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Iterable
 
 from replay.engine.runner import fresh_copy
+from replay.errors import ReplayError
 from replay.invariance.check import InvarianceReport, Plan, check_rows
 from replay.registry import get_op, load_provider
 from replay.snapshot import Snapshot
@@ -28,5 +29,11 @@ def check_snapshot(path: Path, plan: Plan, device: str, ops: Iterable[str] = (),
             load_provider(record.provider, code_dir)
         op = get_op(entry.op)
         pool = {name: fresh_copy(value, device) for name, value in record.arguments().items()}
-        reports.append(check_rows(op, variant or entry.variant, f"call {entry.index}", pool, pool, plan, device))
+        try:
+            reports.append(check_rows(op, variant or entry.variant, f"call {entry.index}", pool, pool, plan, device))
+        except ReplayError:
+            raise
+        except Exception as exc:  # recorded rows the variant cannot take: said of that call, in one line
+            raise ReplayError(f"{path}: call {entry.index} ({entry.op} {variant or entry.variant}) failed on its "
+                              f"recorded rows: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
     return reports

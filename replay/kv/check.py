@@ -118,20 +118,12 @@ def check_snapshot(snapshot: Snapshot, names: CacheNames = CacheNames(),
         if not isinstance(layer, int) or isinstance(layer, bool):
             raise ReplayError(f"{snapshot.path}: call {entry.index}: scope layer {layer!r} is not an integer")
         state = runs.setdefault(run, {}).setdefault(layer, LayerState())
-        writer = _writer(entry.index, record, args, scope, names)
-        state.writers.append(writer)
-        findings += _state_findings(run, layer, writer, args, names)
-        table = args.get(names.block_table)
-        after = outputs.get(names.lengths)
-        state.length = int(after.reshape(-1)[0]) if isinstance(after, torch.Tensor) else writer.before + writer.rows
-        capacity = _capacity(outputs[names.k_cache], table)
-        if not 0 <= state.length <= capacity:
-            findings.append(Finding("lengths", run, f"layer {layer}: kv_cache_lengths is {state.length} after "
-                                                    f"{writer.describe()}, outside the cache's {capacity} "
-                                                    f"positions", layer))
-            state.length = min(max(state.length, 0), capacity)
-        state.k = _by_position(outputs[names.k_cache], table, state.length)
-        state.v = _by_position(outputs[names.v_cache], table, state.length)
+        try:
+            findings += _take_write(state, run, layer, _writer(entry.index, record, args, scope, names), args,
+                                    outputs, names)
+        except (IndexError, ValueError, RuntimeError, TypeError) as exc:  # tensors of shapes no writer leaves
+            raise ReplayError(f"{snapshot.path}: call {entry.index} ({entry.op}): its cache, lengths or block "
+                              f"table cannot be read as a KV cache write: {type(exc).__name__}: {exc}") from None
     names_of_runs = list(runs)
     if not names_of_runs:
         raise ReplayError(f"{snapshot.path}: no call writes a KV cache (a call whose outputs include "
@@ -142,6 +134,25 @@ def check_snapshot(snapshot: Snapshot, names: CacheNames = CacheNames(),
     for run in names_of_runs[1:]:
         findings += _compare(run, runs[run], names_of_runs[0], baseline)
     return KvReport(names_of_runs, len(baseline), positions, findings)
+
+
+def _take_write(state: LayerState, run: str, layer: int, writer: Writer, args: dict[str, Any],
+                outputs: dict[str, torch.Tensor], names: CacheNames) -> list[Finding]:
+    """Record one cache write into its layer's state; the findings on the state it read."""
+    state.writers.append(writer)
+    findings = _state_findings(run, layer, writer, args, names)
+    table = args.get(names.block_table)
+    after = outputs.get(names.lengths)
+    state.length = int(after.reshape(-1)[0]) if isinstance(after, torch.Tensor) else writer.before + writer.rows
+    capacity = _capacity(outputs[names.k_cache], table)
+    if not 0 <= state.length <= capacity:
+        findings.append(Finding("lengths", run, f"layer {layer}: kv_cache_lengths is {state.length} after "
+                                                f"{writer.describe()}, outside the cache's {capacity} positions",
+                                layer))
+        state.length = min(max(state.length, 0), capacity)
+    state.k = _by_position(outputs[names.k_cache], table, state.length)
+    state.v = _by_position(outputs[names.v_cache], table, state.length)
+    return findings
 
 
 def _writer(index: int, record: Any, args: dict[str, Any], scope: dict[str, Any], names: CacheNames) -> Writer:
@@ -208,6 +219,10 @@ def _compare(run: str, layers: dict[int, LayerState], baseline_run: str,
         for name in ("K", "V") if count else ():
             mine = (got.k if name == "K" else got.v)[:count]
             theirs = (expected.k if name == "K" else expected.v)[:count]
+            if mine.shape != theirs.shape or mine.dtype != theirs.dtype:
+                found.append(Finding("kv", run, f"layer {layer} {name}: a {list(mine.shape)} {mine.dtype} cache, the "
+                                                f"{baseline_run} run's {list(theirs.shape)} {theirs.dtype}", layer))
+                continue
             differs = (bit_pattern(mine) != bit_pattern(theirs)).reshape(count, mine.shape[1], -1).any(-1)
             if not differs.any():
                 continue

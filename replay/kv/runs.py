@@ -4,6 +4,7 @@ each run recorded under `replay.scope("run", name)` into one snapshot."""
 from __future__ import annotations
 
 import random
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -12,7 +13,9 @@ import torch
 
 from replay.errors import ReplayError
 from replay.kv.adapter import KvAdapter
+from replay.kv.check import KvReport, check_snapshot
 from replay.recorder import recording, scope
+from replay.snapshot import Snapshot
 
 SERIAL = "serial"
 WHOLE = 0  # a chunk size meaning the whole prompt at once: the batched run
@@ -29,6 +32,11 @@ class RunPlan:
         # a chunk as long as the prompt is the batched run: one run a name, none twice
         whole = tuple(dict.fromkeys(WHOLE if c >= self.prompt_len else c for c in self.chunks))
         object.__setattr__(self, "chunks", whole)
+
+    def tokens(self, vocab: int) -> list[int]:
+        """The prompt then the decode steps' tokens: pseudo-random below `vocab`, the same every run."""
+        rng = random.Random(self.seed)
+        return [rng.randrange(vocab) for _ in range(self.prompt_len + self.decode_steps)]
 
     def names(self) -> list[str]:
         return [SERIAL, *(run_name(c, self.prompt_len) for c in self.chunks)]
@@ -53,29 +61,39 @@ def parse_chunks(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def check_model(factory: Callable[[str], KvAdapter], device: str, plan: RunPlan, keep_dir: Path | None = None,
+                on_run: Callable[[str], None] = lambda name: None) -> KvReport:
+    """Record the runs of `plan` (into `keep_dir`, else a temporary directory removed after) and check them."""
+    with tempfile.TemporaryDirectory(prefix="replay-kv-check-") as scratch:
+        out_dir = keep_dir or Path(scratch) / "runs"
+        logits = record_runs(factory, device, plan, out_dir, on_run)
+        return check_snapshot(Snapshot(out_dir), logits=logits)
+
+
 def record_runs(factory: Callable[[str], KvAdapter], device: str, plan: RunPlan, out_dir: Path,
                 on_run: Callable[[str], None] = lambda name: None) -> dict[str, torch.Tensor]:
     """Record every run of `plan` into a new snapshot at `out_dir`; returns each run's logits of the
     last token it processed."""
     adapter = _model_step("building the model", lambda: factory(device))
-    vocab = getattr(adapter, "vocab", 32)
-    rng = random.Random(plan.seed)
-    tokens = [rng.randrange(vocab) for _ in range(plan.prompt_len + plan.decode_steps)]
-    prompt, rest = tokens[:plan.prompt_len], tokens[plan.prompt_len:]
+    tokens = plan.tokens(getattr(adapter, "vocab", 32))
     last: dict[str, torch.Tensor] = {}
     # strict: a capture failure must stop the check, not leave a run half recorded and compared
     with recording(out_dir, notes=f"replay kv-check: {', '.join(plan.names())}", strict=True):
         for name, chunk in runs_of(plan):
             on_run(name)
             with scope("run", name):
-                logits = _model_step(f"the {name} run", lambda: _run(adapter, tokens, prompt, rest, chunk))
+                logits = _model_step(f"the {name} run", lambda: run_once(adapter, tokens, plan.prompt_len, chunk))
             last[name] = logits.detach().float().cpu().reshape(-1)
     return last
 
 
-def _run(adapter: KvAdapter, tokens: list[int], prompt: list[int], rest: list[int], chunk: int | None) -> torch.Tensor:
+def run_once(adapter: KvAdapter, tokens: list[int], prompt_len: int, chunk: int | None) -> torch.Tensor:
+    """One run from an empty cache: every token decoded (chunk None), or the first `prompt_len`
+    prefilled in chunks of `chunk` (WHOLE: at once) and the rest decoded; the last token's logits."""
     adapter.reset()
-    return _serial(adapter, tokens) if chunk is None else _prefill_then_decode(adapter, prompt, rest, chunk)
+    if chunk is None:
+        return _serial(adapter, tokens)
+    return _prefill_then_decode(adapter, tokens[:prompt_len], tokens[prompt_len:], chunk)
 
 
 def _model_step(doing: str, step: Callable[[], Any]) -> Any:

@@ -13,7 +13,7 @@ from replay import recorder
 from replay.errors import RegistryError, ReplayError
 from replay.kernel_rules import KernelRules
 from replay.ptx.compile import CompileJob, compile_jobs
-from replay.registry import REFERENCE, SINGLE, Op, all_ops, get_op, load_provider
+from replay.registry import REFERENCE, SINGLE, Op, get_op, load_provider
 from replay.snapshot import Snapshot
 from replay.trust import ProviderTrust
 
@@ -107,17 +107,6 @@ def op_ptx(ops: Iterable[Op], archs: Iterable[int], dtype: torch.dtype, device: 
         raise ReplayError(f"ops {', '.join(op.name for op in ops)}: their variants launched no kernel that "
                           "says how to compile it (module and signature: kernels/launch.py's run records them)")
     return found
-
-
-def ops_named(names: Iterable[str], providers: Iterable[str], code_dir: Path | None) -> list[Op]:
-    """The ops called `names` (every op, with none named) once the trusted providers are imported."""
-    trust = ProviderTrust.of(providers, code_dir)
-    for module in sorted(trust.modules):
-        load_provider(module, code_dir)
-    names = list(names) or sorted(op.name for op in all_ops().values() if op.examples)
-    if not names:
-        raise ReplayError("no op with examples is registered: name a provider with --provider MOD")
-    return [get_op(name) for name in names]
 
 
 def _example_arguments(op: Op, variant: str, example: str, make: Any, dtype: torch.dtype,
