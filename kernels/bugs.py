@@ -46,14 +46,32 @@ def kv_scatter_graph_ready(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tens
 
 
 def det_gemm_split_k(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """det_gemm with split-K past four rows, as a library does to fill the GPU: two fp32 halves of K
-    added, so a row's sum depends on the batch it rides in."""
+    """det_gemm with split-K past four rows, as a library does to fill the GPU: two halves of K, each
+    rounded to the output dtype, added, so a row's sum depends on the batch it rides in."""
     if x.shape[0] <= 4:
         return det_gemm.matmul(x, weight.t())
     half = x.shape[1] // 2
-    low = det_gemm.matmul(x[:, :half], weight[:, :half].t(), torch.float32)
-    high = det_gemm.matmul(x[:, half:], weight[:, half:].t(), torch.float32)
-    return (low + high).to(x.dtype)
+    return det_gemm.matmul(x[:, :half], weight[:, :half].t()) + det_gemm.matmul(x[:, half:], weight[:, half:].t())
+
+
+class _SplitMWeightGrad(det_gemm.DetLinear):
+    """DetLinear whose weight gradient, past four rows, adds two halves of the batch, each rounded to
+    the input dtype, as a split reduction over M with partials in the output dtype does: zero
+    padding moves the split and changes the sum."""
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, weight = ctx.saved_tensors
+        grad_out = grad_out.to(x.dtype)
+        dw = det_gemm.matmul(grad_out.t(), x)
+        if x.shape[0] > 4:
+            half = x.shape[0] // 2
+            dw = det_gemm.matmul(grad_out[:half].t(), x[:half]) + det_gemm.matmul(grad_out[half:].t(), x[half:])
+        return det_gemm.matmul(grad_out, weight), dw
+
+
+def det_gemm_split_m_backward(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return _SplitMWeightGrad.apply(x, weight)
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,9 @@ BUGS = {
                            "batched q6k_gemv dequantises sub-block 15 of every super-block with scale 14"),
     "det_gemm_split_k": Bug("det_gemm", "batched", det_gemm_split_k,
                             "batched det_gemm splits K in two past four rows, so rows change with the batch"),
+    "det_gemm_split_m_backward": Bug("det_gemm", "batched", det_gemm_split_m_backward,
+                                     "batched det_gemm's weight gradient adds two halves of the batch past four "
+                                     "rows, so zero padding changes it"),
     "kv_scatter_stale_position_buf": Bug("kv_scatter", "batched", kv_scatter_graph_ready,
                                          "batched kv_scatter reads position_buf even when positions are given, so "
                                          "a prefill scatters every token where a stale position_buf points"),

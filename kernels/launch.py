@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 import replay
 
@@ -55,7 +56,8 @@ def run(kernel: Any, grid: Sequence[int], *args: Any, path: str | None = None, *
     info = {k: v for k, v in meta.items() if isinstance(v, (bool, int, str))}
     if path is not None:
         info["path"] = path
-    pointers = {name: value for name, value in zip(kernel.arg_names, args) if isinstance(value, torch.Tensor)}
+    pointers = {name: value.base if isinstance(value, TensorDescriptor) else value
+                for name, value in zip(kernel.arg_names, args) if isinstance(value, (torch.Tensor, TensorDescriptor))}
     replay.record_launch(kernel.fn.__name__, grid, compiled=compiled, pointers=pointers, module=kernel.fn.__module__,
                          signature=signature(kernel, args, meta), **info)
     return compiled
@@ -67,12 +69,15 @@ _TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "
 
 
 def signature(kernel: Any, args: Sequence[Any], meta: dict[str, Any]) -> dict[str, str]:
-    """Triton's signature of a launch: each argument's type ("*fp32" for a pointer), "constexpr" for
-    the compile-time ones (given as keywords), as triton.compile(ASTSource(...)) takes it."""
+    """Triton's signature of a launch: each argument's type ("*fp32" for a pointer, "tensordesc<bf16[64, 32]>"
+    for a tensor descriptor), "constexpr" for the compile-time ones (given as keywords), as
+    triton.compile(ASTSource(...)) takes it."""
     types = {}
     for name, value in zip(kernel.arg_names, args):
         if isinstance(value, torch.Tensor):
             types[name] = "*" + _TRITON_TYPES[value.dtype]
+        elif isinstance(value, TensorDescriptor):
+            types[name] = f"tensordesc<{_TRITON_TYPES[value.base.dtype]}{list(value.block_shape)}>"
         elif isinstance(value, bool):
             types[name] = "i1"
         elif isinstance(value, int):

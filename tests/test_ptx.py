@@ -32,6 +32,13 @@ def test_a_64_bit_shared_address_is_caught_with_its_line() -> None:
     assert "64-bit %rd1" in report.violations[0].message
 
 
+def test_tensor_memory_copies_are_checked_on_their_shared_side_only() -> None:
+    # the tensor map (a 64-bit global address) is no shared address; a predicate may be a named register
+    report = analyse(kernel(HERE / "planted_tma.ptx", "tma_copy"))
+    assert [(v.rule, v.line) for v in report.violations] == [("shared-32-bit", 33)]
+    assert "64-bit %rd2" in report.violations[0].message
+
+
 def test_a_kernel_read_through_two_levels_of_address_arithmetic_is_named() -> None:
     report = analyse(kernel(HERE / "planted_indirect_position_buf.ptx", "scatter_batched"))
     assert report.params_read == ["scatter_batched_param_k", "scatter_batched_param_position_buf"]

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from replay.cli.common import chosen_device, device_option, finish, json_option, kernel_trust_options
+from replay.compare import row_ranges
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 from replay.invariance.check import InvarianceReport, Plan, check_ops
 from replay.invariance.recorded import check_snapshot
@@ -34,6 +35,9 @@ def _sizes(option: str):
               help="Chunk sizes the batch is split into, as a chunked prefill would.")
 @click.option("--pad", "pads", default="1,5", show_default=True, callback=_sizes("--pad"),
               help="Rows of padding appended to the batch.")
+@click.option("--backward", is_flag=True,
+              help="Back-propagate too: input gradients row by row; gradients reduced over the rows "
+                   "(a weight's) unchanged by padding.")
 @click.option("--snapshot", type=click.Path(path_type=Path), metavar="DIR",
               help="Check the calls recorded in DIR instead, each on its own recorded rows.")
 @click.option("--call", "calls", type=int, multiple=True, metavar="N", help="With --snapshot: only call N (repeatable).")
@@ -44,7 +48,7 @@ def _sizes(option: str):
 @kernel_trust_options
 @json_option
 def command(ops: tuple[str, ...], batch_sizes: tuple[int, ...], chunks: tuple[int, ...], pads: tuple[int, ...],
-            snapshot: Path | None, calls: tuple[int, ...], variant: str | None, example: str | None, dtype: str,
+            backward: bool, snapshot: Path | None, calls: tuple[int, ...], variant: str | None, example: str | None, dtype: str,
             device: str | None, providers: tuple[str, ...], code_dir: Path | None, json_target: str | None) -> None:
     """Check bit for bit that each row's output of OP is the same alone, inside batches of
     every size at every position, under chunked splits and under padding (no OP: every op
@@ -56,6 +60,7 @@ def command(ops: tuple[str, ...], batch_sizes: tuple[int, ...], chunks: tuple[in
     Examples:
       replay invariance rmsnorm q4k_gemv
       replay invariance torch_matmul                 # a library GEMM that picks its kernel by M
+      replay invariance det_gemm --backward --dtype bfloat16 --device cuda
       replay invariance --batch-sizes 1,2,3,8,17 --chunks 4 --pad 3 --device cuda --json -
       replay invariance --snapshot snapshots/prefill_001 rmsnorm
 
@@ -64,7 +69,7 @@ def command(ops: tuple[str, ...], batch_sizes: tuple[int, ...], chunks: tuple[in
     device = chosen_device(device)
     import torch
 
-    plan = Plan(batch_sizes, chunks, pads)
+    plan = Plan(batch_sizes, chunks, pads, backward)
     if snapshot is not None:
         reports = check_snapshot(snapshot, plan, device, ops, calls, variant, providers, code_dir)
     else:
@@ -88,6 +93,6 @@ def _print(console: Console, reports: list[InvarianceReport]) -> None:
         for r in report.results:
             table.add_row(escape(report.op), escape(report.example), r.prop, str(r.size), str(r.calls),
                           "[green]same[/]" if r.passed else "[red]changed[/]",
-                          ", ".join(map(str, r.rows_changed)) or "-", "-" if r.max_ulp is None else str(r.max_ulp),
+                          ", ".join(filter(None, [row_ranges(r.rows_changed), *r.whole_changed])) or "-", "-" if r.max_ulp is None else str(r.max_ulp),
                           escape(r.first) or "-")
     console.print(table)

@@ -10,6 +10,11 @@ the largest batch asked for) is the ground truth: each row run alone. Then, bit 
 Ops whose rows share state (`serial_rows`: a KV cache write) are not row-independent and are
 left out, said so. On a recording, each call's own arguments are the pool (check_rows), padded
 with its own first rows.
+
+With `backward`, each call also back-propagates a fixed upstream gradient (one random row per pool
+row, zeros for padding rows) and the gradients join the comparison: a batch-axis input's gradient
+row by row like an output; a gradient that reduces over the rows (a weight's) only under padding,
+against the unpadded call, since zero upstream rows must add nothing to it.
 """
 from __future__ import annotations
 
@@ -30,16 +35,18 @@ class PropertyResult:
     size: int
     calls: int
     rows_changed: list[int] = field(default_factory=list)  # pool rows whose output changed
+    whole_changed: list[str] = field(default_factory=list)  # gradients reduced over the rows that changed
     max_ulp: int | None = None
     first: str = ""  # the first difference, printed
 
     @property
     def passed(self) -> bool:
-        return not self.rows_changed
+        return not self.rows_changed and not self.whole_changed
 
     def to_json(self) -> dict[str, Any]:
         return {"property": self.prop, "size": self.size, "calls": self.calls, "passed": self.passed,
-                "rows_changed": self.rows_changed, "max_ulp": self.max_ulp, "first": self.first}
+                "rows_changed": self.rows_changed, "whole_changed": self.whole_changed, "max_ulp": self.max_ulp,
+                "first": self.first}
 
 
 @dataclass
@@ -65,38 +72,91 @@ class Plan:
     batch_sizes: tuple[int, ...] = (1, 2, 3, 8)
     chunks: tuple[int, ...] = (2, 3)
     pads: tuple[int, ...] = (1, 5)
+    backward: bool = False
+
+
+def _take(value: torch.Tensor, axis: int, rows: slice) -> torch.Tensor:
+    return value[(slice(None),) * axis + (rows,)]
 
 
 class _Rows:
-    """Runs a variant on any selection of pool rows and returns each output's rows."""
+    """Runs a variant on any selection of pool rows and returns the pool rows' outputs (and, with
+    `backward`, their gradients) keyed by name, with each name's batch axis in `axes`."""
 
-    def __init__(self, op: Op, fn: Callable[..., Any], pool: dict[str, Any], extra: dict[str, Any]):
-        self.op, self.fn, self.pool, self.extra = op, fn, pool, extra
+    def __init__(self, op: Op, variant: str, fn: Callable[..., Any], pool: dict[str, Any], extra: dict[str, Any],
+                 backward: bool):
+        self.op, self.variant, self.fn, self.pool, self.extra, self.backward = op, variant, fn, pool, extra, backward
         self.rows = op.rows(pool) or 0
         self.calls = 0  # since the last reset: a property's count
+        self.axes = dict(op.batch_axes)
+        self.whole_grads: dict[str, torch.Tensor] = {}  # of the last call: gradients of inputs without a batch axis
+        self._upstream: dict[str, torch.Tensor] = {}  # per output, one row per pool row
 
     def run(self, rows: slice, pad: int = 0) -> dict[str, torch.Tensor]:
-        """Outputs of one call on pool rows `rows`, padded after with `pad` rows of `extra`; only the
-        pool rows' outputs are returned."""
+        """One call on pool rows `rows`, padded after with `pad` rows of `extra`; only the pool rows'
+        values are returned."""
         args = {}
         for name, value in self.pool.items():
             axis = self.op.batch_axes.get(name)
             if isinstance(value, torch.Tensor) and axis is not None:
-                picked = value[(slice(None),) * axis + (rows,)]
+                picked = _take(value, axis, rows)
                 if pad:
-                    filler = self.extra[name][(slice(None),) * axis + (slice(0, pad),)]
-                    picked = torch.cat([picked, filler], dim=axis)
+                    picked = torch.cat([picked, _take(self.extra[name], axis, slice(0, pad))], dim=axis)
                 args[name] = picked.contiguous()
             else:
                 args[name] = value
+        if self.backward:
+            args = {name: value.detach().clone().requires_grad_() if _differentiable(value) else value
+                    for name, value in args.items()}
         self.calls += 1
-        outputs = returned_values(self.fn(**args), self.op.outputs)
+        with torch.enable_grad():
+            outputs = {name: value for name, value in returned_values(self.fn(**args), self.op.outputs).items()
+                       if isinstance(value, torch.Tensor) and name in self.axes}
         count = len(range(*rows.indices(self.rows)))
-        return {name: value[(slice(None),) * self._axis(name) + (slice(0, count),)]
-                for name, value in outputs.items() if isinstance(value, torch.Tensor) and self._axis(name) is not None}
+        if self.backward:
+            outputs.update(self._gradients(args, outputs, rows, count, pad))
+        return {name: _take(value, self.axes[name], slice(0, count)) for name, value in outputs.items()}
 
-    def _axis(self, name: str) -> int | None:
-        return self.op.batch_axes.get(name)
+    def _gradients(self, args: dict[str, Any], outputs: dict[str, torch.Tensor], rows: slice, count: int,
+                   pad: int) -> dict[str, torch.Tensor]:
+        """Back-propagates the pool rows' upstream rows (zeros for padding): gradients of batch-axis
+        inputs are returned as rows named 'grad <input>'; the others are kept in `whole_grads`."""
+        inputs = {name: value for name, value in args.items() if isinstance(value, torch.Tensor) and value.requires_grad}
+        if not any(value.grad_fn is not None for value in outputs.values()):
+            raise ReplayError(f"op '{self.op.name}' variant '{self.variant}' is not differentiable: "
+                              f"its outputs carry no gradient (--backward)")
+        upstream = []
+        for name, value in outputs.items():
+            axis = self.axes[name]
+            pool_rows = _take(self._upstream_rows(name, value), axis, rows)
+            padding = torch.zeros_like(_take(value, axis, slice(count, None)))
+            upstream.append(torch.cat([pool_rows, padding], dim=axis) if pad else pool_rows)
+        grads = torch.autograd.grad(list(outputs.values()), list(inputs.values()), upstream, allow_unused=True)
+        row_grads, self.whole_grads = {}, {}
+        for (name, value), grad in zip(inputs.items(), grads):
+            if grad is None:
+                continue
+            axis = self.op.batch_axes.get(name)
+            if axis is None:
+                self.whole_grads[f"grad {name}"] = grad
+            else:
+                self.axes[f"grad {name}"] = axis
+                row_grads[f"grad {name}"] = grad
+        return row_grads
+
+    def _upstream_rows(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """The upstream gradient of output `name` for every pool row, made once from a fixed seed."""
+        if name not in self._upstream:
+            axis = self.axes[name]
+            shape = list(value.shape)
+            shape[axis] = self.rows
+            gen = torch.Generator().manual_seed(len(self._upstream))
+            self._upstream[name] = torch.randn(shape, generator=gen).to(value.device, value.dtype)
+        return self._upstream[name]
+
+
+def _differentiable(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype.is_floating_point
 
 
 def check_ops(ops: Iterable[Op], variant: str, example: str | None, plan: Plan, dtype: torch.dtype,
@@ -132,43 +192,61 @@ def check_rows(op: Op, variant: str, label: str, pool: dict[str, Any], extra: di
     if op.serial_rows:
         return InvarianceReport(op.name, variant, label, 0, skipped="its rows share state (serial_rows): a row's "
                                                                     "output depends on the rows before it")
-    runner = _Rows(op, op.get(variant, device).fn, pool, extra)
+    runner = _Rows(op, variant, op.get(variant, device).fn, pool, extra, plan.backward)
     rows = runner.rows
     report = InvarianceReport(op.name, variant, label, rows)
     alone = [runner.run(slice(r, r + 1)) for r in range(rows)]
-    expected = {name: torch.cat([a[name] for a in alone], dim=op.batch_axes[name]) for name in alone[0]} if alone \
+    expected = {name: torch.cat([a[name] for a in alone], dim=runner.axes[name]) for name in alone[0]} if alone \
         else {}
     for size in (s for s in plan.batch_sizes if s <= rows):
         runner.calls = 0
         got = [runner.run(slice(start, start + size)) for start in range(rows - size + 1)]
-        report.results.append(_verdict("batch", size, runner.calls, op, expected,
+        report.results.append(_verdict("batch", size, runner.calls, runner.axes, expected,
                                        [(start, out) for start, out in enumerate(got)]))
     for size in (s for s in plan.chunks if s <= rows):
         runner.calls = 0
         pieces = [(start, runner.run(slice(start, start + size))) for start in range(0, rows, size)]
-        report.results.append(_verdict("chunks", size, runner.calls, op, expected, pieces))
+        report.results.append(_verdict("chunks", size, runner.calls, runner.axes, expected, pieces))
+    unpadded = {}
+    if plan.backward and rows and plan.pads:
+        runner.run(slice(0, rows))
+        unpadded = runner.whole_grads
     for pad in plan.pads if rows else ():
-        report.results.append(_verdict("padding", pad, 1, op, expected, [(0, runner.run(slice(0, rows), pad=pad))]))
+        result = _verdict("padding", pad, 1, runner.axes, expected, [(0, runner.run(slice(0, rows), pad=pad))])
+        _compare_whole(result, runner.whole_grads, unpadded)
+        report.results.append(result)
     return report
 
 
-def _verdict(prop: str, size: int, calls: int, op: Op, expected: dict[str, torch.Tensor],
+def _verdict(prop: str, size: int, calls: int, axes: dict[str, int], expected: dict[str, torch.Tensor],
              pieces: list[tuple[int, dict[str, torch.Tensor]]]) -> PropertyResult:
-    """Each piece's outputs (starting at pool row `start`) against the rows alone, bit for bit."""
+    """Each piece's values (starting at pool row `start`) against the rows alone, bit for bit."""
     result = PropertyResult(prop, size, calls)
     changed: set[int] = set()
     for start, outputs in pieces:
         for name, got in outputs.items():
-            axis = op.batch_axes[name]
+            axis = axes[name]
             want = expected[name].narrow(axis, start, got.shape[axis])
             comparison = compare(got, want, None, axis)
             if comparison.bitwise_equal:
                 continue
             changed |= {start + r for r in comparison.bad_rows}
-            if comparison.max_ulp is not None:
-                result.max_ulp = max(result.max_ulp or 0, comparison.max_ulp)
-            if not result.first:
-                result.first = f"{name} rows {row_ranges(comparison.bad_rows)} of the call at row {start}: " \
-                               f"{comparison.first_difference() or comparison.problem}"
+            _note(result, comparison, f"{name} rows {row_ranges(comparison.bad_rows)} of the call at row {start}")
     result.rows_changed = sorted(changed)
     return result
+
+
+def _compare_whole(result: PropertyResult, got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """Gradients that reduce over the rows, padded against unpadded, bit for bit."""
+    for name, value in got.items():
+        comparison = compare(value, want[name], None)
+        if not comparison.bitwise_equal:
+            result.whole_changed.append(name)
+            _note(result, comparison, f"{name} (reduced over the rows)")
+
+
+def _note(result: PropertyResult, comparison: Any, where: str) -> None:
+    if comparison.max_ulp is not None:
+        result.max_ulp = max(result.max_ulp or 0, comparison.max_ulp)
+    if not result.first:
+        result.first = f"{where}: {comparison.first_difference() or comparison.problem}"

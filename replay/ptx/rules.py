@@ -121,8 +121,13 @@ def shared_address_widths(function: Function) -> list[Finding]:
 
 def _shared_addresses(inst: Instruction) -> list[str]:
     addresses = [op for op in inst.operands if op.startswith("[")]
-    # cp.async copies global -> shared: only its destination (the first address) is in shared memory
-    return addresses[:1] if inst.parts[0] == "cp" else addresses
+    if inst.parts[0] != "cp":
+        return addresses
+    # a copy names its destination's and its source's state spaces in operand order (cp.async.ca.shared.global,
+    # cp.async.bulk.tensor.2d.global.shared::cta: the global one a tensor map); an address after those two
+    # is an mbarrier's, in shared memory
+    spaces = [part.split("::")[0] for part in inst.parts[1:] if part.split("::")[0] in ("shared", "global")][:2]
+    return [a for a, space in zip(addresses, spaces) if space == "shared"] + addresses[len(spaces):]
 
 
 def dereferenced_params(function: Function) -> tuple[dict[str, int], dict[str, int]]:
