@@ -3,11 +3,13 @@
 With no recording active a captured function costs one global check. While one is,
 each call's inputs are copied before it runs (so an in-place kernel still replays
 from its true inputs), its outputs and mutated arguments after, with any tags and
-launch records the call made. Capture never crashes the program it records unless
-REPLAY_CAPTURE_STRICT=1: failures are reported once on stderr and in the manifest.
+launch records the call made; replay/capture_pipeline.py writes the copies on a thread
+of its own. Capture never crashes the program it records unless REPLAY_CAPTURE_STRICT=1:
+failures are reported once on stderr and in the manifest.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import functools
@@ -24,10 +26,12 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
+from replay.capture_pipeline import (DEFAULT_QUEUE_DEPTH, BlobRef, CallWriter, Copier, PendingCall, PinnedPool,
+                                     check_options)
 from replay.errors import CaptureError, ReplayError
 from replay.snapshot import SnapshotWriter
 from replay.snapshot import jsonargs
-from replay.snapshot.tensors import Geometry, UnsupportedTensor, geometry_of, span_copy_cpu
+from replay.snapshot.tensors import UnsupportedTensor, geometry_of
 
 BLOB_THRESHOLD_BYTES = 64 * 1024
 DEFAULT_TAG_LEVEL = 1
@@ -236,7 +240,7 @@ def returned_values(result: Any, names: tuple[str, ...]) -> dict[str, Any]:
 
 
 class _BlobIds:
-    """Remembers which blob holds an unchanged tensor so weights are hashed once.
+    """Remembers which blob holds an unchanged tensor so weights are copied and hashed once.
 
     The key includes the version counter, so a weight modified in place is stored
     again. Inference-mode tensors have no version counter: they are hashed each call
@@ -245,7 +249,7 @@ class _BlobIds:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._ids: dict[tuple, tuple[weakref.ref, str]] = {}
+        self._ids: dict[tuple, tuple[weakref.ref, BlobRef]] = {}
 
     @staticmethod
     def _key(t: torch.Tensor) -> tuple[tuple, torch.Tensor] | None:
@@ -255,7 +259,7 @@ class _BlobIds:
         key = (id(base), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, str(t.device), t._version)
         return key, base
 
-    def get(self, t: torch.Tensor) -> str | None:
+    def get(self, t: torch.Tensor) -> BlobRef | None:
         keyed = self._key(t)
         if keyed is None:
             return None
@@ -264,15 +268,15 @@ class _BlobIds:
             hit = self._ids.get(key)
         return hit[1] if hit is not None and hit[0]() is base else None
 
-    def put(self, t: torch.Tensor, digest: str) -> None:
+    def put(self, t: torch.Tensor, blob: BlobRef) -> None:
         keyed = self._key(t)
         if keyed is None:
             return
         key, base = keyed
         # Drop the entry when the tensor dies, so a long recording does not accumulate them.
-        ref = weakref.ref(base, lambda dead, key=key: self._forget(key, dead))
+        alive = weakref.ref(base, lambda dead, key=key: self._forget(key, dead))
         with self._lock:
-            self._ids[key] = (ref, digest)
+            self._ids[key] = (alive, blob)
 
     def _forget(self, key: tuple, dead: weakref.ref) -> None:
         # Runs from the garbage collector, possibly while this thread holds the lock:
@@ -285,21 +289,45 @@ class Recording:
     """An active recording into one snapshot directory."""
 
     def __init__(self, path: str | Path, *, notes: str = "", tag_level: int | None = None,
-                 strict: bool | None = None, blob_threshold: int = BLOB_THRESHOLD_BYTES):
+                 strict: bool | None = None, blob_threshold: int = BLOB_THRESHOLD_BYTES,
+                 asynchronous: bool = True, queue_depth: int = DEFAULT_QUEUE_DEPTH, when_full: str = "block",
+                 durability: str = "close"):
         self.strict = strict if strict is not None else os.environ.get("REPLAY_CAPTURE_STRICT") == "1"
         self.tag_level = tag_level if tag_level is not None else _tag_level_from_env()
         self.blob_threshold = blob_threshold
-        self.writer = SnapshotWriter(path, notes=notes)
+        check_options(queue_depth, when_full)
+        self.writer = SnapshotWriter(path, notes=notes, durability=durability)
+        # strict capture writes on the calling thread, so that a failure raises in the call that met it
+        self.calls = CallWriter(self.writer, PinnedPool(), asynchronous=asynchronous and not self.strict,
+                                depth=queue_depth, when_full=when_full, on_error=self._write_failed)
         self.started = time.perf_counter()  # calls record their start from here
         self.stopped = False
-        self.calls_written = 0
         self._blob_ids = _BlobIds()
         self._reported: set[str] = set()
         self._report_lock = threading.Lock()
+        self._dropped: list[str] = []  # calls not recorded for want of room in the queue
 
     @property
     def path(self) -> Path:
         return self.writer.path
+
+    @property
+    def calls_written(self) -> int:
+        """Calls on disk so far (after flush() or close(), every call made before it)."""
+        return self.calls.written
+
+    def flush(self) -> None:
+        """Return once every call made so far is written."""
+        self.calls.flush()
+
+    def close(self) -> None:
+        """Write every queued call, report the dropped ones, and flush the files to disk."""
+        self.calls.close()
+        if self._dropped:
+            names = "; ".join(self._dropped[:20]) + (f"; and {len(self._dropped) - 20} more"
+                                                     if len(self._dropped) > 20 else "")
+            self._report(f"{len(self._dropped)} calls not recorded: the capture queue was full "
+                         f"(when_full='drop'): {names}", stop=False)
 
     def _report(self, message: str, *, stop: bool) -> None:
         if self.strict:
@@ -318,47 +346,57 @@ class Recording:
         except OSError:
             pass
 
-    def _store(self, spec: CallSpec, what: str, t: torch.Tensor,
-               reusable: bool) -> tuple[torch.Tensor | None, Geometry, str | None]:
-        """Copy a tensor now: inline span, or (large and read-only) a blob digest."""
+    def _write_failed(self, call: PendingCall, exc: BaseException) -> None:
+        self._report(f"op '{call.header['op']}': writing call {call.index} failed: {exc}; capture stopped", stop=True)
+
+    def _store(self, spec: CallSpec, what: str, t: torch.Tensor, copier: Copier, call: PendingCall, key: str,
+               reusable: bool) -> None:
+        """Copy a tensor now into `call`: inline, or (large and read-only) as a blob, copied and
+        hashed once however many calls pass it."""
         try:
             geometry = geometry_of(t)
         except UnsupportedTensor as exc:
             raise CaptureError(f"op '{spec.op}': {what}: {exc}; call not recorded") from None
         if reusable and t.numel() * t.element_size() >= self.blob_threshold:
-            digest = self._blob_ids.get(t)
-            if digest is None:
-                digest = self.writer.put_blob(span_copy_cpu(t)[0])
-                self._blob_ids.put(t, digest)
-            return None, geometry, digest
-        return span_copy_cpu(t)[0], geometry, None
+            blob = self._blob_ids.get(t)
+            if blob is None:
+                blob = BlobRef(copier.copy(t))
+                self._blob_ids.put(t, blob)
+            call.blobs[key] = (blob, geometry)
+        else:
+            call.copies[key] = copier.copy(t)
 
     def record(self, spec: CallSpec, fn: Callable, signature: inspect.Signature,
                args: tuple, kwargs: dict) -> Any:
-        if self.stopped:
+        if self.stopped or self.calls.failed:
+            return fn(*args, **kwargs)
+        if self.calls.when_full == "drop" and self.calls.full():
+            self._dropped.append(f"{spec.op} after call {self.writer.next_index - 1}")
             return fn(*args, **kwargs)
         try:
             bound = signature.bind(*args, **kwargs)
         except TypeError:  # the call itself is wrong: let the function raise its own error
             return fn(*args, **kwargs)
         bound.apply_defaults()
-        index = self.writer.reserve_index()
+        call = PendingCall(self.writer.reserve_index(), {})
+        copier = Copier(self.calls.pool)
         arg_list: list[dict[str, Any]] = []
-        stored: dict[str, tuple[torch.Tensor | None, Geometry, str | None]] = {}
         try:
             for name, value in bound.arguments.items():
                 if isinstance(value, torch.Tensor):
                     role = "state" if name in spec.state else "in"
                     key = f"{role}/{name}"
-                    stored[key] = self._store(spec, f"argument '{name}'", value,
-                                              reusable=role == "in" and name not in spec.mutates)
+                    self._store(spec, f"argument '{name}'", value, copier, call, key,
+                                reusable=role == "in" and name not in spec.mutates)
                     arg_list.append({"name": name, "tensor": key})
                 else:
                     arg_list.append({"name": name, "json": _json(spec, f"argument '{name}'", value)})
         except CaptureError as exc:
+            self._discard(call, copier)
             self._report(str(exc), stop=False)
             return fn(*args, **kwargs)
         except (OSError, TypeError, RuntimeError) as exc:
+            self._discard(call, copier)
             self._report(f"op '{spec.op}': could not copy inputs: {exc}; capture stopped", stop=True)
             return fn(*args, **kwargs)
 
@@ -367,19 +405,25 @@ class Recording:
         started = time.perf_counter()
         try:
             result = fn(*args, **kwargs)
+        except BaseException:
+            self._discard(call, copier)
+            raise
         finally:
             _sink.reset(token)
         timing = {"start_s": started - self.started, "duration_s": time.perf_counter() - started}
         try:
-            self._write(spec, index, arg_list, stored, bound.arguments, result, sink, timing)
+            self._finish(spec, call, copier, arg_list, bound.arguments, result, sink, timing)
         except CaptureError as exc:
+            self._discard(call, copier)
             self._report(str(exc), stop=False)
         except (OSError, TypeError, RuntimeError, ValueError) as exc:
-            self._report(f"op '{spec.op}': writing call {index} failed: {exc}; capture stopped", stop=True)
+            self._discard(call, copier)
+            self._report(f"op '{spec.op}': copying call {call.index} failed: {exc}; capture stopped", stop=True)
         return result
 
-    def _write(self, spec: CallSpec, index: int, arg_list: list, stored: dict, arguments: dict,
-               result: Any, sink: CallSink, timing: dict[str, float]) -> None:
+    def _finish(self, spec: CallSpec, call: PendingCall, copier: Copier, arg_list: list, arguments: dict,
+                result: Any, sink: CallSink, timing: dict[str, float]) -> None:
+        """Copy the outputs and tags, and hand the call to the writer."""
         if sink.rejected:
             raise CaptureError(f"op '{spec.op}': {sink.rejected[0]}; call not recorded")
         outputs = returned_values(result, spec.outputs)
@@ -388,19 +432,22 @@ class Recording:
         returned_json = {}
         for name, value in outputs.items():
             if isinstance(value, torch.Tensor):
-                stored[f"out/{name}"] = self._store(spec, f"output '{name}'", value, reusable=False)
+                self._store(spec, f"output '{name}'", value, copier, call, f"out/{name}", reusable=False)
             else:
                 returned_json[name] = _json(spec, f"output '{name}'", value)
         for name, value in sink.tags.items():
-            stored[f"tag/{name}"] = self._store(spec, f"tag '{name}'", value, reusable=False)
-        header = {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": arg_list,
-                  "returns_json": returned_json, "launch": sink.launches,
-                  "meta": {**timing, "thread": threading.current_thread().name, "scope": current_scope()}}
-        spans = {k: span for k, (span, _, digest) in stored.items() if digest is None}
-        geometries = {k: g for k, (_, g, _) in stored.items()}
-        blobs = {k: digest for k, (_, _, digest) in stored.items() if digest is not None}
-        self.writer.write_call(index, header, spans, geometries, blobs)
-        self.calls_written += 1
+            self._store(spec, f"tag '{name}'", value, copier, call, f"tag/{name}", reusable=False)
+        call.header = {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": arg_list,
+                       "returns_json": returned_json, "launch": sink.launches,
+                       "meta": {**timing, "thread": threading.current_thread().name, "scope": current_scope()}}
+        call.ready = copier.mark()
+        self.calls.submit(call)
+
+    def _discard(self, call: PendingCall, copier: Copier) -> None:
+        """A call that will not be written: its buffers go back once its copies have landed."""
+        copier.mark()()
+        for copy in call.copies.values():
+            self.calls.release(copy)
 
 
 def _tag_level_from_env() -> int:
@@ -414,33 +461,45 @@ def active() -> Recording | None:
     return _recording
 
 
-def start(path: str | Path, *, notes: str = "", tag_level: int | None = None, strict: bool | None = None,
-          blob_threshold: int = BLOB_THRESHOLD_BYTES) -> Recording:
-    """Start recording every captured call into a new snapshot at `path` (see `recording`)."""
+def start(path: str | Path, **options: Any) -> Recording:
+    """Start recording every captured call into a new snapshot at `path` (options: `recording`'s)."""
     global _recording
     with _start_lock:
         if _recording is not None:
             raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
-        _recording = Recording(path, notes=notes, tag_level=tag_level, strict=strict, blob_threshold=blob_threshold)
+        _recording = Recording(path, **options)
         return _recording
 
 
 def stop() -> Recording | None:
-    """Stop the active recording, if any, and return it."""
+    """Stop the active recording, if any: write what is queued, flush it to disk, and return it."""
     global _recording
-    rec, _recording = _recording, None
+    with _start_lock:
+        rec, _recording = _recording, None
+    if rec is not None:
+        rec.close()
     return rec
+
+
+def flush() -> None:
+    """Return once every call the active recording has captured so far is written (no-op without one)."""
+    rec = _recording
+    if rec is not None:
+        rec.flush()
 
 
 @contextlib.contextmanager
 def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None, strict: bool | None = None,
-              blob_threshold: int = BLOB_THRESHOLD_BYTES) -> Iterator[Recording]:
+              blob_threshold: int = BLOB_THRESHOLD_BYTES, asynchronous: bool = True,
+              queue_depth: int = DEFAULT_QUEUE_DEPTH, when_full: str = "block",
+              durability: str = "close") -> Iterator[Recording]:
     """Record every call of a registered or captured function made inside the block.
 
-    Each call is written as it finishes (inputs copied before it runs, outputs, tags
-    and launch records after), so a crash loses only the call in flight. Capture
-    errors are reported once on stderr and in the manifest, and never stop the
-    program unless `strict`.
+    A call's inputs are copied before it runs and its outputs, tags and launch records after
+    (on a GPU, stream-ordered into pinned host memory); a writer thread turns the copies into
+    files, so the program pays for issuing copies, not for writing. Leaving the block, by an
+    exception too, writes every call made in it. Capture errors are reported once on stderr
+    and in the manifest, and never stop the program unless `strict`.
 
     Args:
         path: a new or empty directory for the snapshot. A directory that already holds
@@ -448,19 +507,30 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
             unwritable place raises SnapshotError.
         notes: free text kept in the manifest.
         tag_level: 0 (no tags), 1 (level-1 tags) or 2 (all); default REPLAY_TAGS, else 1.
-        strict: raise CaptureError on a capture failure; default REPLAY_CAPTURE_STRICT=1.
+        strict: raise CaptureError on a capture failure, in the call that met it (strict
+            capture writes on the calling thread); default REPLAY_CAPTURE_STRICT=1.
         blob_threshold: read-only tensors of at least this many bytes (weights) are
             stored once in blobs/, by content, and shared between calls.
+        asynchronous: write on a thread of the recording's own (default); False writes each
+            call before the program goes on.
+        queue_depth: calls copied but not yet written, at most.
+        when_full: with the queue full, "block" (the program waits; nothing is lost) or "drop"
+            (the call is not recorded; the manifest's capture_errors counts and names the drops).
+        durability: "close" flushes the files to disk once, when the recording closes (a
+            killed process loses nothing: the page cache outlives it); "call" flushes each
+            call's files as they are written, for runs that may lose power.
 
     Returns:
-        A context manager yielding the Recording (`.path`, `.calls_written`).
+        A context manager yielding the Recording (`.path`, `.calls_written`, `.flush()`).
 
     Example:
         with replay.recording("snapshots/prefill_001", notes="8-token prefill") as rec:
             model.prefill(tokens)
         print(rec.calls_written, "calls in", rec.path)
     """
-    rec = start(path, notes=notes, tag_level=tag_level, strict=strict, blob_threshold=blob_threshold)
+    start(path, notes=notes, tag_level=tag_level, strict=strict, blob_threshold=blob_threshold,
+          asynchronous=asynchronous, queue_depth=queue_depth, when_full=when_full, durability=durability)
+    rec = _recording
     try:
         yield rec
     finally:
@@ -468,12 +538,13 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
 
 
 def start_from_env() -> None:
-    """Honour REPLAY_CAPTURE=path: record the whole process into that snapshot."""
+    """Honour REPLAY_CAPTURE=path: record the whole process into that snapshot, written out at exit."""
     path = os.environ.get("REPLAY_CAPTURE")
     if not path or _recording is not None:
         return
     try:
         start(path)
+        atexit.register(stop)
     except (ReplayError, OSError) as exc:  # an existing snapshot, an unwritable path, a bad setting
         if os.environ.get("REPLAY_CAPTURE_STRICT") == "1":
             raise

@@ -1,13 +1,21 @@
-"""Capture costs: the no-recording overhead of a captured function, and weight dedup on disk.
+"""Capture costs: the no-recording overhead of a captured function, weight dedup on disk, and
+(with --gpu) recording throughput on a GPU.
 
     python scripts/bench_capture.py [--iterations N] [--repeats R] [--layers L] [--steps S]
+    PYTHONPATH=. python3 scripts/bench_capture.py --gpu      # on a GPU machine: (c) only
 
 (a) Calls a captured function with no recording active and the same undecorated function,
-    N calls per timing, R timings each, and reports the median ns per call: for the
-    recorder's wrapper alone and for the registry Variant that users call (one more frame).
+    N calls per timing, R timings each, and reports the median ns per call (the wrapper checks
+    one global and calls the function).
 (b) Records a toy decoder (L layers x S decode steps, three calls per layer, every layer's
     weights passed again at every step) and compares the bytes on disk with the bytes
     the recorded tensors would take stored inline in every call.
+(c) --gpu: the tiny model (hidden 256 and 2048: a 64-token prefill, a 16-step decode loop)
+    and a 7B-shaped MLP block (bf16, 64 rows, 8 times), each run bare, recorded through the
+    pipeline (the default) and recorded writing each call before going on
+    (asynchronous=False); the pipeline's throughput (bytes written / time until the recording
+    is closed) against a pinned device-to-host copy and a sequential write of the same disk,
+    both measured in the same run. Each time is the median of --runs.
 Prints Markdown tables (pasted into docs/PERFORMANCE.md).
 """
 from __future__ import annotations
@@ -16,6 +24,7 @@ import argparse
 import contextlib
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -36,8 +45,8 @@ def median_ns_per_call(fn: Callable[[], object], iterations: int, repeats: int) 
     return statistics.median(timings) / iterations * 1e9
 
 
-def overhead_rows(iterations: int, repeats: int) -> list[tuple[str, float, float, float]]:
-    """(workload, plain, recorder wrapper alone, captured variant) in ns/call, no recording active."""
+def overhead_rows(iterations: int, repeats: int) -> list[tuple[str, float, float]]:
+    """(workload, plain, captured) in ns/call, no recording active."""
     def noop(x: object, y: object) -> object:
         return x
 
@@ -47,10 +56,8 @@ def overhead_rows(iterations: int, repeats: int) -> list[tuple[str, float, float
     a, b = torch.randn(1024), torch.randn(1024)
     rows = []
     for label, fn in (("python no-op (x, y) -> x", noop), ("torch.add, 1024 fp32", small_add)):
-        captured = replay.capture(f"bench_{fn.__name__}")(fn)  # a registry Variant around the wrapper
-        wrapper = captured.call
+        captured = replay.capture(f"bench_{fn.__name__}")(fn)  # what users call: the recorder's wrapper
         rows.append((label, median_ns_per_call(lambda: fn(a, b), iterations, repeats),
-                     median_ns_per_call(lambda: wrapper(a, b), iterations, repeats),
                      median_ns_per_call(lambda: captured(a, b), iterations, repeats)))
     return rows
 
@@ -93,22 +100,123 @@ def dedup_figures(path: Path) -> dict[str, float]:
             "blob_files": len(list((path / "blobs").iterdir())), "blob_references": references}
 
 
+def d2h_gbps(nbytes: int = 1 << 30) -> float:
+    """GB/s of one device-to-host copy into pinned memory (median of 5)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    times = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return nbytes / statistics.median(times) / 1e9
+
+
+def disk_gbps(directory: Path, nbytes: int = 1 << 30, piece: int = 64 << 20) -> float:
+    """GB/s of writing a new file in `piece`-sized writes, flushed to disk at the end, as the pipeline does."""
+    data = os.urandom(piece)
+    target = directory / "disk_probe.bin"
+    started = time.perf_counter()
+    with open(target, "wb") as f:
+        for _ in range(nbytes // piece):
+            f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - started
+    target.unlink()
+    return nbytes / seconds / 1e9
+
+
+@replay.capture("bench_mlp_up")
+def mlp_up(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(x @ w_gate.t()) * (x @ w_up.t())
+
+
+def gpu_workloads() -> dict[str, Callable[[], object]]:
+    from kernels.model import TinyLlama, TinyLlamaConfig
+
+    work: dict[str, Callable[[], object]] = {}
+    for hidden, ffn, heads, kv_heads in ((256, 768, 4, 2), (2048, 5632, 16, 4)):
+        model = TinyLlama(TinyLlamaConfig(hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, max_seq=128),
+                          device="cuda")
+
+        def prefill(model: TinyLlama = model) -> object:
+            model.reset()
+            return model.prefill(list(range(64)))
+
+        def decode(model: TinyLlama = model) -> object:
+            model.reset()
+            model.prefill(list(range(8)))
+            return [model.decode_step(t) for t in range(16)]
+        work[f"tiny h{hidden}: prefill 64"] = prefill
+        work[f"tiny h{hidden}: decode 16 steps"] = decode
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w_gate, w_up = (torch.randn(11008, 4096, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(2))
+    w_down = torch.randn(4096, 11008, device="cuda", generator=gen, dtype=torch.bfloat16)
+    x = torch.randn(64, 4096, device="cuda", generator=gen, dtype=torch.bfloat16)
+    work["7B MLP block, 64 rows x 8"] = lambda: [linear(mlp_up(x, w_gate, w_up), w_down) for _ in range(8)]
+    return work
+
+
+def timed(fn: Callable[[], object], record_into: Path | None, runs: int, **options: object) -> tuple[float, float, int]:
+    """Median (program seconds, seconds until the recording is closed, bytes on disk) over `runs`."""
+    program, total, size = [], [], 0
+    for run in range(runs):
+        target = record_into / str(run) if record_into else None
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        with replay.recording(target, **options) if target else contextlib.nullcontext():
+            fn()
+            torch.cuda.synchronize()
+            program.append(time.perf_counter() - started)
+        total.append(time.perf_counter() - started)
+        if target:
+            size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
+            shutil.rmtree(target)
+    return statistics.median(program), statistics.median(total), size
+
+
+def gpu_table(runs: int) -> None:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        d2h, disk = d2h_gbps(), disk_gbps(Path(tmp))
+        floor = min(d2h, disk)
+        print(f"{torch.cuda.get_device_name()}; pinned device-to-host {d2h:.1f} GB/s; disk write ({tmp}) "
+              f"{disk:.2f} GB/s\n")
+        print("| workload | bare ms | pipelined: program ms / closed ms (x bare) | synchronous ms (x bare) "
+              "| MB written | pipeline GB/s | of min(D2H, disk) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for name, fn in gpu_workloads().items():
+            fn()  # compile the kernels
+            bare = timed(fn, None, runs)[0]
+            program, closed, size = timed(fn, Path(tmp) / "pipe", runs)
+            synchronous = timed(fn, Path(tmp) / "sync", runs, asynchronous=False)[1]
+            print(f"| {name} | {bare * 1e3:.1f} | {program * 1e3:.1f} / {closed * 1e3:.1f} ({closed / bare:.1f}x) "
+                  f"| {synchronous * 1e3:.1f} ({synchronous / bare:.1f}x) | {size / 1e6:.0f} "
+                  f"| {size / closed / 1e9:.2f} | {size / closed / 1e9 / floor:.0%} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=200_000, help="calls per timing")
     parser.add_argument("--repeats", type=int, default=7, help="timings per function (the median is reported)")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--steps", type=int, default=4, help="decode steps: each passes every weight again")
+    parser.add_argument("--gpu", action="store_true", help="(c) only: recording throughput on the GPU")
+    parser.add_argument("--runs", type=int, default=3, help="--gpu: runs per timing (the median is reported)")
     args = parser.parse_args()
+    if args.gpu:
+        gpu_table(args.runs)
+        return
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "
           f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}\n")
-    print("| workload (no recording active) | plain ns/call | recorder wrapper ns/call (ratio) "
-          "| captured variant ns/call (ratio) | extra ns/call |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for label, plain_ns, wrapper_ns, captured_ns in overhead_rows(args.iterations, args.repeats):
-        print(f"| {label} | {plain_ns:.0f} | {wrapper_ns:.0f} ({wrapper_ns / plain_ns:.2f}x) "
-              f"| {captured_ns:.0f} ({captured_ns / plain_ns:.2f}x) | {captured_ns - plain_ns:.0f} |")
+    print("| workload (no recording active) | plain ns/call | captured ns/call (ratio) | extra ns/call |")
+    print("| --- | ---: | ---: | ---: |")
+    for label, plain_ns, captured_ns in overhead_rows(args.iterations, args.repeats):
+        print(f"| {label} | {plain_ns:.0f} | {captured_ns:.0f} ({captured_ns / plain_ns:.2f}x) "
+              f"| {captured_ns - plain_ns:.0f} |")
 
     plain_seconds = run_decoder(args.layers, args.steps)
     with tempfile.TemporaryDirectory() as tmp:

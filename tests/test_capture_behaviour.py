@@ -124,12 +124,12 @@ def test_strict_mode_raises_on_non_json_argument(tmp_path: Path, monkeypatch: py
             takes_anything(torch.zeros(2), extra=object())
 
 
-def failing_in(directory: str, real: Callable[[Path, bytes], None]) -> Callable[[Path, bytes], None]:
+def failing_in(directory: str, real: Callable[..., None]) -> Callable[..., None]:
     """write_atomic failing as on a full disk inside `directory`; the manifest can still be written."""
-    def write(path: Path, data: bytes) -> None:
+    def write(path: Path, data: bytes, **options: bool) -> None:
         if path.parent.name == directory:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(path, data)
+        real(path, data, **options)
     return write
 
 
@@ -140,6 +140,7 @@ def test_write_failure_is_reported_once_and_capture_stops(directory: str, tmp_pa
     weight = torch.zeros(128, 128)  # 64 KiB: stored as a blob
     with replay.recording(tmp_path / "snap") as rec:
         takes_anything(torch.zeros(2))
+        replay.flush()  # on disk before the disk fills
         monkeypatch.setattr(writer, "write_atomic", failing_in(directory, writer.write_atomic))
         results = [takes_anything(weight) for _ in range(3)]
     assert all(torch.equal(r, torch.ones(128, 128)) for r in results)

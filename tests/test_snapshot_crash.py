@@ -1,7 +1,10 @@
-"""A recording process killed with SIGKILL leaves a snapshot whose finished calls all replay."""
+"""A recording process killed with SIGKILL, at moments picked at random, leaves a snapshot whose
+indexed calls all read back: the pipelined capture (REPLAY_CAPTURE's default) indexes a call
+only once its file is whole."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -9,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from fixtures.make_fixture_snapshot import make_fixture_snapshot
@@ -28,7 +32,6 @@ RECORDER = textwrap.dedent("""
         double(torch.full((64, 1024), float(step)), step)
         step += 1
 """)
-CALLS_BEFORE_KILL = 25
 
 
 def index_lines(snapshot: Path) -> int:
@@ -38,16 +41,20 @@ def index_lines(snapshot: Path) -> int:
         return 0
 
 
-def test_sigkill_mid_recording_leaves_finished_calls_readable(tmp_path: Path) -> None:
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sigkill_mid_recording_leaves_finished_calls_readable(seed: int, tmp_path: Path) -> None:
+    rng = random.Random(seed)
+    calls_before_kill, then_wait = rng.randint(1, 30), rng.uniform(0.0, 0.05)
     snapshot = tmp_path / "snap"
     env = dict(os.environ, REPLAY_CAPTURE=str(snapshot))
     child = subprocess.Popen([sys.executable, "-c", RECORDER], env=env, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 60
-        while index_lines(snapshot) < CALLS_BEFORE_KILL:
+        while index_lines(snapshot) < calls_before_kill:
             assert child.poll() is None, child.stderr.read().decode()
             assert time.monotonic() < deadline, "the recorder never reached the kill point"
-            time.sleep(0.02)
+            time.sleep(0.002)
+        time.sleep(then_wait)
         assert child.poll() is None  # still recording when killed
         child.send_signal(signal.SIGKILL)
     finally:
@@ -56,7 +63,7 @@ def test_sigkill_mid_recording_leaves_finished_calls_readable(tmp_path: Path) ->
     assert child.returncode == -signal.SIGKILL
 
     read = Snapshot(snapshot)  # verifies sha256 of every file it loads
-    assert len(read) >= CALLS_BEFORE_KILL
+    assert len(read) >= calls_before_kill
     for record in read:
         step = record.arguments()["step"]
         assert torch.equal(record.tensors["in/x"], torch.full((64, 1024), float(step)))

@@ -15,14 +15,16 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write to a temporary name beside `path`, flush to disk, then rename over it."""
+def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
+    """Write to a temporary name beside `path`, flush to disk (unless not `sync`: a killed process
+    loses nothing the kernel's page cache holds, only a lost machine does), then rename over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         # A failed write (disk full) must not leave a half-written temporary behind.
@@ -75,12 +77,23 @@ def _create_with_o_excl(path: Path, data: bytes) -> bool:
     return True
 
 
-def append_line(path: Path, line: str) -> None:
-    """Append one complete line with a single write, flushed to disk."""
+def append_line(path: Path, line: str, *, sync: bool = True) -> None:
+    """Append one complete line with a single write, flushed to disk if `sync`."""
     with open(path, "ab") as f:
         f.write(line.encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def fsync_paths(paths: list[Path]) -> None:
+    """Flush files, then the directories holding them (their names), to disk."""
+    for path in [*paths, *dict.fromkeys(p.parent for p in paths)]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.+=-]")

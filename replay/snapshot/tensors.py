@@ -63,14 +63,6 @@ def storage_span(t: torch.Tensor, geometry: Geometry | None = None) -> torch.Ten
     return torch.as_strided(t, (g.span,), (1,), g.storage_offset)
 
 
-def span_copy_cpu(t: torch.Tensor) -> tuple[torch.Tensor, Geometry]:
-    """Copy the reachable storage of `t` to a fresh contiguous CPU tensor."""
-    g = geometry_of(t)
-    span = storage_span(t.detach(), g)
-    copy = span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone()
-    return copy, g
-
-
 # Reading a tensor costs memory in proportion to what is stored, whatever the geometry claims:
 # a view (a broadcast, overlapping strides) may reach MAX_VIEW_RATIO times its stored bytes, or
 # MIN_VIEW_LIMIT bytes; the reader also bounds the sum over a call (replay/snapshot/reader.py).

@@ -11,7 +11,8 @@ import torch
 
 from replay.errors import SnapshotError
 from replay.snapshot import callfile
-from replay.snapshot.files import append_line, create_exclusive, safe_component, sha256_bytes, write_atomic
+from replay.snapshot.files import (append_line, create_exclusive, fsync_paths, safe_component, sha256_bytes,
+                                  write_atomic)
 from replay.snapshot.manifest import new_manifest
 from replay.snapshot.tensors import Geometry
 
@@ -19,6 +20,7 @@ MANIFEST = "manifest.json"
 INDEX = "calls.jsonl"
 CALLS_DIR = "calls"
 BLOBS_DIR = "blobs"
+DURABILITY = ("close", "call")
 
 
 def blob_relpath(digest: str) -> str:
@@ -44,10 +46,21 @@ class SnapshotWriter:
 
     Creating the manifest is exclusive: of two writers started on one directory at once,
     in threads or processes, exactly one gets it and the other raises SnapshotError.
+
+    Every file is written whole under a temporary name and renamed, and a call's index line is
+    appended after its file: a killed process leaves only complete calls indexed. `durability`
+    says when they reach the disk: "call" flushes each file as it is written; "close" (the
+    default) flushes them all once, at close(), which a crash of the process does not need (the
+    kernel's page cache outlives it) and a lost machine does.
     """
 
-    def __init__(self, path: str | Path, *, notes: str = "", source_dir: Path | None = None):
+    def __init__(self, path: str | Path, *, notes: str = "", source_dir: Path | None = None,
+                 durability: str = "close"):
+        if durability not in DURABILITY:
+            raise ValueError(f"durability={durability!r}: must be one of {', '.join(DURABILITY)}")
         self.path = Path(path)
+        self._sync = durability == "call"
+        self._unsynced: list[Path] = []  # written since the last flush to disk, with durability "close"
         self._lock = threading.Lock()
         self._next_index = 0
         self._known_blobs: set[str] = set()
@@ -75,6 +88,11 @@ class SnapshotWriter:
     def _write_manifest(self) -> None:
         write_atomic(self.path / MANIFEST, self._manifest_bytes())
 
+    @property
+    def next_index(self) -> int:
+        """The index the next call will get."""
+        return self._next_index
+
     def reserve_index(self) -> int:
         with self._lock:
             index = self._next_index
@@ -90,10 +108,16 @@ class SnapshotWriter:
                 return digest
         target = self.path / blob_relpath(digest)
         if not target.exists():
-            write_atomic(target, data)
+            self._write(target, data)
         with self._lock:
             self._known_blobs.add(digest)
         return digest
+
+    def _write(self, target: Path, data: bytes) -> None:
+        write_atomic(target, data, sync=self._sync)
+        if not self._sync:
+            with self._lock:
+                self._unsynced.append(target)
 
     def write_call(self, index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
                    geometries: dict[str, Geometry], blobs: dict[str, str]) -> Path:
@@ -104,13 +128,20 @@ class SnapshotWriter:
         })
         data = callfile.serialize(header, spans)
         rel = f"{CALLS_DIR}/{index:06d}-{safe_component(header['op'])}.safetensors"
-        write_atomic(self.path / rel, data)
+        self._write(self.path / rel, data)
         line = {"index": index, "op": header["op"], "variant": header["variant"], "file": rel,
                 "sha256": sha256_bytes(data), "bytes": len(data),
                 "blobs": sorted(set(blobs.values()))}
         with self._lock:
-            append_line(self.path / INDEX, json.dumps(line))
+            append_line(self.path / INDEX, json.dumps(line), sync=self._sync)
         return self.path / rel
+
+    def close(self) -> None:
+        """Flush what durability "close" left in the page cache to disk (index last)."""
+        with self._lock:
+            pending, self._unsynced = self._unsynced, []
+        if pending:
+            fsync_paths(pending + [self.path / INDEX])
 
     def record_error(self, message: str) -> None:
         with self._lock:

@@ -1,0 +1,206 @@
+"""The far side of capture: host copies of a call's tensors become files on a writer thread.
+
+At a captured call the recorder only issues copies: a CPU tensor is cloned; a GPU tensor's
+storage span is copied `non_blocking` into a pinned host buffer from a reusable pool, on the
+stream the call runs on (inputs before the call, outputs after), and an event marks the end.
+The call then goes on a bounded queue; the writer thread waits for the event, hashes blobs,
+serialises and writes, and gives the buffers back. When the queue is full, `when_full` says
+what happens: "block" (the program waits; nothing is lost) or "drop" (the call is not
+recorded; drops are counted and named in the manifest's capture_errors).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from replay.snapshot import SnapshotWriter
+from replay.snapshot.tensors import Geometry, geometry_of, storage_span
+
+WHEN_FULL = ("block", "drop")
+DEFAULT_QUEUE_DEPTH = 64
+_MIN_BUFFER = 4096
+
+
+class PinnedPool:
+    """Page-locked host buffers by power-of-two size, reused once the writer is done with them
+    (allocating pinned memory costs far more than a copy into it)."""
+
+    def __init__(self) -> None:
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        size = max(_MIN_BUFFER, 1 << (max(nbytes, 1) - 1).bit_length())
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                return free.pop()
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        with self._lock:
+            self._free.setdefault(buffer.numel(), []).append(buffer)
+
+
+@dataclass
+class HostCopy:
+    """A tensor's storage span on the host, or on its way there."""
+    span: torch.Tensor
+    geometry: Geometry
+    buffer: torch.Tensor | None = None  # the pooled pinned buffer `span` lives in, to give back
+
+
+class BlobRef:
+    """A read-only tensor stored once, by content: its digest is known once a writer has hashed
+    the one copy taken of it; every later call that passes it again refers to it."""
+
+    def __init__(self, copy: HostCopy):
+        self.copy: HostCopy | None = copy
+        self.digest: str | None = None
+        self._lock = threading.Lock()
+
+    def resolve(self, writer: SnapshotWriter, release: Callable[[HostCopy], None]) -> str:
+        with self._lock:
+            if self.digest is None:
+                if self.copy is None:
+                    raise OSError("the blob's copy was lost with an earlier failed call")
+                copy, self.copy = self.copy, None
+                try:
+                    self.digest = writer.put_blob(copy.span)
+                finally:
+                    release(copy)
+            return self.digest
+
+
+class Copier:
+    """Takes host copies of tensors, stream-ordered on a GPU, and remembers what must be waited
+    for before they can be read."""
+
+    def __init__(self, pool: PinnedPool):
+        self.pool = pool
+        self._events: list[torch.cuda.Event] = []
+        self._devices: set[torch.device] = set()
+
+    def copy(self, t: torch.Tensor) -> HostCopy:
+        geometry = geometry_of(t)
+        span = storage_span(t.detach(), geometry)
+        if span.device.type != "cuda":
+            return HostCopy(span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone(), geometry)
+        nbytes = span.numel() * span.element_size()
+        buffer = self.pool.take(nbytes)
+        host = buffer[:nbytes].view(span.dtype)
+        host.copy_(span, non_blocking=True)
+        self._devices.add(span.device)
+        return HostCopy(host, geometry, buffer)
+
+    def mark(self) -> Callable[[], None]:
+        """After the last copy of a call: a function that waits until every copy has landed."""
+        events = []
+        for device in self._devices:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        self._devices = set()
+
+        def landed() -> None:
+            for event in events:
+                event.synchronize()
+        return landed
+
+
+@dataclass
+class PendingCall:
+    """A call whose copies are issued, to be written as call `index`."""
+    index: int
+    header: dict
+    copies: dict[str, HostCopy] = field(default_factory=dict)  # stored in the call file
+    blobs: dict[str, tuple[BlobRef, Geometry]] = field(default_factory=dict)  # stored once, by content
+    ready: Callable[[], None] = lambda: None
+
+
+def check_options(depth: int, when_full: str) -> None:
+    """A ValueError naming the option, before anything is created on disk."""
+    if when_full not in WHEN_FULL:
+        raise ValueError(f"when_full={when_full!r}: must be one of {', '.join(WHEN_FULL)}")
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"queue_depth={depth!r}: must be a whole number of calls, at least 1")
+
+
+class CallWriter:
+    """Writes pending calls in the order they come, on the caller's thread (synchronous) or on a
+    thread of its own behind a queue of `depth` calls."""
+
+    def __init__(self, writer: SnapshotWriter, pool: PinnedPool, *, asynchronous: bool, depth: int,
+                 when_full: str, on_error: Callable[[PendingCall, BaseException], None]):
+        check_options(depth, when_full)
+        self.writer, self.pool, self.when_full, self.on_error = writer, pool, when_full, on_error
+        self.failed = False  # after a failure nothing more is written
+        self.written = 0
+        self._queue: queue.Queue[PendingCall | None] | None = None
+        self._thread: threading.Thread | None = None
+        if asynchronous:
+            self._queue = queue.Queue(maxsize=depth)
+            self._thread = threading.Thread(target=self._run, name="replay-capture-writer", daemon=True)
+            self._thread.start()
+
+    def full(self) -> bool:
+        """Whether a call made now would wait for room (when_full "drop": not recorded)."""
+        return self._queue is not None and self._queue.full()
+
+    def submit(self, call: PendingCall) -> None:
+        """Write `call` now (synchronous) or queue it, waiting for room when the queue is full."""
+        if self._queue is None:
+            self._write(call)
+        else:
+            self._queue.put(call)
+
+    def flush(self) -> None:
+        """Return once every call submitted so far is written (or failed)."""
+        if self._queue is not None:
+            self._queue.join()
+
+    def close(self) -> None:
+        """Write what is queued, stop the thread, and flush the files to disk."""
+        if self._queue is not None and self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._queue = None
+        self.writer.close()
+
+    def _run(self) -> None:
+        assert self._queue is not None
+        while True:
+            call = self._queue.get()
+            try:
+                if call is None:
+                    return
+                self._write(call)
+            finally:
+                self._queue.task_done()
+
+    def _write(self, call: PendingCall) -> None:
+        try:
+            call.ready()
+            if self.failed:
+                return
+            blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
+            geometries = {**{key: copy.geometry for key, copy in call.copies.items()},
+                          **{key: geometry for key, (_, geometry) in call.blobs.items()}}
+            self.writer.write_call(call.index, call.header, {key: c.span for key, c in call.copies.items()},
+                                   geometries, blobs)
+            self.written += 1
+        except Exception as exc:  # a full disk, a failed copy: reported; the program goes on
+            self.failed = True
+            self.on_error(call, exc)
+        finally:
+            for copy in call.copies.values():
+                self.release(copy)
+
+    def release(self, copy: HostCopy) -> None:
+        if copy.buffer is not None:
+            self.pool.give(copy.buffer)
+            copy.buffer = None

@@ -1,0 +1,169 @@
+"""The capture pipeline: a recording written on the writer thread is the same snapshot as one
+written call by call; the queue's policies (block loses nothing, drop counts and names what it
+dropped); flush; durability; an exception in the recorded program; GPU copies stream-ordered."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import replay
+from replay.snapshot import Snapshot, files
+from replay.snapshot.writer import SnapshotWriter
+
+
+@replay.capture("pipe_linear")
+def linear(x: torch.Tensor, weight: torch.Tensor, step: int = 0) -> torch.Tensor:
+    replay.tag("pre", x[:, :8] @ weight[:, :8].t())
+    return x @ weight.t()
+
+
+@replay.capture("pipe_scale_", mutates=("x",))
+def scale_(x: torch.Tensor, factor: float) -> None:
+    x.mul_(factor)
+
+
+def workload(device: str = "cpu", steps: int = 6) -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 512, generator=gen).to(device)  # 128 KiB: a blob, stored once
+    x = torch.randn(4, 512, generator=gen).to(device)
+    for step in range(steps):
+        h = linear(x, weight, step)
+        scale_(h, 0.5)
+        x = torch.cat([h, h], dim=1).repeat(1, 4)[:, :512] * 0.01 + x
+
+
+def contents(path: Path) -> dict[str, Any]:
+    """What a snapshot holds, less what differs run to run (call timings, file hashes over them)."""
+    snapshot = Snapshot(path)
+    calls = []
+    for entry, record in zip(snapshot.entries, snapshot):
+        meta = {k: v for k, v in record.meta.items() if k not in ("start_s", "duration_s")}
+        calls.append((entry.index, entry.op, entry.variant, entry.file, entry.blobs, record.provider, record.args,
+                      record.launch, record.returns_json, record.blobs, meta,
+                      {key: (t.dtype, t.shape, t.stride(), t.cpu().numpy().tobytes())
+                       for key, t in record.tensors.items()}))
+    blobs = {p.name: p.read_bytes() for p in sorted((path / "blobs").iterdir())}
+    return {"calls": calls, "blobs": blobs}
+
+
+def test_a_pipelined_recording_is_the_same_snapshot_as_a_synchronous_one(tmp_path: Path) -> None:
+    for asynchronous in (True, False):
+        with replay.recording(tmp_path / str(asynchronous), asynchronous=asynchronous):
+            workload()
+    pipelined, synchronous = contents(tmp_path / "True"), contents(tmp_path / "False")
+    assert len(pipelined["calls"]) == 12 and len(pipelined["blobs"]) == 1
+    assert pipelined == synchronous
+
+
+def slow_writes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    real = SnapshotWriter.write_call
+
+    def write_call(self: SnapshotWriter, *args: Any, **kwargs: Any) -> Path:
+        time.sleep(seconds)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(SnapshotWriter, "write_call", write_call)
+
+
+def test_a_full_queue_blocks_by_default_and_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_writes(monkeypatch, 0.02)
+    with replay.recording(tmp_path / "snap", queue_depth=1) as rec:
+        workload(steps=5)
+    assert rec.calls_written == 10 and len(Snapshot(tmp_path / "snap")) == 10
+    assert json.loads((tmp_path / "snap" / "manifest.json").read_text())["capture_errors"] == []
+
+
+def test_drop_under_a_tiny_queue_counts_and_names_the_drops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    slow_writes(monkeypatch, 0.05)
+    with replay.recording(tmp_path / "snap", queue_depth=1, when_full="drop") as rec:
+        workload(steps=10)
+    recorded = Snapshot(tmp_path / "snap")
+    assert 0 < len(recorded) < 20 and rec.calls_written == len(recorded)
+    (error,) = json.loads((tmp_path / "snap" / "manifest.json").read_text())["capture_errors"]
+    dropped = 20 - len(recorded)
+    assert error.startswith(f"{dropped} calls not recorded: the capture queue was full (when_full='drop'): ")
+    assert error.count(" after call ") == min(dropped, 20)
+    assert capsys.readouterr().err.strip() == f"replay: capture: {error}"
+    assert sorted(e.index for e in recorded.entries) == list(range(len(recorded)))  # no gaps: drops take no index
+
+
+def test_flush_puts_every_call_so_far_on_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_writes(monkeypatch, 0.01)
+    with replay.recording(tmp_path / "snap"):
+        workload(steps=3)
+        replay.flush()
+        assert len(Snapshot(tmp_path / "snap")) == 6
+        workload(steps=1)
+    assert len(Snapshot(tmp_path / "snap")) == 8
+
+
+def test_an_exception_in_the_recorded_program_still_leaves_every_finished_call(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    slow_writes(monkeypatch, 0.01)
+    with pytest.raises(KeyError, match="the program's own"):
+        with replay.recording(tmp_path / "snap"):
+            workload(steps=4)
+            raise KeyError("the program's own")
+    assert len(Snapshot(tmp_path / "snap")) == 8
+
+
+@pytest.mark.parametrize("durability", ["close", "call"])
+def test_durability_says_when_files_reach_the_disk(durability: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real = files.os.fsync
+    monkeypatch.setattr(files.os, "fsync", lambda fd: synced.append(fd) or real(fd))
+    with replay.recording(tmp_path / "snap", durability=durability):
+        before = len(synced)  # the manifest, created exclusively, is always synced
+        workload(steps=2)
+        replay.flush()
+        during = len(synced) - before
+    after = len(synced) - before - during
+    if durability == "call":
+        assert during >= 2 * 4 and after == 0  # each call's file and its index line
+    else:
+        assert during == 0 and after >= 4 + 1  # four calls, one blob, the index and the directories, at close
+
+
+@pytest.mark.parametrize("option, value, says", [("when_full", "wait", "when_full='wait'"),
+                                                  ("queue_depth", 0, "queue_depth=0"),
+                                                  ("durability", "never", "durability='never'")])
+def test_bad_options_are_clear_errors_and_create_nothing(option: str, value: Any, says: str, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=says):
+        with replay.recording(tmp_path / "snap", **{option: value}):
+            pass
+    assert not (tmp_path / "snap").exists()
+
+
+def test_threads_recording_through_the_pipeline_give_every_call_once(tmp_path: Path) -> None:
+    with replay.recording(tmp_path / "snap", queue_depth=2):
+        threads = [threading.Thread(target=workload, kwargs={"steps": 5}) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    recorded = Snapshot(tmp_path / "snap")
+    assert len(recorded) == 40 and sorted(e.index for e in recorded.entries) == list(range(40))
+
+
+@pytest.mark.gpu
+def test_gpu_copies_are_stream_ordered_and_the_same_as_synchronous(tmp_path: Path) -> None:
+    for asynchronous in (True, False):
+        with replay.recording(tmp_path / str(asynchronous), asynchronous=asynchronous):
+            workload("cuda")
+    pipelined = contents(tmp_path / "True")
+    assert pipelined == contents(tmp_path / "False") and len(pipelined["calls"]) == 12
+    # an in-place kernel queued right behind the call: the input copy was taken before it ran
+    x = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+    with replay.recording(tmp_path / "inplace"):
+        scale_(x, 3.0)
+        x.add_(1.0)
+    (record,) = Snapshot(tmp_path / "inplace")
+    assert torch.equal(record.tensors["in/x"], torch.arange(1 << 20, dtype=torch.float32))
+    assert torch.equal(record.tensors["out/x"], torch.arange(1 << 20, dtype=torch.float32) * 3)
