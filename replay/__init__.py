@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 
 from replay.kernel_rules import KernelRules
-from replay.recorder import flush, record_launch, recording, scope, tag
+from replay.recorder import dump, flush, record_launch, recording, scope, tag
 from replay.registry import Op, capture, get_op, op
 from replay.tolerance import Tolerance
 
-__all__ = ["KernelRules", "Op", "Tolerance", "capture", "flush", "get_op", "op", "record_launch", "recording", "scope",
-           "tag"]
+__all__ = ["KernelRules", "Op", "Tolerance", "capture", "dump", "flush", "get_op", "op", "record_launch", "recording",
+           "scope", "tag"]
 
 if os.environ.get("REPLAY_CAPTURE"):
     from replay.recorder import start_from_env

@@ -6,10 +6,12 @@ stream the call runs on (inputs before the call, outputs after), and an event ma
 The call then goes on a bounded queue; the writer thread waits for the event, hashes blobs,
 serialises and writes, and gives the buffers back. When the queue is full, `when_full` says
 what happens: "block" (the program waits; nothing is lost) or "drop" (the call is not
-recorded; drops are counted and named in the manifest's capture_errors).
+recorded; drops are counted and named in the manifest's capture_errors). A flight recording
+keeps its calls in a Ring instead and hands them to the writer only when asked to.
 """
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -27,10 +29,13 @@ _MIN_BUFFER = 4096
 
 class PinnedPool:
     """Page-locked host buffers by power-of-two size, reused once the writer is done with them
-    (allocating pinned memory costs far more than a copy into it)."""
+    (allocating pinned memory costs far more than a copy into it); up to `max_free_bytes` wait
+    for reuse, from one recording to the next."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_free_bytes: int = 1 << 30) -> None:
+        self.max_free_bytes = max_free_bytes
         self._free: dict[int, list[torch.Tensor]] = {}
+        self._free_bytes = 0
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> torch.Tensor:
@@ -38,12 +43,18 @@ class PinnedPool:
         with self._lock:
             free = self._free.get(size)
             if free:
+                self._free_bytes -= size
                 return free.pop()
         return torch.empty(size, dtype=torch.uint8, pin_memory=True)
 
     def give(self, buffer: torch.Tensor) -> None:
         with self._lock:
-            self._free.setdefault(buffer.numel(), []).append(buffer)
+            if self._free_bytes + buffer.numel() <= self.max_free_bytes:  # else it is freed
+                self._free.setdefault(buffer.numel(), []).append(buffer)
+                self._free_bytes += buffer.numel()
+
+
+SHARED_POOL = PinnedPool()
 
 
 @dataclass
@@ -52,6 +63,7 @@ class HostCopy:
     span: torch.Tensor
     geometry: Geometry
     buffer: torch.Tensor | None = None  # the pooled pinned buffer `span` lives in, to give back
+    chunked: bool = False  # stored as content-addressed pieces (a large tensor that changes)
 
 
 class BlobRef:
@@ -121,6 +133,40 @@ class PendingCall:
     blobs: dict[str, tuple[BlobRef, Geometry]] = field(default_factory=dict)  # stored once, by content
     ready: Callable[[], None] = lambda: None
 
+    @property
+    def nbytes(self) -> int:
+        return sum(c.span.numel() * c.span.element_size() for c in self.copies.values())
+
+
+class Ring:
+    """The flight recorder's memory: the last `calls` calls, within `max_bytes` of host copies
+    (the newest is kept even alone over the budget); older ones are forgotten as new ones come."""
+
+    def __init__(self, calls: int, max_bytes: int, forget: Callable[[PendingCall], None]):
+        if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
+            raise ValueError(f"ring={calls!r}: must be a whole number of calls, at least 1")
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"ring_bytes={max_bytes!r}: must be a positive number of bytes")
+        self.calls, self.max_bytes, self._forget = calls, max_bytes, forget
+        self._held: collections.deque[PendingCall] = collections.deque()
+        self._bytes = 0
+        self._lock = threading.RLock()  # re-entered by a signal handler that dumps on this thread
+
+    def add(self, call: PendingCall) -> None:
+        with self._lock:
+            self._held.append(call)
+            self._bytes += call.nbytes
+            while len(self._held) > self.calls or (self._bytes > self.max_bytes and len(self._held) > 1):
+                oldest = self._held.popleft()
+                self._bytes -= oldest.nbytes
+                self._forget(oldest)
+
+    def take(self) -> list[PendingCall]:
+        """Every call held, oldest first; the ring is empty after."""
+        with self._lock:
+            held, self._held, self._bytes = list(self._held), collections.deque(), 0
+        return held
+
 
 def check_options(depth: int, when_full: str) -> None:
     """A ValueError naming the option, before anything is created on disk."""
@@ -188,10 +234,12 @@ class CallWriter:
             if self.failed:
                 return
             blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
+            chunks = {key: self.writer.put_chunks(c.span) for key, c in call.copies.items() if c.chunked}
             geometries = {**{key: copy.geometry for key, copy in call.copies.items()},
                           **{key: geometry for key, (_, geometry) in call.blobs.items()}}
-            self.writer.write_call(call.index, call.header, {key: c.span for key, c in call.copies.items()},
-                                   geometries, blobs)
+            self.writer.write_call(call.index, call.header,
+                                   {key: c.span for key, c in call.copies.items() if not c.chunked},
+                                   geometries, blobs, chunks)
             self.written += 1
         except Exception as exc:  # a full disk, a failed copy: reported; the program goes on
             self.failed = True

@@ -16,6 +16,7 @@ import functools
 import inspect
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -26,7 +27,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from replay.capture_pipeline import (DEFAULT_QUEUE_DEPTH, BlobRef, CallWriter, Copier, PendingCall, PinnedPool,
+from replay.capture_pipeline import (DEFAULT_QUEUE_DEPTH, SHARED_POOL, BlobRef, CallWriter, Copier, PendingCall, Ring,
                                      check_options)
 from replay.errors import CaptureError, ReplayError
 from replay.snapshot import SnapshotWriter
@@ -34,6 +35,8 @@ from replay.snapshot import jsonargs
 from replay.snapshot.tensors import UnsupportedTensor, geometry_of
 
 BLOB_THRESHOLD_BYTES = 64 * 1024
+CHUNK_THRESHOLD_BYTES = 1 << 20
+DEFAULT_RING_BYTES = 1 << 30
 DEFAULT_TAG_LEVEL = 1
 TAG_LEVELS = (0, 1, 2)
 
@@ -290,15 +293,16 @@ class Recording:
 
     def __init__(self, path: str | Path, *, notes: str = "", tag_level: int | None = None,
                  strict: bool | None = None, blob_threshold: int = BLOB_THRESHOLD_BYTES,
-                 asynchronous: bool = True, queue_depth: int = DEFAULT_QUEUE_DEPTH, when_full: str = "block",
-                 durability: str = "close"):
+                 chunk_threshold: int = CHUNK_THRESHOLD_BYTES, asynchronous: bool = True, queue_depth: int = DEFAULT_QUEUE_DEPTH, when_full: str = "block",
+                 durability: str = "close", ring: int | None = None, ring_bytes: int = DEFAULT_RING_BYTES):
         self.strict = strict if strict is not None else os.environ.get("REPLAY_CAPTURE_STRICT") == "1"
         self.tag_level = tag_level if tag_level is not None else _tag_level_from_env()
-        self.blob_threshold = blob_threshold
+        self.blob_threshold, self.chunk_threshold = blob_threshold, chunk_threshold
         check_options(queue_depth, when_full)
+        self.ring = Ring(ring, ring_bytes, self._discard) if ring is not None else None  # a flight recording
         self.writer = SnapshotWriter(path, notes=notes, durability=durability)
         # strict capture writes on the calling thread, so that a failure raises in the call that met it
-        self.calls = CallWriter(self.writer, PinnedPool(), asynchronous=asynchronous and not self.strict,
+        self.calls = CallWriter(self.writer, SHARED_POOL, asynchronous=asynchronous and not self.strict,
                                 depth=queue_depth, when_full=when_full, on_error=self._write_failed)
         self.started = time.perf_counter()  # calls record their start from here
         self.stopped = False
@@ -320,8 +324,20 @@ class Recording:
         """Return once every call made so far is written."""
         self.calls.flush()
 
+    def dump(self) -> int:
+        """A flight recording: write the calls it holds now and return how many (the ring is then
+        empty; later calls fill it again). Otherwise: flush, and 0 (every call is written anyway)."""
+        held = self.ring.take() if self.ring is not None else []
+        for call in held:
+            self.calls.submit(call)
+        self.calls.flush()
+        return len(held)
+
     def close(self) -> None:
-        """Write every queued call, report the dropped ones, and flush the files to disk."""
+        """Write every queued call, report the dropped ones, and flush the files to disk (a flight
+        recording's held calls are let go: it writes only when dumped)."""
+        for call in self.ring.take() if self.ring is not None else []:
+            self._discard(call)
         self.calls.close()
         if self._dropped:
             names = "; ".join(self._dropped[:20]) + (f"; and {len(self._dropped) - 20} more"
@@ -351,8 +367,9 @@ class Recording:
 
     def _store(self, spec: CallSpec, what: str, t: torch.Tensor, copier: Copier, call: PendingCall, key: str,
                reusable: bool) -> None:
-        """Copy a tensor now into `call`: inline, or (large and read-only) as a blob, copied and
-        hashed once however many calls pass it."""
+        """Copy a tensor now into `call`: inline; large and read-only, as a blob, copied and hashed
+        once however many calls pass it; large and written to (a KV cache), in content-addressed
+        chunks, so that a call which changed a few pages stores those pages."""
         try:
             geometry = geometry_of(t)
         except UnsupportedTensor as exc:
@@ -364,7 +381,8 @@ class Recording:
                 self._blob_ids.put(t, blob)
             call.blobs[key] = (blob, geometry)
         else:
-            call.copies[key] = copier.copy(t)
+            copy = call.copies[key] = copier.copy(t)
+            copy.chunked = copy.span.numel() * copy.span.element_size() >= self.chunk_threshold
 
     def record(self, spec: CallSpec, fn: Callable, signature: inspect.Signature,
                args: tuple, kwargs: dict) -> Any:
@@ -392,11 +410,11 @@ class Recording:
                 else:
                     arg_list.append({"name": name, "json": _json(spec, f"argument '{name}'", value)})
         except CaptureError as exc:
-            self._discard(call, copier)
+            self._abandon(call, copier)
             self._report(str(exc), stop=False)
             return fn(*args, **kwargs)
         except (OSError, TypeError, RuntimeError) as exc:
-            self._discard(call, copier)
+            self._abandon(call, copier)
             self._report(f"op '{spec.op}': could not copy inputs: {exc}; capture stopped", stop=True)
             return fn(*args, **kwargs)
 
@@ -406,7 +424,7 @@ class Recording:
         try:
             result = fn(*args, **kwargs)
         except BaseException:
-            self._discard(call, copier)
+            self._abandon(call, copier)
             raise
         finally:
             _sink.reset(token)
@@ -414,10 +432,10 @@ class Recording:
         try:
             self._finish(spec, call, copier, arg_list, bound.arguments, result, sink, timing)
         except CaptureError as exc:
-            self._discard(call, copier)
+            self._abandon(call, copier)
             self._report(str(exc), stop=False)
         except (OSError, TypeError, RuntimeError, ValueError) as exc:
-            self._discard(call, copier)
+            self._abandon(call, copier)
             self._report(f"op '{spec.op}': copying call {call.index} failed: {exc}; capture stopped", stop=True)
         return result
 
@@ -441,11 +459,19 @@ class Recording:
                        "returns_json": returned_json, "launch": sink.launches,
                        "meta": {**timing, "thread": threading.current_thread().name, "scope": current_scope()}}
         call.ready = copier.mark()
-        self.calls.submit(call)
+        if self.ring is not None:
+            self.ring.add(call)
+        else:
+            self.calls.submit(call)
 
-    def _discard(self, call: PendingCall, copier: Copier) -> None:
+    def _abandon(self, call: PendingCall, copier: Copier) -> None:
+        """A call that failed before it was complete."""
+        call.ready = copier.mark()
+        self._discard(call)
+
+    def _discard(self, call: PendingCall) -> None:
         """A call that will not be written: its buffers go back once its copies have landed."""
-        copier.mark()()
+        call.ready()
         for copy in call.copies.values():
             self.calls.release(copy)
 
@@ -468,6 +494,8 @@ def start(path: str | Path, **options: Any) -> Recording:
         if _recording is not None:
             raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
         _recording = Recording(path, **options)
+        if _recording.ring is not None:
+            _install_signal_handlers()
         return _recording
 
 
@@ -477,6 +505,7 @@ def stop() -> Recording | None:
     with _start_lock:
         rec, _recording = _recording, None
     if rec is not None:
+        _restore_signal_handlers()
         rec.close()
     return rec
 
@@ -488,11 +517,47 @@ def flush() -> None:
         rec.flush()
 
 
+def dump() -> int:
+    """A flight recording (`recording(path, ring=N)`): write the last calls it holds now, and go on
+    recording; returns how many were written. Any other recording writes every call anyway:
+    this flushes it and returns 0."""
+    rec = _recording
+    return rec.dump() if rec is not None else 0
+
+
+_FLIGHT_SIGNALS = tuple(s for s in (getattr(signal, "SIGUSR1", None), signal.SIGTERM) if s is not None)
+_previous_handlers: dict[int, Any] = {}
+
+
+def _install_signal_handlers() -> None:
+    """SIGUSR1 dumps a flight recording and goes on; SIGTERM dumps it, closes it and lets the
+    signal do what it did before (by default, end the process). Only the main thread may set
+    handlers: elsewhere dump() and an exception leaving the block still write."""
+    if threading.current_thread() is threading.main_thread():
+        for number in _FLIGHT_SIGNALS:
+            _previous_handlers[number] = signal.signal(number, _on_signal)
+
+
+def _restore_signal_handlers() -> None:
+    if threading.current_thread() is threading.main_thread():
+        while _previous_handlers:
+            signal.signal(*_previous_handlers.popitem())
+
+
+def _on_signal(number: int, frame: Any) -> None:
+    dump()
+    if number == signal.SIGTERM:
+        stop()  # puts the earlier handler back
+        os.kill(os.getpid(), number)
+
+
 @contextlib.contextmanager
 def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None, strict: bool | None = None,
-              blob_threshold: int = BLOB_THRESHOLD_BYTES, asynchronous: bool = True,
+              blob_threshold: int = BLOB_THRESHOLD_BYTES, chunk_threshold: int = CHUNK_THRESHOLD_BYTES,
+              asynchronous: bool = True,
               queue_depth: int = DEFAULT_QUEUE_DEPTH, when_full: str = "block",
-              durability: str = "close") -> Iterator[Recording]:
+              durability: str = "close", ring: int | None = None,
+              ring_bytes: int = DEFAULT_RING_BYTES) -> Iterator[Recording]:
     """Record every call of a registered or captured function made inside the block.
 
     A call's inputs are copied before it runs and its outputs, tags and launch records after
@@ -511,6 +576,10 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
             capture writes on the calling thread); default REPLAY_CAPTURE_STRICT=1.
         blob_threshold: read-only tensors of at least this many bytes (weights) are
             stored once in blobs/, by content, and shared between calls.
+        chunk_threshold: any other tensor of at least this many bytes (a KV cache, state
+            written in place) is stored as 64 KiB pieces in blobs/, by content: a piece
+            already stored (unchanged since the last call, or zeros) costs nothing. Snapshot
+            format 2; a snapshot with no such tensor stays format 1.
         asynchronous: write on a thread of the recording's own (default); False writes each
             call before the program goes on.
         queue_depth: calls copied but not yet written, at most.
@@ -519,6 +588,10 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
         durability: "close" flushes the files to disk once, when the recording closes (a
             killed process loses nothing: the page cache outlives it); "call" flushes each
             call's files as they are written, for runs that may lose power.
+        ring: a flight recording: keep only the last `ring` calls, in host memory, and write
+            them when an exception leaves the block, on SIGUSR1 (and go on), on SIGTERM (and
+            exit) or on `replay.dump()`; a block left normally writes none.
+        ring_bytes: the flight recording's budget of host memory for the calls it holds.
 
     Returns:
         A context manager yielding the Recording (`.path`, `.calls_written`, `.flush()`).
@@ -528,11 +601,14 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
             model.prefill(tokens)
         print(rec.calls_written, "calls in", rec.path)
     """
-    start(path, notes=notes, tag_level=tag_level, strict=strict, blob_threshold=blob_threshold,
-          asynchronous=asynchronous, queue_depth=queue_depth, when_full=when_full, durability=durability)
-    rec = _recording
+    rec = start(path, notes=notes, tag_level=tag_level, strict=strict, blob_threshold=blob_threshold,
+                chunk_threshold=chunk_threshold, asynchronous=asynchronous, queue_depth=queue_depth, when_full=when_full, durability=durability,
+                ring=ring, ring_bytes=ring_bytes)
     try:
         yield rec
+    except BaseException:
+        rec.dump()  # a flight recording writes the calls that led here; any other has them already
+        raise
     finally:
         stop()
 
@@ -552,16 +628,57 @@ def start_from_env() -> None:
 
 
 def wrap(spec: CallSpec, fn: Callable) -> Callable:
-    """Wrap `fn` so calls are recorded while a recording is active."""
+    """Wrap `fn` so calls are recorded while a recording is active.
+
+    With no recording active the wrapper costs one global read and a call: it is compiled with
+    `fn`'s own parameters, so that nothing is packed into *args and **kwargs on the way."""
     signature = inspect.signature(fn)
 
-    @functools.wraps(fn)
-    def captured(*args: Any, **kwargs: Any) -> Any:
-        rec = _recording  # read once: another thread may stop the recording meanwhile
+    def record(*args: Any, **kwargs: Any) -> Any:
+        rec = _recording  # read again: another thread may have stopped the recording meanwhile
         if rec is None:
             return fn(*args, **kwargs)
         return rec.record(spec, fn, signature, args, kwargs)
 
+    captured = functools.wraps(fn)(_fast_path(fn, signature, record) or record)
     captured.__replay_spec__ = spec
-    captured.__wrapped__ = fn
+    return captured
+
+
+_FAST_PREFIX = "_replay_"
+
+
+def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable) -> Callable | None:
+    """A function with `fn`'s parameters that calls `fn` while no recording is active and
+    `record` otherwise; None where the parameters cannot be written out again."""
+    params, passed, defaults = [], [], {}
+    kinds = inspect.Parameter
+    for i, p in enumerate(signature.parameters.values()):
+        if p.name.startswith(_FAST_PREFIX) or p.name == "_recording" or not p.name.isidentifier():
+            return None  # the names the compiled wrapper reads itself
+        text = {kinds.VAR_POSITIONAL: f"*{p.name}", kinds.VAR_KEYWORD: f"**{p.name}"}.get(p.kind, p.name)
+        if p.default is not p.empty:
+            defaults[f"{_FAST_PREFIX}d{i}"] = p.default
+            text += f"={_FAST_PREFIX}d{i}"
+        if p.kind == kinds.KEYWORD_ONLY and not any(q.startswith("*") for q in params):
+            params.append("*")
+        params.append(text)
+        if p.kind == kinds.POSITIONAL_ONLY and (i + 1 == len(signature.parameters) or
+                                                list(signature.parameters.values())[i + 1].kind != p.kind):
+            params.append("/")
+        passed.append({kinds.VAR_POSITIONAL: f"*{p.name}", kinds.VAR_KEYWORD: f"**{p.name}",
+                       kinds.KEYWORD_ONLY: f"{p.name}={p.name}"}.get(p.kind, p.name))
+    arguments, call = ", ".join(params), ", ".join(passed)
+    factory = ", ".join([f"{_FAST_PREFIX}fn", f"{_FAST_PREFIX}record", *defaults])
+    source = (f"def {_FAST_PREFIX}make({factory}):\n"
+              f"    def captured({arguments}):\n"
+              f"        if _recording is None:\n"
+              f"            return {_FAST_PREFIX}fn({call})\n"
+              f"        return {_FAST_PREFIX}record({call})\n"
+              f"    return captured\n")
+    made: dict[str, Any] = {}
+    exec(compile(source, f"<replay capture of {fn.__qualname__}>", "exec"), globals(), made)  # reads _recording live
+    captured = made[f"{_FAST_PREFIX}make"](fn, record, *defaults.values())
+    # a wrong call's TypeError names the function, as the function itself would
+    captured.__code__ = captured.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__)
     return captured

@@ -10,10 +10,13 @@
 (b) Records a toy decoder (L layers x S decode steps, three calls per layer, every layer's
     weights passed again at every step) and compares the bytes on disk with the bytes
     the recorded tensors would take stored inline in every call.
+(d) Records a decode loop that writes one 64 KiB position per step into a 64 MiB cache (32
+    steps; the cache is stored in 64 KiB content-addressed chunks) and compares the bytes on
+    disk with the bytes the steps changed, and the time with the loop alone.
 (c) --gpu: the tiny model (hidden 256 and 2048: a 64-token prefill, a 16-step decode loop)
     and a 7B-shaped MLP block (bf16, 64 rows, 8 times), each run bare, recorded through the
     pipeline (the default) and recorded writing each call before going on
-    (asynchronous=False); the pipeline's throughput (bytes written / time until the recording
+    (asynchronous=False) and as a flight recording of the last 64 calls; the pipeline's throughput (bytes written / time until the recording
     is closed) against a pinned device-to-host copy and a sequential write of the same disk,
     both measured in the same run. Each time is the median of --runs.
 Prints Markdown tables (pasted into docs/PERFORMANCE.md).
@@ -185,16 +188,41 @@ def gpu_table(runs: int) -> None:
         print(f"{torch.cuda.get_device_name()}; pinned device-to-host {d2h:.1f} GB/s; disk write ({tmp}) "
               f"{disk:.2f} GB/s\n")
         print("| workload | bare ms | pipelined: program ms / closed ms (x bare) | synchronous ms (x bare) "
-              "| MB written | pipeline GB/s | of min(D2H, disk) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+              "| flight recorder, ring=64 ms (x bare) | MB written | pipeline GB/s | of min(D2H, disk) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for name, fn in gpu_workloads().items():
             fn()  # compile the kernels
             bare = timed(fn, None, runs)[0]
             program, closed, size = timed(fn, Path(tmp) / "pipe", runs)
             synchronous = timed(fn, Path(tmp) / "sync", runs, asynchronous=False)[1]
+            flight = timed(fn, Path(tmp) / "ring", runs, ring=64)[1]
             print(f"| {name} | {bare * 1e3:.1f} | {program * 1e3:.1f} / {closed * 1e3:.1f} ({closed / bare:.1f}x) "
-                  f"| {synchronous * 1e3:.1f} ({synchronous / bare:.1f}x) | {size / 1e6:.0f} "
+                  f"| {synchronous * 1e3:.1f} ({synchronous / bare:.1f}x) | {flight * 1e3:.1f} ({flight / bare:.2f}x) "
+                  f"| {size / 1e6:.0f} "
                   f"| {size / closed / 1e9:.2f} | {size / closed / 1e9 / floor:.0%} |", flush=True)
+
+
+@replay.capture("bench_write_position", mutates=("cache",))
+def write_position(cache: torch.Tensor, row: torch.Tensor, position: int) -> None:
+    cache[position] = row
+
+
+def chunked_decode(steps: int = 32) -> dict[str, float]:
+    cache = torch.zeros(1024, 16384)  # 64 MiB, a position's 64 KiB contiguous
+    rows = [torch.full((16384,), float(step + 1)) for step in range(steps)]
+    started = time.perf_counter()
+    for step, row in enumerate(rows):
+        write_position(cache, row, step)
+    bare = time.perf_counter() - started
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        with replay.recording(Path(tmp) / "snap"):
+            for step, row in enumerate(rows):
+                write_position(cache, row, step)
+        recorded = time.perf_counter() - started
+        written = sum(f.stat().st_size for f in (Path(tmp) / "snap").rglob("*") if f.is_file())
+    changed = sum(row.numel() * row.element_size() for row in rows)
+    return {"steps": steps, "changed": changed, "written": written, "bare": bare, "recorded": recorded}
 
 
 def main() -> None:
@@ -232,6 +260,14 @@ def main() -> None:
           f"({f['inline_bytes'] / f['disk_bytes']:.2f}x smaller) |")
     print(f"| time: not recording / recording | {plain_seconds:.2f} s / {seconds:.2f} s "
           f"({(seconds - plain_seconds) / f['calls'] * 1e3:.2f} ms of capture per call) |")
+
+    d = chunked_decode()
+    print(f"\n| decode loop, {d['steps']} steps over a 64 MiB cache (64 KiB chunks) | value |")
+    print("| --- | ---: |")
+    print(f"| bytes the steps changed (= the rows passed in, stored inline) | {d['changed'] / 2**20:.2f} MiB |")
+    print(f"| bytes on disk | {d['written'] / 2**20:.2f} MiB "
+          f"({d['written'] / d['changed']:.2f}x the changed bytes; stored whole: {2 * d['steps'] * 64} MiB) |")
+    print(f"| time: not recording / recording, closed | {d['bare'] * 1e3:.0f} ms / {d['recorded'] * 1e3:.0f} ms |")
 
 
 if __name__ == "__main__":

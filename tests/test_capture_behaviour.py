@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 from pathlib import Path
 from typing import Callable
@@ -294,3 +295,25 @@ def test_a_launch_names_the_call_argument_each_pointer_points_into(tmp_path: Pat
     with recorder.collecting(arguments={"buf": (buf := torch.zeros(8))}) as sink:  # how a replay names them
         replay.record_launch("k", (1,), pointers={"p": buf[4:]})
     assert sink.launches[0]["binds"] == {"p": "buf"}
+
+
+def test_the_wrapper_takes_every_kind_of_parameter_as_the_function_does(tmp_path: Path) -> None:
+    # compiled with the function's own parameters (the fast path with no recording active)
+    def every_kind(x, y=2, /, z=3, *rest, k, m=4, **more):  # noqa: ANN001, ANN002, ANN003, ANN202
+        return x + y + z + sum(rest) + k + m + sum(more.values())
+
+    captured = replay.capture("every_kind")(every_kind)
+    assert inspect.signature(captured) == inspect.signature(every_kind)
+    calls = [((1,), {"k": 10}), ((1, 2, 3, 4, 5), {"k": 10, "m": 0, "extra": 100})]
+    for args, kwargs in calls:
+        assert captured(*args, **kwargs) == every_kind(*args, **kwargs)
+    with pytest.raises(TypeError) as own:
+        every_kind(1)
+    with pytest.raises(TypeError) as wrapped:
+        captured(1)
+    assert str(wrapped.value) == str(own.value) and "every_kind() missing 1 required keyword-only" in str(own.value)
+    with replay.recording(tmp_path / "snap"):
+        for args, kwargs in calls:
+            captured(*args, **kwargs)
+    recorded = [record.arguments() for record in Snapshot(tmp_path / "snap")]
+    assert recorded[1] == {"x": 1, "y": 2, "z": 3, "rest": (4, 5), "k": 10, "m": 0, "more": {"extra": 100}}

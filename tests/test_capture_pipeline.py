@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import replay
+from replay.capture_pipeline import PinnedPool
 from replay.snapshot import Snapshot, files
 from replay.snapshot.writer import SnapshotWriter
 
@@ -167,3 +168,17 @@ def test_gpu_copies_are_stream_ordered_and_the_same_as_synchronous(tmp_path: Pat
     (record,) = Snapshot(tmp_path / "inplace")
     assert torch.equal(record.tensors["in/x"], torch.arange(1 << 20, dtype=torch.float32))
     assert torch.equal(record.tensors["out/x"], torch.arange(1 << 20, dtype=torch.float32) * 3)
+
+
+@pytest.mark.gpu
+def test_the_pinned_pool_reuses_buffers_by_size_class_up_to_its_cap() -> None:
+    pool = PinnedPool(max_free_bytes=8192)
+    first = pool.take(5000)
+    assert first.is_pinned() and first.numel() == 8192  # the next power of two
+    pool.give(first)
+    assert pool.take(6000) is first
+    small = [pool.take(100), pool.take(100)]  # 4096 bytes each, the smallest class
+    for buffer in small:
+        pool.give(buffer)
+    pool.give(first)  # the two small ones already fill the cap: this one is freed
+    assert pool.take(8000) is not first and any(pool.take(10) is buffer for buffer in small)

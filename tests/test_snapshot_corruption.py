@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from fixtures.make_fixture_snapshot import make_fixture_snapshot
 from replay.cli import main
+from replay.snapshot import FORMAT_VERSION
 from replay.snapshot.files import sha256_bytes
 
 
@@ -66,7 +67,7 @@ def delete_manifest(snapshot: Path) -> Path:
 
 def future_version(snapshot: Path) -> Path:
     path = snapshot / "manifest.json"
-    path.write_text(json.dumps(dict(json.loads(path.read_text()), format_version=2)))
+    path.write_text(json.dumps(dict(json.loads(path.read_text()), format_version=FORMAT_VERSION + 1)))
     return path
 
 

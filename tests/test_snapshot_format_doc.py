@@ -18,12 +18,23 @@ FORMAT_MD = (Path(__file__).parents[1] / "docs" / "FORMAT.md").read_text()
 
 
 def example_producer() -> dict:
-    """Run the worked example's code block and return its namespace."""
-    (code,) = [block for block in re.findall(r"```python\n(.*?)```", FORMAT_MD, re.S)
-               if "def write_minimal_snapshot" in block]
+    """Run the worked example's code blocks (version 1, then the chunked call of version 2) and
+    return their namespace."""
     namespace: dict = {}
-    exec(compile(code, "docs/FORMAT.md", "exec"), namespace)
+    for defines in ("def write_minimal_snapshot", "def add_chunked_call"):
+        (code,) = [block for block in re.findall(r"```python\n(.*?)```", FORMAT_MD, re.S) if defines in block]
+        exec(compile(code, "docs/FORMAT.md", "exec"), namespace)
     return namespace
+
+
+def test_the_documented_chunked_call_of_version_2_reads_back(tmp_path: Path) -> None:
+    producer = example_producer()
+    producer["write_minimal_snapshot"](tmp_path / "example")
+    producer["add_chunked_call"](tmp_path / "example")
+    snapshot = Snapshot(tmp_path / "example")
+    assert snapshot.manifest["format_version"] == 2 and len(snapshot) == 2
+    assert snapshot.load(1).tensors["in/x"].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert snapshot.load(0).tensors["in/w"].tolist() == [[1.0, 3.0], [2.0, 4.0]]  # version 1's call unchanged
 
 
 def test_snapshot_written_by_the_documented_producer_reads_back(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ _NAME = r"[A-Za-z_$%][\w$]*"
 _HEADER = re.compile(rf"^(?P<linkage>(\.(visible|extern|weak)\s+)*)\.(?P<kind>entry|func)\s*"
                      rf"(?P<ret>\([^)]*\)\s*)?(?P<name>{_NAME})\s*(\((?P<params>[^)]*)\))?(?P<rest>[^()]*)$", re.S)
 _PARAM = re.compile(rf"^\.param\s+(?P<attrs>((\.\w+|\d+)\s+)*)(?P<name>{_NAME})(\[\d*\])?$")
-_REG = re.compile(rf"^\.reg\s+\.(?P<type>\w+)\s+(?P<names>.+)$", re.S)
+_REG = re.compile(r"^\.reg\s+\.(?P<type>\w+)\s+(?P<names>.+)$", re.S)
 _REG_NAME = re.compile(rf"^(?P<name>{_NAME})(<(?P<count>\d+)>)?$")
 _LABEL = re.compile(rf"^(?P<label>{_NAME})\s*:")
 _INSTRUCTION = re.compile(r"^(?P<pred>@!?%?\w+\s+)?(?P<opcode>[a-z][\w.:]*)(?P<operands>.*)$", re.S)

@@ -7,6 +7,7 @@ stored as a blob has no data here, only its geometry and the blob's hash.
 """
 from __future__ import annotations
 
+import functools
 import json
 import struct
 from typing import Any
@@ -28,6 +29,13 @@ def serialize(header: dict[str, Any], spans: dict[str, torch.Tensor]) -> bytes:
 def serialize_blob(span: torch.Tensor) -> bytes:
     """A blob file: one tensor under 'data', no metadata (its name is its sha256)."""
     return safetensors.torch.save({BLOB_KEY: span})
+
+
+@functools.lru_cache(maxsize=8)
+def blob_prefix(nbytes: int) -> bytes:
+    """What comes before the data in the blob file of `nbytes` uint8 values: a chunk's file is
+    this prefix and the chunk's bytes."""
+    return serialize_blob(torch.zeros(nbytes, dtype=torch.uint8))[:-nbytes or None]
 
 
 def read_metadata(data: bytes) -> str:

@@ -9,10 +9,19 @@ import re
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def sha256_parts(*parts: Any) -> str:
+    """sha256 of the parts joined, without joining them (each a bytes-like buffer)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    return digest.hexdigest()
 
 
 def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:

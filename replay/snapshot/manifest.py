@@ -7,7 +7,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this tool reads and writes
+# A snapshot is written as version 1 until a tensor is stored in chunks (version 2): what
+# needs no chunks stays readable by tools that read version 1 only.
+FIRST_VERSION, CHUNKED_VERSION = 1, 2
 
 
 def git_state(directory: Path) -> dict[str, Any] | None:
@@ -40,7 +43,7 @@ def environment() -> dict[str, Any]:
 
 def new_manifest(notes: str = "", source_dir: Path | None = None) -> dict[str, Any]:
     return {
-        "format_version": FORMAT_VERSION,
+        "format_version": FIRST_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "producer": {"git": git_state(source_dir or Path.cwd())},
         "environment": environment(),

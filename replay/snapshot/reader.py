@@ -14,7 +14,7 @@ from replay.errors import SnapshotError
 from replay.snapshot import callfile, jsonargs, schema
 from replay.snapshot.files import sha256_bytes
 from replay.snapshot.manifest import FORMAT_VERSION
-from replay.snapshot.tensors import Geometry, rebuild
+from replay.snapshot.tensors import DTYPES, Geometry, rebuild
 from replay.snapshot.writer import INDEX, MANIFEST, blob_relpath
 
 MAX_MANIFEST_BYTES = 16 << 20
@@ -215,6 +215,22 @@ class Snapshot:
                 del self._blob_cache[key]
         return span
 
+    def _chunked(self, path: Path, key: str, geo: dict[str, Any]) -> torch.Tensor:
+        """A span stored as pieces of its bytes, each a blob, listed by a blob of their sha256s
+        (format 2), joined again."""
+        table = self._blob(geo["chunks"])
+        if table.dtype != torch.uint8 or table.dim() != 2 or table.shape[1] != 32:
+            raise SnapshotError(f"{path}: tensor {key!r}: its chunk list is not a [pieces, 32] table of sha256s")
+        pieces = [self._blob(bytes(row.tolist()).hex()) for row in table]
+        if any(piece.dtype != torch.uint8 or piece.dim() != 1 for piece in pieces):
+            raise SnapshotError(f"{path}: tensor {key!r}: a chunk is not a run of bytes")
+        joined = torch.cat(pieces)
+        itemsize = torch.empty(0, dtype=DTYPES[geo["dtype"]]).element_size()
+        if joined.numel() % itemsize:
+            raise SnapshotError(f"{path}: tensor {key!r}: its chunks hold {joined.numel()} bytes, not a whole "
+                                f"number of {geo['dtype']} values")
+        return joined.view(DTYPES[geo["dtype"]])
+
     def load(self, entry: CallEntry | int) -> CallRecord:
         if isinstance(entry, int):
             entry = self.entry(entry)
@@ -232,15 +248,19 @@ class Snapshot:
         tensors: dict[str, torch.Tensor] = {}
         stored, viewed = len(data), 0
         for key, geo in header["tensors"].items():
-            # A blob is shared by many calls: give each call its own copy.
-            span = self._blob(geo["blob"]).clone() if "blob" in geo else spans.get(key)
+            if "blob" in geo:
+                span = self._blob(geo["blob"]).clone()  # a blob is shared by many calls: each gets its own copy
+            elif "chunks" in geo:
+                span = self._chunked(path, key, geo)
+            else:
+                span = spans.get(key)
             if span is None:
                 raise SnapshotError(f"{path}: tensor {key!r} is described but not stored")
             try:
                 tensors[key] = rebuild(span, Geometry.from_json(geo))
             except ValueError as exc:
                 raise SnapshotError(f"{path}: tensor {key!r}: {_one_line(exc)}") from None
-            stored += span.numel() * span.element_size() if "blob" in geo else 0
+            stored += span.numel() * span.element_size() if "blob" in geo or "chunks" in geo else 0
             viewed += tensors[key].numel() * tensors[key].element_size()
             if viewed > max(CALL_VIEW_RATIO * stored, CALL_VIEW_LIMIT):
                 raise SnapshotError(f"{path}: its views reach {viewed} bytes by tensor {key!r}, more than "
@@ -270,7 +290,9 @@ def _check_header(path: Path, header: dict[str, Any]) -> None:
             jsonargs.decode(arg.get("json"))
         except ValueError as exc:
             raise SnapshotError(f"{path}: argument {name!r}: {_one_line(exc)}") from None
-    for key in header["tensors"]:
+    for key, geo in header["tensors"].items():
         if key.partition("/")[0] not in callfile.ROLES:
             raise SnapshotError(f"{path}: tensor key {key!r} has no role ({', '.join(callfile.ROLES)})")
+        if "blob" in geo and "chunks" in geo:
+            raise SnapshotError(f"{path}: tensor {key!r} names both a blob and chunks")
 

@@ -12,8 +12,8 @@ import torch
 from replay.errors import SnapshotError
 from replay.snapshot import callfile
 from replay.snapshot.files import (append_line, create_exclusive, fsync_paths, safe_component, sha256_bytes,
-                                  write_atomic)
-from replay.snapshot.manifest import new_manifest
+                                  sha256_parts, write_atomic)
+from replay.snapshot.manifest import CHUNKED_VERSION, new_manifest
 from replay.snapshot.tensors import Geometry
 
 MANIFEST = "manifest.json"
@@ -21,6 +21,7 @@ INDEX = "calls.jsonl"
 CALLS_DIR = "calls"
 BLOBS_DIR = "blobs"
 DURABILITY = ("close", "call")
+CHUNK_BYTES = 64 * 1024  # a large tensor is stored as blobs of this many bytes (format 2)
 
 
 def blob_relpath(digest: str) -> str:
@@ -113,6 +114,33 @@ class SnapshotWriter:
             self._known_blobs.add(digest)
         return digest
 
+    def put_chunks(self, span: torch.Tensor) -> str:
+        """Store a tensor span as CHUNK_BYTES pieces of its bytes, each a blob named by its content,
+        and the list of their sha256s (a [pieces, 32] uint8 blob) likewise; return the list's
+        digest. A piece or a list another call already stored costs nothing."""
+        with self._lock:
+            if self.manifest["format_version"] < CHUNKED_VERSION:
+                self.manifest["format_version"] = CHUNKED_VERSION
+                self._write_manifest()
+        raw = span.reshape(-1).view(torch.uint8).numpy()
+        digests = [self._put_piece(raw[start:start + CHUNK_BYTES]) for start in range(0, len(raw), CHUNK_BYTES)]
+        table = torch.frombuffer(bytearray(bytes.fromhex("".join(digests))), dtype=torch.uint8)
+        return self.put_blob(table.view(len(digests), 32))
+
+    def _put_piece(self, piece: Any) -> str:
+        """put_blob of a run of bytes, hashed where it lies: only a piece not stored yet is copied."""
+        prefix = callfile.blob_prefix(len(piece))
+        digest = sha256_parts(prefix, piece)
+        with self._lock:
+            if digest in self._known_blobs:
+                return digest
+        target = self.path / blob_relpath(digest)
+        if not target.exists():
+            self._write(target, prefix + piece.tobytes())
+        with self._lock:
+            self._known_blobs.add(digest)
+        return digest
+
     def _write(self, target: Path, data: bytes) -> None:
         write_atomic(target, data, sync=self._sync)
         if not self._sync:
@@ -120,10 +148,14 @@ class SnapshotWriter:
                 self._unsynced.append(target)
 
     def write_call(self, index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
-                   geometries: dict[str, Geometry], blobs: dict[str, str]) -> Path:
-        """Write call `index`. `spans` holds inline data; `blobs` maps keys to blob digests."""
+                   geometries: dict[str, Geometry], blobs: dict[str, str],
+                   chunks: dict[str, str] | None = None) -> Path:
+        """Write call `index`. `spans` holds inline data; `blobs` maps keys to blob digests and
+        `chunks` to the digests of their chunk lists (put_chunks)."""
+        chunks = chunks or {}
         header = dict(header, index=index, tensors={
-            key: dict(g.to_json(), **({"blob": blobs[key]} if key in blobs else {}))
+            key: dict(g.to_json(), **({"blob": blobs[key]} if key in blobs else {}),
+                      **({"chunks": chunks[key]} if key in chunks else {}))
             for key, g in geometries.items()
         })
         data = callfile.serialize(header, spans)
@@ -131,7 +163,7 @@ class SnapshotWriter:
         self._write(self.path / rel, data)
         line = {"index": index, "op": header["op"], "variant": header["variant"], "file": rel,
                 "sha256": sha256_bytes(data), "bytes": len(data),
-                "blobs": sorted(set(blobs.values()))}
+                "blobs": sorted({*blobs.values(), *chunks.values()})}
         with self._lock:
             append_line(self.path / INDEX, json.dumps(line), sync=self._sync)
         return self.path / rel
