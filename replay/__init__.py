@@ -10,7 +10,8 @@
     with replay.recording("snapshots/my_run"):
         model.prefill(tokens)
 
-REPLAY_CAPTURE=path records the whole process from import on.
+REPLAY_CAPTURE=path records the whole process from import on; REPLAY_VERIFY=op1,op2@0.05
+checks a share of those ops' calls against their references (replay.verify).
 """
 from __future__ import annotations
 
@@ -20,11 +21,16 @@ from replay.kernel_rules import KernelRules
 from replay.recorder import dump, flush, record_launch, recording, scope, tag
 from replay.registry import Op, capture, get_op, op
 from replay.tolerance import Tolerance
+from replay.verify import verify
 
 __all__ = ["KernelRules", "Op", "Tolerance", "capture", "dump", "flush", "get_op", "op", "record_launch", "recording",
-           "scope", "tag"]
+           "scope", "tag", "verify"]
 
 if os.environ.get("REPLAY_CAPTURE"):
     from replay.recorder import start_from_env
 
     start_from_env()
+if os.environ.get("REPLAY_VERIFY"):
+    from replay.verify import from_env
+
+    from_env()

@@ -41,6 +41,9 @@ DEFAULT_TAG_LEVEL = 1
 TAG_LEVELS = (0, 1, 2)
 
 _recording: "Recording | None" = None
+# op name -> the verifier's hook for its calls (replay.verify): (spec, call, signature, args, kwargs) -> result
+_verifiers: dict[str, Callable[..., Any]] = {}
+_intercepting = False  # a recording is active or an op is verified: captured calls take the slow path
 _start_lock = threading.Lock()  # two threads starting recordings at once: one wins
 _sink: contextvars.ContextVar["CallSink | None"] = contextvars.ContextVar("replay_sink", default=None)
 _scope: contextvars.ContextVar[tuple[tuple[str, Any], ...]] = contextvars.ContextVar("replay_scope", default=())
@@ -366,10 +369,11 @@ class Recording:
         self._report(f"op '{call.header['op']}': writing call {call.index} failed: {exc}; capture stopped", stop=True)
 
     def _store(self, spec: CallSpec, what: str, t: torch.Tensor, copier: Copier, call: PendingCall, key: str,
-               reusable: bool) -> None:
-        """Copy a tensor now into `call`: inline; large and read-only, as a blob, copied and hashed
-        once however many calls pass it; large and written to (a KV cache), in content-addressed
-        chunks, so that a call which changed a few pages stores those pages."""
+               reusable: bool = False, persistent: bool = False) -> None:
+        """Copy a tensor now into `call`: inline; large and read-only (`reusable`), as a blob,
+        copied and hashed once however many calls pass it; large state that calls write in place
+        (`persistent`: a KV cache), in content-addressed chunks, so that a call which changed a
+        few pages stores those pages. A fresh output gains nothing from chunks: it is inline."""
         try:
             geometry = geometry_of(t)
         except UnsupportedTensor as exc:
@@ -382,7 +386,7 @@ class Recording:
             call.blobs[key] = (blob, geometry)
         else:
             copy = call.copies[key] = copier.copy(t)
-            copy.chunked = copy.span.numel() * copy.span.element_size() >= self.chunk_threshold
+            copy.chunked = persistent and copy.span.numel() * copy.span.element_size() >= self.chunk_threshold
 
     def record(self, spec: CallSpec, fn: Callable, signature: inspect.Signature,
                args: tuple, kwargs: dict) -> Any:
@@ -405,7 +409,8 @@ class Recording:
                     role = "state" if name in spec.state else "in"
                     key = f"{role}/{name}"
                     self._store(spec, f"argument '{name}'", value, copier, call, key,
-                                reusable=role == "in" and name not in spec.mutates)
+                                reusable=role == "in" and name not in spec.mutates,
+                                persistent=role == "state" or name in spec.mutates)
                     arg_list.append({"name": name, "tensor": key})
                 else:
                     arg_list.append({"name": name, "json": _json(spec, f"argument '{name}'", value)})
@@ -450,11 +455,12 @@ class Recording:
         returned_json = {}
         for name, value in outputs.items():
             if isinstance(value, torch.Tensor):
-                self._store(spec, f"output '{name}'", value, copier, call, f"out/{name}", reusable=False)
+                self._store(spec, f"output '{name}'", value, copier, call, f"out/{name}",
+                            persistent=name in spec.mutates)
             else:
                 returned_json[name] = _json(spec, f"output '{name}'", value)
         for name, value in sink.tags.items():
-            self._store(spec, f"tag '{name}'", value, copier, call, f"tag/{name}", reusable=False)
+            self._store(spec, f"tag '{name}'", value, copier, call, f"tag/{name}")
         call.header = {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": arg_list,
                        "returns_json": returned_json, "launch": sink.launches,
                        "meta": {**timing, "thread": threading.current_thread().name, "scope": current_scope()}}
@@ -494,6 +500,7 @@ def start(path: str | Path, **options: Any) -> Recording:
         if _recording is not None:
             raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
         _recording = Recording(path, **options)
+        _update_intercepting()
         if _recording.ring is not None:
             _install_signal_handlers()
         return _recording
@@ -504,10 +511,26 @@ def stop() -> Recording | None:
     global _recording
     with _start_lock:
         rec, _recording = _recording, None
+        _update_intercepting()
     if rec is not None:
         _restore_signal_handlers()
         rec.close()
     return rec
+
+
+def set_verifier(op: str, hook: Callable[..., Any] | None) -> None:
+    """Route the captured calls of `op` through `hook` (replay.verify), or no longer (None)."""
+    with _start_lock:
+        if hook is None:
+            _verifiers.pop(op, None)
+        else:
+            _verifiers[op] = hook
+        _update_intercepting()
+
+
+def _update_intercepting() -> None:
+    global _intercepting
+    _intercepting = _recording is not None or bool(_verifiers)
 
 
 def flush() -> None:
@@ -576,10 +599,10 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
             capture writes on the calling thread); default REPLAY_CAPTURE_STRICT=1.
         blob_threshold: read-only tensors of at least this many bytes (weights) are
             stored once in blobs/, by content, and shared between calls.
-        chunk_threshold: any other tensor of at least this many bytes (a KV cache, state
-            written in place) is stored as 64 KiB pieces in blobs/, by content: a piece
-            already stored (unchanged since the last call, or zeros) costs nothing. Snapshot
-            format 2; a snapshot with no such tensor stays format 1.
+        chunk_threshold: state and arguments the op mutates (a KV cache) of at least this
+            many bytes are stored as 64 KiB pieces in blobs/, by content: a piece already
+            stored (unchanged since the last call, or zeros) costs nothing. Snapshot format 2;
+            a snapshot with no such tensor stays format 1.
         asynchronous: write on a thread of the recording's own (default); False writes each
             call before the program goes on.
         queue_depth: calls copied but not yet written, at most.
@@ -628,17 +651,23 @@ def start_from_env() -> None:
 
 
 def wrap(spec: CallSpec, fn: Callable) -> Callable:
-    """Wrap `fn` so calls are recorded while a recording is active.
+    """Wrap `fn` so calls are recorded while a recording is active (and verified while its op is).
 
-    With no recording active the wrapper costs one global read and a call: it is compiled with
-    `fn`'s own parameters, so that nothing is packed into *args and **kwargs on the way."""
+    With neither the wrapper costs one global read and a call: it is compiled with `fn`'s own
+    parameters, so that nothing is packed into *args and **kwargs on the way."""
     signature = inspect.signature(fn)
 
-    def record(*args: Any, **kwargs: Any) -> Any:
+    def run(*args: Any, **kwargs: Any) -> Any:
         rec = _recording  # read again: another thread may have stopped the recording meanwhile
         if rec is None:
             return fn(*args, **kwargs)
         return rec.record(spec, fn, signature, args, kwargs)
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        verifier = _verifiers.get(spec.op)
+        if verifier is not None and spec.variant != "reference":
+            return verifier(spec, run, signature, args, kwargs)
+        return run(*args, **kwargs)
 
     captured = functools.wraps(fn)(_fast_path(fn, signature, record) or record)
     captured.__replay_spec__ = spec
@@ -649,12 +678,12 @@ _FAST_PREFIX = "_replay_"
 
 
 def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable) -> Callable | None:
-    """A function with `fn`'s parameters that calls `fn` while no recording is active and
+    """A function with `fn`'s parameters that calls `fn` while nothing intercepts calls and
     `record` otherwise; None where the parameters cannot be written out again."""
     params, passed, defaults = [], [], {}
     kinds = inspect.Parameter
     for i, p in enumerate(signature.parameters.values()):
-        if p.name.startswith(_FAST_PREFIX) or p.name == "_recording" or not p.name.isidentifier():
+        if p.name.startswith(_FAST_PREFIX) or p.name == "_intercepting" or not p.name.isidentifier():
             return None  # the names the compiled wrapper reads itself
         text = {kinds.VAR_POSITIONAL: f"*{p.name}", kinds.VAR_KEYWORD: f"**{p.name}"}.get(p.kind, p.name)
         if p.default is not p.empty:
@@ -672,12 +701,12 @@ def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable) -> 
     factory = ", ".join([f"{_FAST_PREFIX}fn", f"{_FAST_PREFIX}record", *defaults])
     source = (f"def {_FAST_PREFIX}make({factory}):\n"
               f"    def captured({arguments}):\n"
-              f"        if _recording is None:\n"
+              f"        if not _intercepting:\n"
               f"            return {_FAST_PREFIX}fn({call})\n"
               f"        return {_FAST_PREFIX}record({call})\n"
               f"    return captured\n")
     made: dict[str, Any] = {}
-    exec(compile(source, f"<replay capture of {fn.__qualname__}>", "exec"), globals(), made)  # reads _recording live
+    exec(compile(source, f"<replay capture of {fn.__qualname__}>", "exec"), globals(), made)  # reads _intercepting live
     captured = made[f"{_FAST_PREFIX}make"](fn, record, *defaults.values())
     # a wrong call's TypeError names the function, as the function itself would
     captured.__code__ = captured.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__)

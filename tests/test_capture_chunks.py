@@ -18,6 +18,17 @@ def write_position(cache: torch.Tensor, row: torch.Tensor, position: int) -> Non
     cache[position] = row
 
 
+@replay.capture("chunk_update", mutates=("state",))
+def update(state: torch.Tensor, factor: float) -> torch.Tensor:
+    state.mul_(factor)
+    return state.float().sum()
+
+
+@replay.capture("chunk_flip", mutates=("flags",))
+def flip(flags: torch.Tensor) -> None:
+    flags.logical_not_()
+
+
 @replay.capture("chunk_scale")
 def scale(x: torch.Tensor, factor: float) -> torch.Tensor:
     return x * factor
@@ -27,31 +38,33 @@ def version(path: Path) -> int:
     return json.loads((path / "manifest.json").read_text())["format_version"]
 
 
-def test_chunked_tensors_read_back_exactly_and_make_the_snapshot_format_2(tmp_path: Path) -> None:
+def test_written_state_reads_back_exactly_from_chunks_and_makes_the_snapshot_format_2(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     base = torch.randn(3, 1400, 301, generator=gen).to(torch.bfloat16)  # 2.5 MB, not a multiple of 64 KiB
     view = base[1:, :, 7:].transpose(0, 1)  # a strided view with a storage offset
     flags = torch.rand(1 << 21, generator=gen) > 0.5  # 2 MiB of bools
+    view_before, flags_before = view.clone(), flags.clone()
     with replay.recording(tmp_path / "snap"):
-        scaled = scale(view, 2.0)
-        write_position(base[0], base[2, 0], 5)
-        out_flags = scale(flags, 1)
-    records = list(Snapshot(tmp_path / "snap"))
+        total = update(view, 2.0)
+        flip(flags)
+    first, second = Snapshot(tmp_path / "snap")
     assert version(tmp_path / "snap") == 2
-    x = records[0].tensors["in/x"]
-    assert (x.shape, x.stride(), x.storage_offset(), x.dtype) == (view.shape, view.stride(), view.storage_offset(),
-                                                                   torch.bfloat16)
-    assert torch.equal(x, view) and torch.equal(records[0].tensors["out/out"], scaled)
-    assert torch.equal(records[1].tensors["out/cache"], base[0])
-    assert torch.equal(records[2].tensors["in/x"], flags) and torch.equal(records[2].tensors["out/out"], out_flags)
+    before, after = first.tensors["in/state"], first.tensors["out/state"]
+    assert (before.shape, before.stride(), before.storage_offset(), before.dtype) == \
+        (view.shape, view.stride(), view.storage_offset(), torch.bfloat16)
+    assert torch.equal(before, view_before) and torch.equal(after, view) and torch.equal(first.tensors["out/out"], total)
+    assert torch.equal(second.tensors["in/flags"], flags_before) and torch.equal(second.tensors["out/flags"], flags)
     index = [json.loads(line) for line in (tmp_path / "snap" / "calls.jsonl").read_text().splitlines()]
-    assert [len(line["blobs"]) for line in index] == [2, 0, 2]  # each call names its chunk lists
+    assert [len(line["blobs"]) for line in index] == [2, 2]  # each call names its two chunk lists
 
 
-def test_a_snapshot_without_large_tensors_stays_format_1(tmp_path: Path) -> None:
+def test_fresh_outputs_stay_inline_and_the_snapshot_format_1(tmp_path: Path) -> None:
+    x = torch.randn(1 << 20)  # 4 MiB: read-only, so one blob; its product is a fresh output, inline
     with replay.recording(tmp_path / "snap"):
-        scale(torch.ones(1000), 2.0)
-    assert version(tmp_path / "snap") == 1 and len(Snapshot(tmp_path / "snap")) == 1
+        out = scale(x, 2.0)
+    (record,) = Snapshot(tmp_path / "snap")
+    assert version(tmp_path / "snap") == 1 and torch.equal(record.tensors["out/out"], out)
+    assert list(record.blobs) == ["in/x"]
 
 
 def test_a_decode_loop_over_a_64_mib_cache_writes_the_pages_it_changed(tmp_path: Path) -> None:

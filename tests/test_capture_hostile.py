@@ -68,6 +68,7 @@ def test_recorders_on_threads_one_directory_exactly_one_records(tmp_path: Path) 
         rec = recorder.Recording(path)  # each its own recording: only the directory is shared
         for _ in range(CALLS):
             rec.record(spec, fn, inspect.signature(fn), (torch.zeros(2), who), {})
+        rec.close()  # its writer thread has written every call
 
     won, refused = race(attempt)
     assert len(won) == 1, refused

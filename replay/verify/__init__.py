@@ -1,0 +1,156 @@
+"""`replay.verify`: check a sampled share of a kernel's calls, and every unusual one, against its
+reference while the program runs; a mismatch becomes a snapshot that `replay run` replays.
+
+    @replay.verify(reference=matmul_fp64, sample=0.01, rtol=1e-2, atol=1e-3)
+    def my_matmul(x, w): ...
+
+    replay.verify("rmsnorm", sample=0.05)      # a registered op: reference and tolerance its own
+    REPLAY_VERIFY=rmsnorm,q4k_gemv@0.05        # the same without code changes
+
+docs/VERIFY.md says how calls are chosen (sampling and the outlier gate), what it costs, and
+where it stays out of the way (torch.compile, CUDA graph capture, threads, shutdown).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+from replay import recorder
+from replay.registry import Op, all_ops, get_op, op as declare_op
+from replay.tolerance import Tolerance
+from replay.verify.checker import COMPILE_MODES, VERIFIER, Mismatch, Policy
+
+__all__ = ["Mismatch", "verify"]
+
+_policies: dict[str, Policy] = {}
+
+
+def verify(target: Callable[..., Any] | str | None = None, /, reference: Callable[..., Any] | None = None, *,
+           sample: float = 0.01, rtol: float | None = None, atol: float | None = None,
+           on_mismatch: Callable[[Mismatch], None] | None = None, outliers: bool = True) -> Any:
+    """Verify calls against a reference, off the critical path.
+
+    Args:
+        target: a registered op's name (its variants are verified wherever they are called, with
+            its reference and tolerance), or the function to decorate.
+        reference: for a function that is no op's variant: the function it must agree with.
+        sample: the share of calls checked, chosen at random (0 to 1).
+        rtol, atol: for a function given a reference: the tolerance (either given, the other is
+            0; neither, replay.tolerance.DEFAULT for each dtype).
+        on_mismatch: called with a Mismatch (op, call, output, rows, max error, snapshot path)
+            instead of printing one line on stderr.
+        outliers: also check every call whose inputs look unlike the calls before (the gate).
+
+    Returns:
+        With an op's name, None; as a decorator, the function, wrapped.
+
+    Example:
+        @replay.verify(reference=lambda x, w: (x.double() @ w.double()).float(), sample=0.01)
+        def fast_matmul(x, w): ...
+    """
+    if isinstance(target, str):
+        _enable(get_op(target), sample, on_mismatch, outliers)
+        return None
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        spec = getattr(fn, "__replay_spec__", None)
+        if spec is not None and reference is None:
+            _enable(get_op(spec.op), sample, on_mismatch, outliers)
+            return fn
+        if reference is None:
+            raise ValueError(f"replay.verify: {fn.__qualname__} is no op's variant: give it a reference")
+        declared = _declare(fn, reference, rtol, atol)
+        _enable(declared, sample, on_mismatch, outliers)
+        return declared.variants["default"].call
+    return decorate(target) if callable(target) else decorate
+
+
+def _declare(fn: Callable[..., Any], reference: Callable[..., Any], rtol: float | None,
+             atol: float | None) -> Op:
+    """An op of its own for a plain function and its reference, so that a mismatch replays."""
+    name = fn.__qualname__ if fn.__qualname__ not in all_ops() else f"{fn.__module__}.{fn.__qualname__}"
+    tolerance = None if rtol is None and atol is None else Tolerance(rtol=rtol or 0.0, atol=atol or 0.0)
+    declared = declare_op(name, tolerance=tolerance, provider=fn.__module__)
+    declared.variant("default")(fn)
+    declared.reference(reference)
+    return declared
+
+
+def _enable(op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None, outliers: bool) -> None:
+    policy = _policies[op.name] = Policy(op, sample, on_mismatch, outliers)
+    recorder.set_verifier(op.name, VERIFIER.hook(policy))
+
+
+def configure(*, enabled: bool | None = None, sample: float | None = None, directory: str | Path | None = None,
+              max_snapshots: int | None = None, compile: str | None = None, seed: int | None = None) -> None:
+    """Change verification at run time: on or off, every verified op's sampling rate, where
+    mismatch snapshots go and how many per op, and what happens under torch.compile ("break":
+    a graph break around the check; "skip": no check in compiled code, counted when traced)."""
+    settings = VERIFIER.settings
+    if compile is not None and compile not in COMPILE_MODES:
+        raise ValueError(f"replay.verify.configure: compile={compile!r}: one of {', '.join(COMPILE_MODES)}")
+    if sample is not None and not 0.0 <= sample <= 1.0:
+        raise ValueError(f"replay.verify.configure: sample={sample!r} must be a share of calls, 0 to 1")
+    if enabled is not None:
+        settings.enabled = enabled
+    if sample is not None:
+        for policy in _policies.values():
+            policy.sample = sample
+    if directory is not None:
+        settings.directory = Path(directory)
+    if max_snapshots is not None:
+        settings.max_snapshots = max_snapshots
+    if compile is not None:
+        settings.compile = compile
+    if seed is not None:
+        VERIFIER.seed(seed)
+
+
+def counters() -> dict[str, int]:
+    """Calls seen, checked, flagged by the gate, skipped (compiled or graph capture), dropped (the
+    queue was full), failed (mismatches), snapshots written, abandoned at a drain."""
+    return dict(VERIFIER.counters)
+
+
+def drain(timeout: float = 10.0) -> int:
+    """Wait up to `timeout` seconds for pending checks; return how many were abandoned."""
+    return VERIFIER.drain(timeout)
+
+
+def stop(op_name: str) -> None:
+    """No longer verify `op_name`."""
+    _policies.pop(op_name, None)
+    recorder.set_verifier(op_name, None)
+
+
+def from_env() -> None:
+    """REPLAY_VERIFY=op1,op2@0.05: verify those registered ops (0.01 where no rate is given);
+    ops registered later are picked up at their first call. A malformed entry is reported on
+    stderr and skipped: the program runs."""
+    for entry in filter(None, (e.strip() for e in os.environ.get("REPLAY_VERIFY", "").split(","))):
+        name, _, rate = entry.partition("@")
+        try:
+            sample = float(rate) if rate else 0.01
+            if not 0.0 <= sample <= 1.0:
+                raise ValueError
+        except ValueError:
+            print(f"replay.verify: REPLAY_VERIFY entry {entry!r}: the rate must be a share of calls, 0 to 1; "
+                  f"skipped", file=sys.stderr)
+            continue
+        recorder.set_verifier(name, _lazy(name, sample))
+
+
+def _lazy(name: str, sample: float) -> Callable[..., Any]:
+    """A hook that makes the op's policy at its first call, when the op surely exists."""
+    def first_call(*call: Any) -> Any:
+        _enable(get_op(name), sample, None, True)
+        return recorder._verifiers[name](*call)
+    return first_call
+
+
+verify.configure = configure  # type: ignore[attr-defined]
+verify.counters = counters  # type: ignore[attr-defined]
+verify.drain = drain  # type: ignore[attr-defined]
+verify.stop = stop  # type: ignore[attr-defined]

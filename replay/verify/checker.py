@@ -1,0 +1,283 @@
+"""Checking calls against their reference off the critical path.
+
+A verified call returns its own result at once. A sampled share of calls, and every call the
+outlier gate flags, has its inputs copied before it runs (stream-ordered on a GPU) and its
+outputs after; a worker thread runs the op's reference on those inputs (on a stream of its own)
+and compares with the op's tolerance. A mismatch is reported (`on_mismatch`, by default one line
+on stderr) and written, rate-limited, as a one-call snapshot that `replay run` replays.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import inspect
+import itertools
+import os
+import queue
+import random
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from replay import recorder
+from replay.compare import compare, row_ranges
+from replay.recorder import CallSpec, returned_values
+from replay.registry import Op
+from replay.snapshot.files import safe_component
+from replay.verify.gate import OutlierGate, features
+
+COMPILE_MODES = ("break", "skip")
+COUNTERS = ("calls", "checked", "flagged", "skipped", "dropped", "failed", "snapshots", "abandoned")
+
+
+@dataclass
+class Settings:
+    enabled: bool = True
+    directory: Path = field(default_factory=lambda: Path(os.environ.get("REPLAY_VERIFY_DIR", "replay-verify")))
+    max_snapshots: int = 3  # per op: later mismatches are counted, not written
+    compile: str = "break"  # under torch.compile: a graph break around the check, or skip and count
+    queue_depth: int = 64
+
+
+@dataclass
+class Mismatch:
+    """What on_mismatch receives."""
+    op: str
+    variant: str
+    call: int
+    output: str
+    rows: list[int]
+    max_abs: float
+    snapshot: Path | None
+
+    def line(self) -> str:
+        what = f"rows {row_ranges(self.rows)} of '{self.output}' differ" if self.rows else f"'{self.output}' differs"
+        saved = f"; snapshot {self.snapshot}" if self.snapshot else "; no snapshot (the limit per op is reached)"
+        return (f"replay.verify: {self.op} ({self.variant}) call {self.call}: {what} from the reference "
+                f"(max error {self.max_abs:.3g}){saved}")
+
+
+@dataclass
+class _Check:
+    policy: "Policy"
+    spec: CallSpec
+    number: int
+    signature: inspect.Signature
+    inputs: dict[str, Any]  # copies taken before the call
+    after: dict[str, Any]  # the kernel's outputs and mutated arguments, copied after it
+    result: Any
+    ready: torch.cuda.Event | None
+
+
+class Policy:
+    """How one op's calls are verified: its reference and tolerance, the sampling rate, the gate."""
+
+    def __init__(self, op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None, outliers: bool):
+        if not 0.0 <= sample <= 1.0:
+            raise ValueError(f"replay.verify: sample={sample!r} must be a share of calls, 0 to 1")
+        if "reference" not in op.variants:
+            raise ValueError(f"replay.verify: op '{op.name}' has no reference variant to check against")
+        self.op, self.sample, self.on_mismatch = op, sample, on_mismatch
+        self.gate = OutlierGate() if outliers else None
+        self.numbers = itertools.count()
+
+
+class Verifier:
+    """The process's verification state: settings, counters, the queue and its worker thread."""
+
+    def __init__(self) -> None:
+        self.settings = Settings()
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self._lock = threading.Lock()
+        self._random = random.Random()
+        self._queue: queue.Queue[_Check] | None = None
+        self._worker: threading.Thread | None = None
+        self._stream: Any = None
+        self._snapshots: dict[str, int] = {}  # written, per op
+
+    def seed(self, seed: int) -> None:
+        """Make the sampling repeatable (tests)."""
+        self._random.seed(seed)
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counters[name] += n
+
+    # the call path ------------------------------------------------------------------------------
+
+    def hook(self, policy: Policy) -> Callable[..., Any]:
+        """What the recorder calls instead of the op's variant while the op is verified."""
+        checked = torch.compiler.disable(self._call, recursive=False)
+
+        def verified(spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature, args: tuple,
+                     kwargs: dict) -> Any:
+            if torch.compiler.is_compiling() and self.settings.compile == "skip":
+                self.count("skipped")  # counted when traced: a compiled graph holds no Python
+                return call(*args, **kwargs)
+            return checked(policy, spec, call, signature, args, kwargs)
+        return verified
+
+    def _call(self, policy: Policy, spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature,
+              args: tuple, kwargs: dict) -> Any:
+        self.count("calls")
+        if not self.settings.enabled:
+            return call(*args, **kwargs)
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            self.count("skipped")  # nothing may be issued into a graph being captured
+            return call(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        flagged = policy.gate is not None and policy.gate.flag(features(bound.arguments.values()))
+        sampled = self._random.random() < policy.sample
+        number = next(policy.numbers)
+        if not (flagged or sampled):
+            return call(*args, **kwargs)
+        if self._full():
+            self.count("dropped")
+            return call(*args, **kwargs)
+        self.count("flagged", int(flagged))
+        inputs = {name: _copy(value) for name, value in bound.arguments.items()}
+        result = call(*args, **kwargs)
+        after = {name: _copy(value) for name, value in returned_values(result, policy.op.outputs).items()}
+        after.update({name: _copy(bound.arguments[name]) for name in policy.op.mutates if name in bound.arguments})
+        ready = None
+        if any(isinstance(v, torch.Tensor) and v.is_cuda for v in (*inputs.values(), *after.values())):
+            ready = torch.cuda.Event()
+            ready.record()
+        self._submit(_Check(policy, spec, number, signature, inputs, after, result, ready))
+        return result
+
+    def _full(self) -> bool:
+        return self._queue is not None and self._queue.full()
+
+    def _submit(self, check: _Check) -> None:
+        with self._lock:
+            if self._worker is None:
+                self._queue = queue.Queue(maxsize=self.settings.queue_depth)
+                self._worker = threading.Thread(target=self._run, name="replay-verify", daemon=True)
+                self._worker.start()
+        try:
+            assert self._queue is not None
+            self._queue.put_nowait(check)
+        except queue.Full:
+            self.count("dropped")
+
+    # the worker ---------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        assert self._queue is not None
+        while True:
+            check = self._queue.get()
+            try:
+                self._check(check)
+            except Exception as exc:  # a reference that raises: reported, never the program's problem
+                print(f"replay.verify: {check.spec.op} call {check.number}: the check failed: "
+                      f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            finally:
+                self._queue.task_done()
+
+    def _check(self, check: _Check) -> None:
+        op = check.policy.op
+        if check.ready is not None:
+            if self._stream is None:
+                self._stream = torch.cuda.Stream()
+            self._stream.wait_event(check.ready)
+        with torch.cuda.stream(self._stream) if check.ready is not None else contextlib.nullcontext():
+            arguments = {name: _copy(value) for name, value in check.inputs.items()}  # the reference may mutate
+            expected = returned_values(op.get("reference").fn(**arguments), op.outputs)
+            expected.update({name: arguments[name] for name in op.mutates if name in arguments})
+        if check.ready is not None:
+            self._stream.synchronize()
+        self.count("checked")
+        for name, got in check.after.items():
+            want = expected.get(name)
+            if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
+                continue
+            comparison = compare(got, want, op.tolerance_for(got.dtype), op.batch_axes.get(name), same_dtype=False)
+            if not comparison.passed:
+                self.count("failed")
+                self._report(check, name, comparison.bad_rows, comparison.max_abs, expected)
+                return
+
+    def _report(self, check: _Check, output: str, rows: list[int], max_abs: float, expected: dict[str, Any]) -> None:
+        policy = check.policy
+        path = None
+        if self._snapshots.get(policy.op.name, 0) < self.settings.max_snapshots:
+            self._snapshots[policy.op.name] = self._snapshots.get(policy.op.name, 0) + 1
+            path = self.settings.directory / safe_component(
+                f"{policy.op.name}-{check.spec.variant}-call{check.number}-{os.getpid()}-{time.time_ns()}")
+            _write_snapshot(path, check, expected)
+            self.count("snapshots")
+        mismatch = Mismatch(policy.op.name, check.spec.variant, check.number, output, rows, max_abs, path)
+        if policy.on_mismatch is not None:
+            policy.on_mismatch(mismatch)
+        else:
+            print(mismatch.line(), file=sys.stderr)
+
+    def drain(self, timeout: float = 10.0) -> int:
+        """Wait up to `timeout` seconds for the checks queued so far; return how many were left
+        unchecked (counted as abandoned), never waiting longer."""
+        if self._queue is None:
+            return 0
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+        left = self._queue.unfinished_tasks
+        self.count("abandoned", left)
+        return left
+
+
+def _as_returned(result: Any, after: dict[str, Any], outputs: tuple[str, ...]) -> Any:
+    """`result`'s shape (a value, a tuple, a dict) holding the copies taken right after the call,
+    not what the program may have done to the result since."""
+    names = list(returned_values(result, outputs))
+    if isinstance(result, dict):
+        return {name: after.get(name, result[name]) for name in names}
+    if isinstance(result, (tuple, list)):
+        return type(result)(after.get(name, value) for name, value in zip(names, result))
+    return after.get(names[0], result) if names else result
+
+
+def _copy(value: Any) -> Any:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _write_snapshot(path: Path, check: _Check, expected: dict[str, Any]) -> None:
+    """The call as a one-call snapshot: its inputs, its outputs as the kernel left them, and the
+    reference's outputs as tags ('reference/<name>')."""
+    spec, after = check.spec, check.after
+
+    def replayed(*args: Any, **kwargs: Any) -> Any:
+        bound = check.signature.bind(*args, **kwargs)
+        for name in check.policy.op.mutates:
+            if name in bound.arguments and isinstance(after.get(name), torch.Tensor):
+                bound.arguments[name].copy_(after[name])  # as the kernel left it
+        for name, value in expected.items():
+            if isinstance(value, torch.Tensor):
+                recorder.tag(f"reference/{name}", value)
+        return _as_returned(check.result, after, check.policy.op.outputs)
+
+    notes = f"replay.verify: call {check.number} of {spec.op} ({spec.variant}) differed from the reference"
+    rec = recorder.Recording(path, notes=notes, asynchronous=False, tag_level=2)
+    try:
+        inputs = {name: _copy(value) for name, value in check.inputs.items()}
+        rec.record(spec, replayed, check.signature, (), inputs)
+    finally:
+        rec.close()
+
+
+VERIFIER = Verifier()
+
+
+def _report_at_exit() -> None:
+    VERIFIER.drain()
+    if os.environ.get("REPLAY_VERIFY_REPORT") == "1" and VERIFIER.counters["calls"]:
+        print("replay.verify: " + ", ".join(f"{k} {v}" for k, v in VERIFIER.counters.items()), file=sys.stderr)
+
+
+atexit.register(_report_at_exit)
