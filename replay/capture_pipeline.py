@@ -64,6 +64,7 @@ class HostCopy:
     geometry: Geometry
     buffer: torch.Tensor | None = None  # the pooled pinned buffer `span` lives in, to give back
     chunked: bool = False  # stored as content-addressed pieces (a large tensor that changes)
+    landed: torch.cuda.Event | None = None  # where a copy is read by other calls than its own
 
 
 class BlobRef:
@@ -82,6 +83,8 @@ class BlobRef:
                     raise OSError("the blob's copy was lost with an earlier failed call")
                 copy, self.copy = self.copy, None
                 try:
+                    if copy.landed is not None:  # another call's copy: its own call's events do not cover it
+                        copy.landed.synchronize()
                     self.digest = writer.put_blob(copy.span)
                 finally:
                     release(copy)
@@ -97,7 +100,9 @@ class Copier:
         self._events: list[torch.cuda.Event] = []
         self._devices: set[torch.device] = set()
 
-    def copy(self, t: torch.Tensor) -> HostCopy:
+    def copy(self, t: torch.Tensor, landed: bool = False) -> HostCopy:
+        """A host copy of `t`'s storage span; with `landed`, one that carries an event of its own
+        (a blob: other calls, on other streams, may be written before the one that took it)."""
         geometry = geometry_of(t)
         span = storage_span(t.detach(), geometry)
         if span.device.type != "cuda":
@@ -107,7 +112,11 @@ class Copier:
         host = buffer[:nbytes].view(span.dtype)
         host.copy_(span, non_blocking=True)
         self._devices.add(span.device)
-        return HostCopy(host, geometry, buffer)
+        event = None
+        if landed:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(span.device))
+        return HostCopy(host, geometry, buffer, landed=event)
 
     def mark(self) -> Callable[[], None]:
         """After the last copy of a call: a function that waits until every copy has landed."""
@@ -190,43 +199,52 @@ class CallWriter:
         self._thread: threading.Thread | None = None
         if asynchronous:
             self._queue = queue.Queue(maxsize=depth)
-            self._thread = threading.Thread(target=self._run, name="replay-capture-writer", daemon=True)
+            self._thread = threading.Thread(target=self._run, args=(self._queue,), name="replay-capture-writer",
+                                            daemon=True)
             self._thread.start()
 
     def full(self) -> bool:
         """Whether a call made now would wait for room (when_full "drop": not recorded)."""
-        return self._queue is not None and self._queue.full()
+        queued = self._queue
+        return queued is not None and queued.full()
 
     def submit(self, call: PendingCall) -> None:
-        """Write `call` now (synchronous) or queue it, waiting for room when the queue is full."""
-        if self._queue is None:
+        """Write `call` now (synchronous, or after close: a call another thread finished meanwhile)
+        or queue it, waiting for room when the queue is full."""
+        queued = self._queue
+        if queued is None:
             self._write(call)
         else:
-            self._queue.put(call)
+            queued.put(call)
 
     def flush(self) -> None:
         """Return once every call submitted so far is written (or failed)."""
-        if self._queue is not None:
-            self._queue.join()
+        queued = self._queue
+        if queued is not None:
+            queued.join()
 
     def close(self) -> None:
         """Write what is queued, stop the thread, and flush the files to disk."""
-        if self._queue is not None and self._thread is not None:
-            self._queue.put(None)
+        queued = self._queue
+        if queued is not None and self._thread is not None:
+            self._queue = None  # from now on a call is written on its own thread
+            queued.put(None)
             self._thread.join()
-            self._queue = None
+            while not queued.empty():  # put behind the stop marker by a call that raced close
+                call = queued.get_nowait()
+                if call is not None:
+                    self._write(call)
         self.writer.close()
 
-    def _run(self) -> None:
-        assert self._queue is not None
+    def _run(self, queued: queue.Queue[PendingCall | None]) -> None:
         while True:
-            call = self._queue.get()
+            call = queued.get()
             try:
                 if call is None:
                     return
                 self._write(call)
             finally:
-                self._queue.task_done()
+                queued.task_done()
 
     def _write(self, call: PendingCall) -> None:
         try:

@@ -341,7 +341,10 @@ class Recording:
         recording's held calls are let go: it writes only when dumped)."""
         for call in self.ring.take() if self.ring is not None else []:
             self._discard(call)
-        self.calls.close()
+        try:
+            self.calls.close()
+        except OSError as exc:  # flushing to disk failed: the program goes on
+            self._report(f"flushing {self.path} to disk failed: {exc}", stop=True)
         if self._dropped:
             names = "; ".join(self._dropped[:20]) + (f"; and {len(self._dropped) - 20} more"
                                                      if len(self._dropped) > 20 else "")
@@ -378,15 +381,16 @@ class Recording:
             geometry = geometry_of(t)
         except UnsupportedTensor as exc:
             raise CaptureError(f"op '{spec.op}': {what}: {exc}; call not recorded") from None
-        if reusable and t.numel() * t.element_size() >= self.blob_threshold:
+        # a flight recording keeps its calls whole, within its budget: blobs would outlive them
+        if reusable and self.ring is None and t.numel() * t.element_size() >= self.blob_threshold:
             blob = self._blob_ids.get(t)
             if blob is None:
-                blob = BlobRef(copier.copy(t))
+                blob = BlobRef(copier.copy(t, landed=True))
                 self._blob_ids.put(t, blob)
             call.blobs[key] = (blob, geometry)
         else:
             copy = call.copies[key] = copier.copy(t)
-            copy.chunked = persistent and copy.span.numel() * copy.span.element_size() >= self.chunk_threshold
+            copy.chunked = persistent and copy.span.numel() * copy.span.element_size() >= max(self.chunk_threshold, 1)
 
     def record(self, spec: CallSpec, fn: Callable, signature: inspect.Signature,
                args: tuple, kwargs: dict) -> Any:
@@ -564,13 +568,29 @@ def _install_signal_handlers() -> None:
 def _restore_signal_handlers() -> None:
     if threading.current_thread() is threading.main_thread():
         while _previous_handlers:
-            signal.signal(*_previous_handlers.popitem())
+            number, previous = _previous_handlers.popitem()
+            signal.signal(number, previous if previous is not None else signal.SIG_DFL)
 
 
 def _on_signal(number: int, frame: Any) -> None:
-    dump()
+    """Runs on the main thread between two bytecodes, maybe while it holds a lock the writer needs:
+    it waits for nothing. The work happens on a thread of its own; for SIGTERM that thread sends
+    the signal again once the calls are on disk, to the handler there was before."""
+    rec = _recording
     if number == signal.SIGTERM:
-        stop()  # puts the earlier handler back
+        previous = _previous_handlers.pop(number, signal.SIG_DFL)
+        signal.signal(number, previous if previous is not None else signal.SIG_DFL)
+    if rec is None or rec.ring is None:  # the recording ended where no handler could be put back
+        if number == signal.SIGTERM:
+            os.kill(os.getpid(), number)
+        return
+    threading.Thread(target=_dump_on_signal, args=(rec, number), name="replay-flight-dump", daemon=True).start()
+
+
+def _dump_on_signal(rec: Recording, number: int) -> None:
+    rec.dump()
+    if number == signal.SIGTERM:
+        stop()
         os.kill(os.getpid(), number)
 
 
@@ -614,7 +634,8 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
         ring: a flight recording: keep only the last `ring` calls, in host memory, and write
             them when an exception leaves the block, on SIGUSR1 (and go on), on SIGTERM (and
             exit) or on `replay.dump()`; a block left normally writes none.
-        ring_bytes: the flight recording's budget of host memory for the calls it holds.
+        ring_bytes: the flight recording's budget of host memory for the calls it holds (each
+            holds its weights too: a flight recording stores no blobs, so the budget is all).
 
     Returns:
         A context manager yielding the Recording (`.path`, `.calls_written`, `.flush()`).
@@ -679,7 +700,10 @@ _FAST_PREFIX = "_replay_"
 
 def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable) -> Callable | None:
     """A function with `fn`'s parameters that calls `fn` while nothing intercepts calls and
-    `record` otherwise; None where the parameters cannot be written out again."""
+    `record` otherwise; None where the parameters cannot be written out again, or may not be what
+    `fn` takes (a decorated function: its signature is its wrapped one's; a partial; an object)."""
+    if not inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
+        return None
     params, passed, defaults = [], [], {}
     kinds = inspect.Parameter
     for i, p in enumerate(signature.parameters.values()):
@@ -708,6 +732,7 @@ def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable) -> 
     made: dict[str, Any] = {}
     exec(compile(source, f"<replay capture of {fn.__qualname__}>", "exec"), globals(), made)  # reads _intercepting live
     captured = made[f"{_FAST_PREFIX}make"](fn, record, *defaults.values())
-    # a wrong call's TypeError names the function, as the function itself would
-    captured.__code__ = captured.__code__.replace(co_name=fn.__name__, co_qualname=fn.__qualname__)
+    # a wrong call's TypeError names the function, as the function itself would (co_qualname: 3.11 on)
+    names = {"co_name": fn.__name__, **({"co_qualname": fn.__qualname__} if sys.version_info >= (3, 11) else {})}
+    captured.__code__ = captured.__code__.replace(**names)
     return captured

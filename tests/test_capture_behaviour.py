@@ -317,3 +317,32 @@ def test_the_wrapper_takes_every_kind_of_parameter_as_the_function_does(tmp_path
             captured(*args, **kwargs)
     recorded = [record.arguments() for record in Snapshot(tmp_path / "snap")]
     assert recorded[1] == {"x": 1, "y": 2, "z": 3, "rest": (4, 5), "k": 10, "m": 0, "more": {"extra": 100}}
+
+
+def test_callables_that_are_not_plain_functions_keep_their_own_calling_convention() -> None:
+    import functools
+
+    def base(x, y=1, **options):  # noqa: ANN001, ANN003, ANN202
+        return x + y + sum(options.values())
+
+    @functools.wraps(base)
+    def decorated(x, **options):  # noqa: ANN001, ANN003, ANN202 (its signature reads as base's)
+        return base(x, **options)
+
+    class Scale:
+        def __call__(self, x: int) -> int:
+            return 2 * x
+
+    assert replay.capture("kinds_decorated")(decorated)(1, stream=5) == 7  # not base's (x, y=1) alone
+    assert replay.capture("kinds_partial")(functools.partial(base, y=10))(1) == 11
+    assert replay.capture("kinds_object")(Scale())(4) == 8
+
+
+def test_a_call_file_that_cannot_be_written_never_reaches_the_program(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    weight = torch.randn(128, 128)  # a blob, written before the call file
+    with replay.recording(tmp_path / "snap") as rec:
+        (tmp_path / "snap" / "calls").rmdir()
+        (tmp_path / "snap" / "calls").write_text("in the way")
+        takes_anything(weight)
+    assert rec.stopped and "writing call 0 failed" in capsys.readouterr().err

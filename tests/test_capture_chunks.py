@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 import replay
@@ -84,3 +85,32 @@ def test_a_decode_loop_over_a_64_mib_cache_writes_the_pages_it_changed(tmp_path:
     assert not tenth.tensors["in/cache"][10:].any() and torch.equal(tenth.tensors["out/cache"][10], rows[10])
     last = snapshot.load(snapshot.entries[-1])
     assert torch.equal(last.tensors["out/cache"], cache)
+
+
+def hostile_chunked_call(path: Path, pieces: int, piece_bytes: int) -> Path:
+    """A snapshot whose one call lists the same piece `pieces` times."""
+    from replay.snapshot import SnapshotWriter
+    from replay.snapshot.tensors import Geometry
+
+    writer = SnapshotWriter(path)
+    piece = writer.put_blob(torch.zeros(piece_bytes, dtype=torch.uint8))
+    table = torch.tensor(list(bytes.fromhex(piece)) * pieces, dtype=torch.uint8).view(pieces, 32)
+    listed = writer.put_blob(table)
+    numel = pieces * piece_bytes
+    writer.write_call(writer.reserve_index(), {"op": "x", "variant": "v", "provider": None,
+                                               "args": [{"name": "x", "tensor": "in/x"}], "returns_json": {},
+                                               "launch": [], "meta": {}},
+                      {}, {"in/x": Geometry("uint8", (numel,), (1,), 0)}, {}, {"in/x": listed})
+    writer.close()
+    return path
+
+
+def test_hostile_chunk_lists_are_one_line_errors(tmp_path: Path) -> None:
+    from replay.errors import SnapshotError
+
+    repeated = hostile_chunked_call(tmp_path / "repeated", 2048, 1 << 20)  # 1 MiB on disk reading as 2 GiB
+    with pytest.raises(SnapshotError, match="its chunks join to 2147483648 bytes, more than the 134217728"):
+        Snapshot(repeated).load(0)
+    empty = hostile_chunked_call(tmp_path / "empty", 0, 16)
+    with pytest.raises(SnapshotError, match=r"its chunk list is not a \[pieces, 32\] table"):
+        Snapshot(empty).load(0)

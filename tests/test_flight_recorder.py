@@ -114,3 +114,33 @@ def test_sigusr1_writes_and_goes_on_and_sigterm_writes_and_ends(tmp_path: Path) 
     assert written[:5] == first and len(written) == 10 and written[5] > first[-1] + 25
     assert written[5:] == list(range(written[5], written[5] + 5))
     assert json.loads((snapshot / "manifest.json").read_text())["capture_errors"] == []
+
+
+SIGNAL_WHILE_LOCKED = textwrap.dedent("""
+    import faulthandler, os, signal, sys, torch, replay
+    faulthandler.dump_traceback_later(20, exit=True)  # a deadlock ends the child, with its stacks
+
+    @replay.capture("flight_step")
+    def step(x, n):
+        return x + 1
+
+    with replay.recording(sys.argv[1], ring=4) as rec:
+        for n in range(3):
+            step(torch.zeros(4), n)
+        write_manifest = rec.writer._write_manifest
+
+        def signalled():  # SIGUSR1 lands while the main thread holds the writer's lock
+            os.kill(os.getpid(), signal.SIGUSR1)
+            return write_manifest()
+        rec.writer._write_manifest = signalled
+        step(torch.zeros(4), object())  # a capture error: reported into the manifest, under the lock
+        rec.writer._write_manifest = write_manifest
+        replay.flush()
+    print("done", flush=True)
+""")
+
+
+def test_a_signal_arriving_while_the_writer_is_locked_does_not_deadlock(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_LOCKED, str(tmp_path / "snap")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout == "done\n", result.stderr

@@ -206,3 +206,34 @@ def test_calls_during_cuda_graph_capture_are_skipped_and_counted(verifying: Path
     torch.cuda.synchronize()
     assert torch.equal(out, torch.full((4, 8), 2.0, device="cuda"))
     assert delta(before)["skipped"] == 1 and delta(before)["checked"] == 0
+
+
+def test_positional_only_and_star_arguments_still_report_their_mismatch(verifying: Path) -> None:
+    found: list[Mismatch] = []
+
+    @replay.verify(reference=lambda x, /, *more: x * 2, sample=1.0, outliers=False, on_mismatch=found.append)
+    def off_by_one(x: torch.Tensor, /, *more: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    off_by_one(torch.ones(3))
+    off_by_one(torch.ones(3), torch.zeros(1))
+    replay.verify.drain()
+    assert [m.call for m in found] == [0, 1]
+    assert found[0].snapshot is not None and found[0].snapshot.is_dir()  # a positional-only call records
+    assert found[1].snapshot is None and "could not be written" in found[1].line()  # a tuple of tensors does not
+    replay.verify.stop(off_by_one.__replay_spec__.op)
+
+
+def test_replay_verify_naming_an_op_without_a_reference_leaves_it_alone(monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    @replay.capture("verify_no_reference")
+    def lonely(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    from replay.verify import from_env
+    monkeypatch.setenv("REPLAY_VERIFY", "verify_no_reference@1.0")
+    from_env()
+    assert torch.equal(lonely(torch.zeros(2)), torch.ones(2)) and torch.equal(lonely(torch.ones(2)), torch.ones(2) * 2)
+    assert capsys.readouterr().err.splitlines() == [
+        "replay.verify: REPLAY_VERIFY: replay.verify: op 'verify_no_reference' has no reference variant to check "
+        "against; not verified"]

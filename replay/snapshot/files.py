@@ -96,9 +96,13 @@ def append_line(path: Path, line: str, *, sync: bool = True) -> None:
 
 
 def fsync_paths(paths: list[Path]) -> None:
-    """Flush files, then the directories holding them (their names), to disk."""
+    """Flush files, then the directories holding them (their names), to disk; a file that is not
+    there (an index no call reached) is skipped."""
     for path in [*paths, *dict.fromkeys(p.parent for p in paths)]:
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
         try:
             os.fsync(fd)
         finally:

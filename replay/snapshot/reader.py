@@ -14,7 +14,7 @@ from replay.errors import SnapshotError
 from replay.snapshot import callfile, jsonargs, schema
 from replay.snapshot.files import sha256_bytes
 from replay.snapshot.manifest import FORMAT_VERSION
-from replay.snapshot.tensors import DTYPES, Geometry, rebuild
+from replay.snapshot.tensors import DTYPES, MAX_VIEW_RATIO, MIN_VIEW_LIMIT, Geometry, rebuild
 from replay.snapshot.writer import INDEX, MANIFEST, blob_relpath
 
 MAX_MANIFEST_BYTES = 16 << 20
@@ -23,6 +23,7 @@ MAX_BLOB_BYTES = 1 << 40
 # what a call's views may reach in all, over what its files store (see tensors.MAX_VIEW_RATIO)
 CALL_VIEW_RATIO = 64
 CALL_VIEW_LIMIT = 64 << 20
+CHUNK_ENTRY_BYTES = 64 << 10  # what a chunk list entry may stand for on average, beyond 64x the distinct bytes
 # a file whose size is mostly holes would cost memory its disk blocks do not: refused past this size
 SPARSE_SLACK = 1 << 20
 
@@ -85,6 +86,7 @@ class Snapshot:
         self.verify = verify
         self._blob_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._blob_cache_bytes = blob_cache_bytes
+        self._blob_cache_size = 0  # bytes the cache holds
         try:
             if not self.path.is_dir():
                 raise SnapshotError(f"{self.path}: no such snapshot directory")
@@ -208,23 +210,33 @@ class Snapshot:
         except Exception as exc:  # safetensors raises several types for bad data
             raise SnapshotError(f"{self.path / rel}: unreadable tensor data: {_one_line(exc)}") from None
         self._blob_cache[digest] = span
-        size = 0
-        for key in reversed(list(self._blob_cache)):
-            size += self._blob_cache[key].numel() * self._blob_cache[key].element_size()
-            if size > self._blob_cache_bytes and key != digest:
-                del self._blob_cache[key]
+        self._blob_cache_size += _nbytes(span)
+        while self._blob_cache_size > self._blob_cache_bytes and len(self._blob_cache) > 1:  # oldest first
+            _, evicted = self._blob_cache.popitem(last=False)
+            self._blob_cache_size -= _nbytes(evicted)
         return span
 
     def _chunked(self, path: Path, key: str, geo: dict[str, Any]) -> torch.Tensor:
         """A span stored as pieces of its bytes, each a blob, listed by a blob of their sha256s
         (format 2), joined again."""
         table = self._blob(geo["chunks"])
-        if table.dtype != torch.uint8 or table.dim() != 2 or table.shape[1] != 32:
+        if table.dtype != torch.uint8 or table.dim() != 2 or table.shape[1] != 32 or table.shape[0] == 0:
             raise SnapshotError(f"{path}: tensor {key!r}: its chunk list is not a [pieces, 32] table of sha256s")
-        pieces = [self._blob(bytes(row.tolist()).hex()) for row in table]
-        if any(piece.dtype != torch.uint8 or piece.dim() != 1 for piece in pieces):
-            raise SnapshotError(f"{path}: tensor {key!r}: a chunk is not a run of bytes")
-        joined = torch.cat(pieces)
+        digests = [bytes(row.tolist()).hex() for row in table]
+        sizes = {}
+        for digest in dict.fromkeys(digests):
+            piece = self._blob(digest)
+            if piece.dtype != torch.uint8 or piece.dim() != 1:
+                raise SnapshotError(f"{path}: tensor {key!r}: a chunk is not a run of bytes")
+            sizes[digest] = piece.numel()
+        joined_bytes, stored = sum(sizes[d] for d in digests), sum(sizes.values())
+        # pieces repeat (a cache of zero pages is one piece) but one large piece repeated must not
+        # blow memory up: at most 64 times the distinct bytes, or 64 KiB a list entry
+        limit = max(MAX_VIEW_RATIO * stored, CHUNK_ENTRY_BYTES * len(digests), MIN_VIEW_LIMIT)
+        if joined_bytes > limit:
+            raise SnapshotError(f"{path}: tensor {key!r}: its chunks join to {joined_bytes} bytes, more than the "
+                                f"{limit} its {len(digests)} entries and {stored} distinct bytes allow; refused")
+        joined = torch.cat([self._blob(d) for d in digests])
         itemsize = torch.empty(0, dtype=DTYPES[geo["dtype"]]).element_size()
         if joined.numel() % itemsize:
             raise SnapshotError(f"{path}: tensor {key!r}: its chunks hold {joined.numel()} bytes, not a whole "
@@ -271,6 +283,10 @@ class Snapshot:
                           meta=header.get("meta", {}), returns_json=header.get("returns_json", {}),
                           blobs={k: g["blob"] for k, g in header["tensors"].items() if "blob" in g},
                           recorded_offsets={k: g["storage_offset"] for k, g in header["tensors"].items()})
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _check_header(path: Path, header: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from replay import recorder
+from replay.errors import ReplayError
 from replay.registry import Op, all_ops, get_op, op as declare_op
 from replay.tolerance import Tolerance
 from replay.verify.checker import COMPILE_MODES, VERIFIER, Mismatch, Policy
@@ -143,10 +144,16 @@ def from_env() -> None:
 
 
 def _lazy(name: str, sample: float) -> Callable[..., Any]:
-    """A hook that makes the op's policy at its first call, when the op surely exists."""
-    def first_call(*call: Any) -> Any:
-        _enable(get_op(name), sample, None, True)
-        return recorder._verifiers[name](*call)
+    """A hook that makes the op's policy at its first call, when the op surely exists; an op that
+    cannot be verified (no reference) is reported once and left alone."""
+    def first_call(spec: Any, call: Callable[..., Any], signature: Any, args: tuple, kwargs: dict) -> Any:
+        try:
+            _enable(get_op(name), sample, None, True)
+        except (ValueError, ReplayError) as exc:
+            print(f"replay.verify: REPLAY_VERIFY: {exc}; not verified", file=sys.stderr)
+            recorder.set_verifier(name, None)
+            return call(*args, **kwargs)
+        return recorder._verifiers[name](spec, call, signature, args, kwargs)
     return first_call
 
 

@@ -14,6 +14,7 @@ import inspect
 import itertools
 import os
 import queue
+import shutil
 import random
 import sys
 import threading
@@ -26,6 +27,7 @@ import torch
 
 from replay import recorder
 from replay.compare import compare, row_ranges
+from replay.errors import ReplayError
 from replay.recorder import CallSpec, returned_values
 from replay.registry import Op
 from replay.snapshot.files import safe_component
@@ -54,10 +56,13 @@ class Mismatch:
     rows: list[int]
     max_abs: float
     snapshot: Path | None
+    unwritten: str | None = None  # why the snapshot could not be written
 
     def line(self) -> str:
         what = f"rows {row_ranges(self.rows)} of '{self.output}' differ" if self.rows else f"'{self.output}' differs"
-        saved = f"; snapshot {self.snapshot}" if self.snapshot else "; no snapshot (the limit per op is reached)"
+        saved = f"; snapshot {self.snapshot}" if self.snapshot else \
+            f"; the snapshot could not be written: {self.unwritten}" if self.unwritten else \
+            "; no snapshot (the limit per op is reached)"
         return (f"replay.verify: {self.op} ({self.variant}) call {self.call}: {what} from the reference "
                 f"(max error {self.max_abs:.3g}){saved}")
 
@@ -68,7 +73,7 @@ class _Check:
     spec: CallSpec
     number: int
     signature: inspect.Signature
-    inputs: dict[str, Any]  # copies taken before the call
+    inputs: dict[str, Any]  # copies of the bound arguments, taken before the call
     after: dict[str, Any]  # the kernel's outputs and mutated arguments, copied after it
     result: Any
     ready: torch.cuda.Event | None
@@ -132,7 +137,7 @@ class Verifier:
             return call(*args, **kwargs)
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        flagged = policy.gate is not None and policy.gate.flag(features(bound.arguments.values()))
+        flagged = policy.gate is not None and self._flag(policy.gate, bound.arguments.values())
         sampled = self._random.random() < policy.sample
         number = next(policy.numbers)
         if not (flagged or sampled):
@@ -151,6 +156,12 @@ class Verifier:
             ready.record()
         self._submit(_Check(policy, spec, number, signature, inputs, after, result, ready))
         return result
+
+    def _flag(self, gate: OutlierGate, values: Any) -> bool:
+        try:
+            return gate.flag(features(values))
+        except Exception:  # an argument the statistics cannot take: the call is checked, never broken
+            return True
 
     def _full(self) -> bool:
         return self._queue is not None and self._queue.full()
@@ -189,7 +200,8 @@ class Verifier:
             self._stream.wait_event(check.ready)
         with torch.cuda.stream(self._stream) if check.ready is not None else contextlib.nullcontext():
             arguments = {name: _copy(value) for name, value in check.inputs.items()}  # the reference may mutate
-            expected = returned_values(op.get("reference").fn(**arguments), op.outputs)
+            bound = inspect.BoundArguments(check.signature, arguments)  # type: ignore[arg-type]
+            expected = returned_values(op.get("reference").fn(*bound.args, **bound.kwargs), op.outputs)
             expected.update({name: arguments[name] for name in op.mutates if name in arguments})
         if check.ready is not None:
             self._stream.synchronize()
@@ -206,14 +218,20 @@ class Verifier:
 
     def _report(self, check: _Check, output: str, rows: list[int], max_abs: float, expected: dict[str, Any]) -> None:
         policy = check.policy
-        path = None
+        path, unwritten = None, None
         if self._snapshots.get(policy.op.name, 0) < self.settings.max_snapshots:
             self._snapshots[policy.op.name] = self._snapshots.get(policy.op.name, 0) + 1
-            path = self.settings.directory / safe_component(
-                f"{policy.op.name}-{check.spec.variant}-call{check.number}-{os.getpid()}-{time.time_ns()}")
-            _write_snapshot(path, check, expected)
-            self.count("snapshots")
-        mismatch = Mismatch(policy.op.name, check.spec.variant, check.number, output, rows, max_abs, path)
+            # the op's name shortened, never the part that tells two mismatches apart
+            path = self.settings.directory / (f"{safe_component(policy.op.name, max_len=48)}-"
+                                              f"{safe_component(check.spec.variant, max_len=24)}-call{check.number}-"
+                                              f"{os.getpid()}-{time.time_ns()}")
+            try:
+                _write_snapshot(path, check, expected)
+                self.count("snapshots")
+            except (OSError, ReplayError, TypeError, ValueError, RuntimeError) as exc:  # the mismatch still counts
+                shutil.rmtree(path, ignore_errors=True)  # a snapshot without its call is no use
+                path, unwritten = None, f"{type(exc).__name__}: {exc}"
+        mismatch = Mismatch(policy.op.name, check.spec.variant, check.number, output, rows, max_abs, path, unwritten)
         if policy.on_mismatch is not None:
             policy.on_mismatch(mismatch)
         else:
@@ -263,10 +281,10 @@ def _write_snapshot(path: Path, check: _Check, expected: dict[str, Any]) -> None
         return _as_returned(check.result, after, check.policy.op.outputs)
 
     notes = f"replay.verify: call {check.number} of {spec.op} ({spec.variant}) differed from the reference"
-    rec = recorder.Recording(path, notes=notes, asynchronous=False, tag_level=2)
+    rec = recorder.Recording(path, notes=notes, asynchronous=False, tag_level=2, strict=True)
     try:
-        inputs = {name: _copy(value) for name, value in check.inputs.items()}
-        rec.record(spec, replayed, check.signature, (), inputs)
+        bound = inspect.BoundArguments(check.signature, {n: _copy(v) for n, v in check.inputs.items()})  # type: ignore[arg-type]
+        rec.record(spec, replayed, check.signature, bound.args, bound.kwargs)
     finally:
         rec.close()
 

@@ -28,17 +28,17 @@ WARMUP = 64
 def features(values: Iterable[Any]) -> list[float]:
     """The numbers the gate sees for one call's arguments."""
     out: list[float] = []
-    stats = []
+    stats: dict[torch.device, list[torch.Tensor]] = {}
     for value in values:
         if isinstance(value, torch.Tensor):
             out.append(math.log2(value.numel() + 1))
-            if 0 < value.numel() <= STAT_ELEMENTS and (value.dtype.is_floating_point or not value.dtype.is_complex):
+            if 0 < value.numel() <= STAT_ELEMENTS and not value.dtype.is_complex:
                 t = value.detach().to(torch.float32)
-                stats.append(torch.stack([t.mean(), t.abs().amax(), t.square().mean().sqrt()]))
+                stats.setdefault(t.device, []).append(torch.stack([t.mean(), t.abs().amax(), t.square().mean().sqrt()]))
         elif isinstance(value, (bool, int, float)):
             out.append(float(value))
-    if stats:  # one transfer for all of them
-        out += [v if math.isfinite(v) else 1e30 for v in torch.cat(stats).tolist()]
+    for on_device in stats.values():  # one transfer per device
+        out += [v if math.isfinite(v) else 1e30 for v in torch.cat(on_device).tolist()]
     return out
 
 
