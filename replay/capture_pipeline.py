@@ -66,6 +66,10 @@ class HostCopy:
     chunked: bool = False  # stored as content-addressed pieces (a large tensor that changes)
     landed: torch.cuda.Event | None = None  # where a copy is read by other calls than its own
 
+    @property
+    def nbytes(self) -> int:
+        return self.span.numel() * self.span.element_size()
+
 
 class BlobRef:
     """A read-only tensor stored once, by content: its digest is known once a writer has hashed
@@ -97,7 +101,6 @@ class Copier:
 
     def __init__(self, pool: PinnedPool):
         self.pool = pool
-        self._events: list[torch.cuda.Event] = []
         self._devices: set[torch.device] = set()
 
     def copy(self, t: torch.Tensor, landed: bool = False) -> HostCopy:
@@ -144,7 +147,7 @@ class PendingCall:
 
     @property
     def nbytes(self) -> int:
-        return sum(c.span.numel() * c.span.element_size() for c in self.copies.values())
+        return sum(copy.nbytes for copy in self.copies.values())
 
 
 class Ring:
@@ -159,7 +162,7 @@ class Ring:
         self.calls, self.max_bytes, self._forget = calls, max_bytes, forget
         self._held: collections.deque[PendingCall] = collections.deque()
         self._bytes = 0
-        self._lock = threading.RLock()  # re-entered by a signal handler that dumps on this thread
+        self._lock = threading.Lock()
 
     def add(self, call: PendingCall) -> None:
         with self._lock:
@@ -187,11 +190,10 @@ def check_options(depth: int, when_full: str) -> None:
 
 class CallWriter:
     """Writes pending calls in the order they come, on the caller's thread (synchronous) or on a
-    thread of its own behind a queue of `depth` calls."""
+    thread of its own behind a queue of `depth` calls (options checked by check_options first)."""
 
     def __init__(self, writer: SnapshotWriter, pool: PinnedPool, *, asynchronous: bool, depth: int,
                  when_full: str, on_error: Callable[[PendingCall, BaseException], None]):
-        check_options(depth, when_full)
         self.writer, self.pool, self.when_full, self.on_error = writer, pool, when_full, on_error
         self.failed = False  # after a failure nothing more is written
         self.written = 0

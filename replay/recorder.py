@@ -296,8 +296,9 @@ class Recording:
 
     def __init__(self, path: str | Path, *, notes: str = "", tag_level: int | None = None,
                  strict: bool | None = None, blob_threshold: int = BLOB_THRESHOLD_BYTES,
-                 chunk_threshold: int = CHUNK_THRESHOLD_BYTES, asynchronous: bool = True, queue_depth: int = DEFAULT_QUEUE_DEPTH, when_full: str = "block",
-                 durability: str = "close", ring: int | None = None, ring_bytes: int = DEFAULT_RING_BYTES):
+                 chunk_threshold: int = CHUNK_THRESHOLD_BYTES, asynchronous: bool = True,
+                 queue_depth: int = DEFAULT_QUEUE_DEPTH, when_full: str = "block", durability: str = "close",
+                 ring: int | None = None, ring_bytes: int = DEFAULT_RING_BYTES):
         self.strict = strict if strict is not None else os.environ.get("REPLAY_CAPTURE_STRICT") == "1"
         self.tag_level = tag_level if tag_level is not None else _tag_level_from_env()
         self.blob_threshold, self.chunk_threshold = blob_threshold, chunk_threshold
@@ -390,7 +391,7 @@ class Recording:
             call.blobs[key] = (blob, geometry)
         else:
             copy = call.copies[key] = copier.copy(t)
-            copy.chunked = persistent and copy.span.numel() * copy.span.element_size() >= max(self.chunk_threshold, 1)
+            copy.chunked = persistent and copy.nbytes >= max(self.chunk_threshold, 1)
 
     def record(self, spec: CallSpec, fn: Callable, signature: inspect.Signature,
                args: tuple, kwargs: dict) -> Any:

@@ -5,7 +5,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -103,13 +103,16 @@ class SnapshotWriter:
     def put_blob(self, span: torch.Tensor) -> str:
         """Store a read-only tensor span once, by content; return its digest."""
         data = callfile.serialize_blob(span)
-        digest = sha256_bytes(data)
+        return self._put(sha256_bytes(data), lambda: data)
+
+    def _put(self, digest: str, data: Callable[[], bytes]) -> str:
+        """Write blob `digest` unless it is stored already; `data` makes its bytes when it is not."""
         with self._lock:
             if digest in self._known_blobs:
                 return digest
         target = self.path / blob_relpath(digest)
         if not target.exists():
-            self._write(target, data)
+            self._write(target, data())
         with self._lock:
             self._known_blobs.add(digest)
         return digest
@@ -128,18 +131,10 @@ class SnapshotWriter:
         return self.put_blob(table.view(len(digests), 32))
 
     def _put_piece(self, piece: Any) -> str:
-        """put_blob of a run of bytes, hashed where it lies: only a piece not stored yet is copied."""
+        """put_blob of a run of bytes (a numpy uint8 array), hashed where it lies: only a piece not
+        stored yet is copied."""
         prefix = callfile.blob_prefix(len(piece))
-        digest = sha256_parts(prefix, piece)
-        with self._lock:
-            if digest in self._known_blobs:
-                return digest
-        target = self.path / blob_relpath(digest)
-        if not target.exists():
-            self._write(target, prefix + piece.tobytes())
-        with self._lock:
-            self._known_blobs.add(digest)
-        return digest
+        return self._put(sha256_parts(prefix, piece), lambda: prefix + piece.tobytes())
 
     def _write(self, target: Path, data: bytes) -> None:
         write_atomic(target, data, sync=self._sync)

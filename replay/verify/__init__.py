@@ -79,9 +79,13 @@ def _declare(fn: Callable[..., Any], reference: Callable[..., Any], rtol: float 
     return declared
 
 
-def _enable(op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None, outliers: bool) -> None:
+def _enable(op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None,
+            outliers: bool) -> Callable[..., Any]:
+    """Verify `op`'s calls from now on; returns the hook its calls go through."""
     policy = _policies[op.name] = Policy(op, sample, on_mismatch, outliers)
-    recorder.set_verifier(op.name, VERIFIER.hook(policy))
+    hook = VERIFIER.hook(policy)
+    recorder.set_verifier(op.name, hook)
+    return hook
 
 
 def configure(*, enabled: bool | None = None, sample: float | None = None, directory: str | Path | None = None,
@@ -148,12 +152,12 @@ def _lazy(name: str, sample: float) -> Callable[..., Any]:
     cannot be verified (no reference) is reported once and left alone."""
     def first_call(spec: Any, call: Callable[..., Any], signature: Any, args: tuple, kwargs: dict) -> Any:
         try:
-            _enable(get_op(name), sample, None, True)
+            hook = _enable(get_op(name), sample, None, True)
         except (ValueError, ReplayError) as exc:
             print(f"replay.verify: REPLAY_VERIFY: {exc}; not verified", file=sys.stderr)
             recorder.set_verifier(name, None)
             return call(*args, **kwargs)
-        return recorder._verifiers[name](spec, call, signature, args, kwargs)
+        return hook(spec, call, signature, args, kwargs)
     return first_call
 
 

@@ -14,8 +14,8 @@ import inspect
 import itertools
 import os
 import queue
-import shutil
 import random
+import shutil
 import sys
 import threading
 import time
