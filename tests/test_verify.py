@@ -32,9 +32,8 @@ def rowscale_reference(x: torch.Tensor, scale: float) -> torch.Tensor:
 @rowscale.batched
 def rowscale_batched(x: torch.Tensor, scale: float) -> torch.Tensor:
     """Right, except for rows holding a value over 50: there it adds 1 (a rare input pattern)."""
-    out = x * scale
-    out[x.abs().amax(dim=1) > 50] += 1.0
-    return out
+    spiked = x.abs().amax(dim=1, keepdim=True) > 50  # no data-dependent indexing: a CUDA graph can hold it
+    return x * scale + spiked.to(x.dtype)
 
 
 @pytest.fixture
@@ -85,6 +84,34 @@ def test_no_false_alarm_over_ten_thousand_calls_of_a_right_kernel(verifying: Pat
     counted = delta(before)
     assert counted["calls"] == 10_000 and counted["failed"] == 0 and counted["checked"] >= 50
     replay.verify.stop("test_no_false_alarm_over_ten_thousand_calls_of_a_right_kernel.<locals>.right_matmul")
+
+
+def test_a_large_weight_is_not_copied_and_a_check_it_outlived_is_skipped(verifying: Path) -> None:
+    """A 1 MiB weight the op does not write is handed to the check as it is: written by the
+    program before the check ran, the check is skipped (never compared against new values)."""
+    worker_may_go = threading.Event()
+    found: list[Mismatch] = []
+
+    def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        worker_may_go.wait(30)
+        return x @ w
+
+    @replay.verify(reference=reference, sample=1.0, outliers=False, on_mismatch=found.append)
+    def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x @ w
+
+    w = torch.ones(512, 512)  # 1 MiB of float32
+    x = torch.ones(2, 512)
+    before = replay.verify.counters()
+    matmul(x, w)  # checked once the worker may go: w unchanged
+    matmul(x, w)
+    w.mul_(2.0)  # before the checks ran: the first two saw w as it was, but kept no copy of it
+    matmul(x, w)  # this one's check sees w as it was when it ran
+    worker_may_go.set()
+    replay.verify.drain()
+    counted = delta(before)
+    assert counted["skipped"] == 2 and counted["checked"] == 1 and counted["failed"] == 0 and not found
+    replay.verify.stop(matmul.__replay_spec__.op)
 
 
 @pytest.mark.parametrize("mode", ["break", "skip"])

@@ -34,6 +34,7 @@ from replay.snapshot.files import safe_component
 from replay.verify.gate import OutlierGate, features
 
 COMPILE_MODES = ("break", "skip")
+KEEP_BYTES = 1 << 20  # read-only inputs this large are not copied for a check (see _inputs)
 COUNTERS = ("calls", "checked", "flagged", "skipped", "dropped", "failed", "snapshots", "abandoned")
 
 
@@ -73,7 +74,8 @@ class _Check:
     spec: CallSpec
     number: int
     signature: inspect.Signature
-    inputs: dict[str, Any]  # copies of the bound arguments, taken before the call
+    inputs: dict[str, Any]  # copies of the bound arguments, taken before the call (see _inputs)
+    kept: dict[str, int]  # the inputs not copied, the program's own tensors: their version counters
     after: dict[str, Any]  # the kernel's outputs and mutated arguments, copied after it
     result: Any
     ready: torch.cuda.Event | None
@@ -135,9 +137,11 @@ class Verifier:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             self.count("skipped")  # nothing may be issued into a graph being captured
             return call(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        flagged = policy.gate is not None and self._flag(policy.gate, bound.arguments.values())
+        bound = None
+        if policy.gate is not None:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+        flagged = bound is not None and self._flag(policy.gate, bound.arguments.values())
         sampled = self._random.random() < policy.sample
         number = next(policy.numbers)
         if not (flagged or sampled):
@@ -146,7 +150,10 @@ class Verifier:
             self.count("dropped")
             return call(*args, **kwargs)
         self.count("flagged", int(flagged))
-        inputs = {name: _copy(value) for name, value in bound.arguments.items()}
+        if bound is None:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+        inputs, kept = _inputs(bound.arguments, policy.op.mutates)
         result = call(*args, **kwargs)
         after = {name: _copy(value) for name, value in returned_values(result, policy.op.outputs).items()}
         after.update({name: _copy(bound.arguments[name]) for name in policy.op.mutates if name in bound.arguments})
@@ -154,7 +161,7 @@ class Verifier:
         if any(isinstance(v, torch.Tensor) and v.is_cuda for v in (*inputs.values(), *after.values())):
             ready = torch.cuda.Event()
             ready.record()
-        self._submit(_Check(policy, spec, number, signature, inputs, after, result, ready))
+        self._submit(_Check(policy, spec, number, signature, inputs, kept, after, result, ready))
         return result
 
     def _flag(self, gate: OutlierGate, values: Any) -> bool:
@@ -199,12 +206,18 @@ class Verifier:
                 self._stream = torch.cuda.Stream()
             self._stream.wait_event(check.ready)
         with torch.cuda.stream(self._stream) if check.ready is not None else contextlib.nullcontext():
-            arguments = {name: _copy(value) for name, value in check.inputs.items()}  # the reference may mutate
+            # the op's mutated arguments are copied again: the snapshot of a mismatch needs them as they came in
+            arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
             bound = inspect.BoundArguments(check.signature, arguments)  # type: ignore[arg-type]
             expected = returned_values(op.get("reference").fn(*bound.args, **bound.kwargs), op.outputs)
             expected.update({name: arguments[name] for name in op.mutates if name in arguments})
         if check.ready is not None:
             self._stream.synchronize()
+        # looked at once the reference has read them: the program wrote to an argument that was not
+        # copied, before or while the reference ran, so the values the call saw are gone
+        if any(check.inputs[name]._version != version for name, version in check.kept.items()):
+            self.count("skipped")
+            return
         self.count("checked")
         for name, got in check.after.items():
             want = expected.get(name)
@@ -265,6 +278,21 @@ def _copy(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
+def _inputs(arguments: dict[str, Any], mutates: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, int]]:
+    """A checked call's inputs, before it runs: copies, except tensors of KEEP_BYTES or more that
+    the op does not write (weights), which are kept as they are with their version counters, so a
+    check costs no copy of them; the program writing to one before the check runs is seen there,
+    and the check is skipped."""
+    inputs, kept = {}, {}
+    for name, value in arguments.items():
+        if (isinstance(value, torch.Tensor) and name not in mutates and not value.is_inference()
+                and value.numel() * value.element_size() >= KEEP_BYTES):
+            inputs[name], kept[name] = value, value._version
+        else:
+            inputs[name] = _copy(value)
+    return inputs, kept
+
+
 def _write_snapshot(path: Path, check: _Check, expected: dict[str, Any]) -> None:
     """The call as a one-call snapshot: its inputs, its outputs as the kernel left them, and the
     reference's outputs as tags ('reference/<name>')."""
@@ -290,6 +318,7 @@ def _write_snapshot(path: Path, check: _Check, expected: dict[str, Any]) -> None
 
 
 VERIFIER = Verifier()
+recorder.before_graph_capture(VERIFIER.drain)  # the worker's CUDA calls would break the capture
 
 
 def _report_at_exit() -> None:

@@ -2,7 +2,8 @@
 sampling rate says.
 
 Each call is described by a few cheap numbers: for every tensor argument log2(numel + 1) and,
-for one of at most STAT_ELEMENTS elements, its mean, absolute maximum and root mean square;
+for one of at most STAT_ELEMENTS elements, its mean absolute value, root mean square and
+absolute maximum;
 every int, float or bool argument as itself. The gate keeps, per number, an exponentially
 weighted centroid and mean absolute deviation (weight ALPHA), and scores a call by its largest
 deviation in those units. The threshold is MARGIN times a running estimate of the QUANTILE-th
@@ -26,19 +27,28 @@ WARMUP = 64
 
 
 def features(values: Iterable[Any]) -> list[float]:
-    """The numbers the gate sees for one call's arguments."""
+    """The numbers the gate sees for one call's arguments: per tensor its size and, up to
+    STAT_ELEMENTS elements, mean |x|, root mean square and max |x| (three norms each, read back
+    in one transfer, and one wait, per device)."""
     out: list[float] = []
-    stats: dict[torch.device, list[torch.Tensor]] = {}
+    norms: dict[torch.device, list[torch.Tensor]] = {}
+    sizes: dict[torch.device, list[float]] = {}
     for value in values:
         if isinstance(value, torch.Tensor):
             out.append(math.log2(value.numel() + 1))
             if 0 < value.numel() <= STAT_ELEMENTS and not value.dtype.is_complex:
-                t = value.detach().to(torch.float32)
-                stats.setdefault(t.device, []).append(torch.stack([t.mean(), t.abs().amax(), t.square().mean().sqrt()]))
+                t = value.detach()
+                t = t if t.is_floating_point() else t.float()
+                norms.setdefault(t.device, []).extend(
+                    torch.linalg.vector_norm(t, order, dtype=torch.float32) for order in (1, 2, math.inf))
+                sizes.setdefault(t.device, []).append(float(t.numel()))
         elif isinstance(value, (bool, int, float)):
             out.append(float(value))
-    for on_device in stats.values():  # one transfer per device
-        out += [v if math.isfinite(v) else 1e30 for v in torch.cat(on_device).tolist()]
+    for device, on_device in norms.items():
+        numbers = torch.stack(on_device).cpu().view(-1, 3)
+        n = torch.tensor(sizes[device]).unsqueeze(1)
+        for value in (numbers / torch.cat([n, n.sqrt(), torch.ones_like(n)], dim=1)).flatten().tolist():
+            out.append(value if math.isfinite(value) else 1e30)
     return out
 
 
