@@ -30,7 +30,7 @@ import torch
 import replay
 from kernels import OPS, ggml_quant
 from kernels.rope import rope_tables
-from replay import recorder
+from replay import graph_capture, recorder
 from replay.registry import get_op
 
 
@@ -188,13 +188,16 @@ class TinyLlama:
         self.token_buf.fill_(token)
         self.position_buf[:1].fill_(self.length)
         self.seq_len_buf.fill_(1)
-        if not self.use_cuda_graph or recorder.active() is not None:
+        if not self.use_cuda_graph:
             logits = self._decode_forward()
-        elif self._graph is None:
-            logits = self._decode_forward()  # runs the step for real and compiles every kernel
+        elif self._graph is None or (recorder.active() is None) != (graph_capture.tape_of(self._graph) is None):
+            # runs the step for real and compiles every kernel; captured again when a recording starts
+            # (so that it follows the graph: replay/graph_capture.py) or has ended (its copies go)
+            logits = self._decode_forward()
             self._capture()
         else:
-            self._graph.replay()
+            with replay.scope("step", self.steps):  # a replay's calls are labelled with the step it runs
+                self._graph.replay()
             logits = self._graph_logits
         self.length += 1
         self.steps += 1

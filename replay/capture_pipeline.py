@@ -1,13 +1,14 @@
-"""The far side of capture: host copies of a call's tensors become files on a writer thread.
+"""The far side of capture: host copies of a call's tensors become files on writer threads.
 
 At a captured call the recorder only issues copies: a CPU tensor is cloned; a GPU tensor's
 storage span is copied `non_blocking` into a pinned host buffer from a reusable pool, on the
 stream the call runs on (inputs before the call, outputs after), and an event marks the end.
-The call then goes on a bounded queue; the writer thread waits for the event, hashes blobs,
-serialises and writes, and gives the buffers back. When the queue is full, `when_full` says
-what happens: "block" (the program waits; nothing is lost) or "drop" (the call is not
-recorded; drops are counted and named in the manifest's capture_errors). A flight recording
-keeps its calls in a Ring instead and hands them to the writer only when asked to.
+The call then goes on a bounded queue; writer threads wait for the event, hash blobs, write
+the files straight from the buffers, give the buffers back, and index calls in call order.
+When the queue is full, `when_full` says what happens: "block" (the program waits; nothing is
+lost) or "drop" (the call is not recorded; drops are counted and named in the manifest's
+capture_errors). A flight recording keeps its calls in a Ring instead and hands them to the
+writers only when asked to.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 
 WHEN_FULL = ("block", "drop")
 DEFAULT_QUEUE_DEPTH = 64
+WRITER_THREADS = 2  # more contend for the interpreter lock with the program (measured: docs/PERFORMANCE.md)
 _MIN_BUFFER = 4096
 
 
@@ -78,18 +80,23 @@ class BlobRef:
     def __init__(self, copy: HostCopy):
         self.copy: HostCopy | None = copy
         self.digest: str | None = None
+        self.failure: Exception | None = None  # why writing it failed: every call that refers to it says so
         self._lock = threading.Lock()
 
     def resolve(self, writer: SnapshotWriter, release: Callable[[HostCopy], None]) -> str:
         with self._lock:
+            if self.failure is not None:
+                raise self.failure
             if self.digest is None:
-                if self.copy is None:
-                    raise OSError("the blob's copy was lost with an earlier failed call")
+                assert self.copy is not None
                 copy, self.copy = self.copy, None
                 try:
                     if copy.landed is not None:  # another call's copy: its own call's events do not cover it
                         copy.landed.synchronize()
                     self.digest = writer.put_blob(copy.span)
+                except Exception as exc:
+                    self.failure = exc
+                    raise
                 finally:
                     release(copy)
             return self.digest
@@ -103,11 +110,12 @@ class Copier:
         self.pool = pool
         self._devices: set[torch.device] = set()
 
-    def copy(self, t: torch.Tensor, landed: bool = False) -> HostCopy:
-        """A host copy of `t`'s storage span; with `landed`, one that carries an event of its own
-        (a blob: other calls, on other streams, may be written before the one that took it)."""
-        geometry = geometry_of(t)
-        span = storage_span(t.detach(), geometry)
+    def copy(self, t: torch.Tensor, landed: bool = False, recorded: Geometry | None = None) -> HostCopy:
+        """A host copy of `t`'s storage span (or, given the `recorded` view's geometry, of `t`, a
+        copy of that view's span); with `landed`, one that carries an event of its own (a blob:
+        other calls, on other streams, may be written before the one that took it)."""
+        geometry = recorded or geometry_of(t)
+        span = t.detach() if recorded is not None else storage_span(t.detach(), geometry)
         if span.device.type != "cuda":
             return HostCopy(span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone(), geometry)
         nbytes = span.numel() * span.element_size()
@@ -189,84 +197,113 @@ def check_options(depth: int, when_full: str) -> None:
 
 
 class CallWriter:
-    """Writes pending calls in the order they come, on the caller's thread (synchronous) or on a
-    thread of its own behind a queue of `depth` calls (options checked by check_options first)."""
+    """Writes pending calls and indexes them in the order they were submitted: on the caller's
+    thread (synchronous), or on `threads` writer threads with at most `depth` calls submitted and
+    not yet indexed (options checked by check_options first). Hashing and file writes release the
+    interpreter lock, so several writers keep a disk busy where one cannot; each call's index line
+    waits for the calls before it."""
 
     def __init__(self, writer: SnapshotWriter, pool: PinnedPool, *, asynchronous: bool, depth: int,
-                 when_full: str, on_error: Callable[[PendingCall, BaseException], None]):
+                 when_full: str, on_error: Callable[[PendingCall, BaseException], None],
+                 threads: int = WRITER_THREADS):
         self.writer, self.pool, self.when_full, self.on_error = writer, pool, when_full, on_error
-        self.failed = False  # after a failure nothing more is written
+        self.depth = depth
+        self.failed = False  # after a failure nothing more is indexed
         self.written = 0
-        self._queue: queue.Queue[PendingCall | None] | None = None
-        self._thread: threading.Thread | None = None
-        if asynchronous:
-            self._queue = queue.Queue(maxsize=depth)
-            self._thread = threading.Thread(target=self._run, args=(self._queue,), name="replay-capture-writer",
-                                            daemon=True)
-            self._thread.start()
+        self._state = threading.Condition()
+        self._submitted = 0  # sequence numbers handed out
+        self._indexed = 0  # the next sequence number to index
+        self._finished: dict[int, tuple[PendingCall, dict | None, BaseException | None]] = {}
+        self._work: queue.SimpleQueue[tuple[int, PendingCall] | None] = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._run, name=f"replay-capture-writer-{n}", daemon=True)
+                         for n in range(threads if asynchronous else 0)]
+        for thread in self._threads:
+            thread.start()
 
     def full(self) -> bool:
         """Whether a call made now would wait for room (when_full "drop": not recorded)."""
-        queued = self._queue
-        return queued is not None and queued.full()
+        return bool(self._threads) and self._submitted - self._indexed >= self.depth
 
     def submit(self, call: PendingCall) -> None:
-        """Write `call` now (synchronous, or after close: a call another thread finished meanwhile)
-        or queue it, waiting for room when the queue is full."""
-        queued = self._queue
-        if queued is None:
-            self._write(call)
-        else:
-            queued.put(call)
+        """Queue `call`, waiting for room when `depth` calls are pending; written on this thread
+        when synchronous, or after close (a call another thread finished meanwhile)."""
+        with self._state:
+            while self._threads and self._submitted - self._indexed >= self.depth:
+                self._state.wait()
+            sequence, self._submitted = self._submitted, self._submitted + 1
+            queued = bool(self._threads)
+            if queued:
+                self._work.put((sequence, call))
+        if not queued:
+            self._finish(sequence, call)
 
     def flush(self) -> None:
-        """Return once every call submitted so far is written (or failed)."""
-        queued = self._queue
-        if queued is not None:
-            queued.join()
+        """Return once every call submitted so far is indexed (or failed)."""
+        with self._state:
+            target = self._submitted
+            while self._indexed < target:
+                self._state.wait()
 
     def close(self) -> None:
-        """Write what is queued, stop the thread, and flush the files to disk."""
-        queued = self._queue
-        if queued is not None and self._thread is not None:
-            self._queue = None  # from now on a call is written on its own thread
-            queued.put(None)
-            self._thread.join()
-            while not queued.empty():  # put behind the stop marker by a call that raced close
-                call = queued.get_nowait()
-                if call is not None:
-                    self._write(call)
+        """Write what is pending, stop the threads, and flush the files to disk."""
+        with self._state:
+            threads, self._threads = self._threads, []  # from now on a call is written on its own thread
+            self._state.notify_all()
+        for _ in threads:
+            self._work.put(None)
+        for thread in threads:
+            thread.join()
+        self.flush()
         self.writer.close()
 
-    def _run(self, queued: queue.Queue[PendingCall | None]) -> None:
+    def _run(self) -> None:
         while True:
-            call = queued.get()
-            try:
-                if call is None:
-                    return
-                self._write(call)
-            finally:
-                queued.task_done()
-
-    def _write(self, call: PendingCall) -> None:
-        try:
-            call.ready()
-            if self.failed:
+            item = self._work.get()
+            if item is None:
                 return
-            blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
-            chunks = {key: self.writer.put_chunks(c.span) for key, c in call.copies.items() if c.chunked}
-            geometries = {**{key: copy.geometry for key, copy in call.copies.items()},
-                          **{key: geometry for key, (_, geometry) in call.blobs.items()}}
-            self.writer.write_call(call.index, call.header,
-                                   {key: c.span for key, c in call.copies.items() if not c.chunked},
-                                   geometries, blobs, chunks)
-            self.written += 1
+            self._finish(*item)
+
+    def _finish(self, sequence: int, call: PendingCall) -> None:
+        line, error = None, None
+        try:
+            line = self._write_files(call)
         except Exception as exc:  # a full disk, a failed copy: reported; the program goes on
-            self.failed = True
-            self.on_error(call, exc)
+            error = exc
         finally:
             for copy in call.copies.values():
                 self.release(copy)
+        failures = []
+        with self._state:
+            self._finished[sequence] = (call, line, error)
+            while self._indexed in self._finished:
+                done, line, error = self._finished.pop(self._indexed)
+                if error is None and line is not None and not self.failed:
+                    try:
+                        self.writer.add_to_index(line)
+                        self.written += 1
+                    except OSError as exc:
+                        error = exc
+                if error is not None and not self.failed:
+                    self.failed = True
+                    failures.append((done, error))
+                self._indexed += 1
+            self._state.notify_all()
+        for done, error in failures:  # outside the lock: reporting writes the manifest
+            self.on_error(done, error)
+
+    def _write_files(self, call: PendingCall) -> dict | None:
+        """Write a call's blobs, chunks and file once its copies have landed; its index line
+        (None once an earlier call failed)."""
+        call.ready()
+        if self.failed:
+            return None
+        blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
+        chunks = {key: self.writer.put_chunks(c.span) for key, c in call.copies.items() if c.chunked}
+        geometries = {**{key: copy.geometry for key, copy in call.copies.items()},
+                      **{key: geometry for key, (_, geometry) in call.blobs.items()}}
+        return self.writer.write_call_file(call.index, call.header,
+                                           {key: c.span for key, c in call.copies.items() if not c.chunked},
+                                           geometries, blobs, chunks)
 
     def release(self, copy: HostCopy) -> None:
         if copy.buffer is not None:

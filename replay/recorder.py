@@ -1,11 +1,12 @@
 """Recording calls into a snapshot while a recording is active.
 
-With no recording active a captured function costs one global check. While one is,
-each call's inputs are copied before it runs (so an in-place kernel still replays
-from its true inputs), its outputs and mutated arguments after, with any tags and
-launch records the call made; replay/capture_pipeline.py writes the copies on a thread
-of its own. Capture never crashes the program it records unless REPLAY_CAPTURE_STRICT=1:
-failures are reported once on stderr and in the manifest.
+With no recording active a captured function costs one global check. While one is, each
+call's inputs are copied before it runs (so an in-place kernel still replays from its
+true inputs), its outputs and mutated arguments after, with any tags and launch records
+the call made; replay/capture_pipeline.py writes the copies on threads of their own. A
+call captured into a CUDA graph is recorded at each replay of the graph
+(replay/graph_capture.py). Capture never crashes the program it records unless
+REPLAY_CAPTURE_STRICT=1: failures are reported once on stderr and in the manifest.
 """
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
+from replay import graph_capture
 from replay.capture_pipeline import (DEFAULT_QUEUE_DEPTH, SHARED_POOL, BlobRef, CallWriter, Copier, PendingCall, Ring,
                                      check_options)
 from replay.errors import CaptureError, ReplayError
 from replay.snapshot import SnapshotWriter
 from replay.snapshot import jsonargs
-from replay.snapshot.tensors import UnsupportedTensor, geometry_of
+from replay.snapshot.tensors import Geometry, UnsupportedTensor, geometry_of
 
 BLOB_THRESHOLD_BYTES = 64 * 1024
 CHUNK_THRESHOLD_BYTES = 1 << 20
@@ -44,6 +46,7 @@ _recording: "Recording | None" = None
 # op name -> the verifier's hook for its calls (replay.verify): (spec, call, signature, args, kwargs) -> result
 _verifiers: dict[str, Callable[..., Any]] = {}
 _intercepting = False  # a recording is active or an op is verified: captured calls take the slow path
+_capture_hooks: list[Callable[[], object]] = []  # run before a CUDA graph capture begins (before_graph_capture)
 _start_lock = threading.Lock()  # two threads starting recordings at once: one wins
 _sink: contextvars.ContextVar["CallSink | None"] = contextvars.ContextVar("replay_sink", default=None)
 _scope: contextvars.ContextVar[tuple[tuple[str, Any], ...]] = contextvars.ContextVar("replay_scope", default=())
@@ -314,6 +317,8 @@ class Recording:
         self._reported: set[str] = set()
         self._report_lock = threading.Lock()
         self._dropped: list[str] = []  # calls not recorded for want of room in the queue
+        self._unrecorded_calls = 0  # captured into CUDA graphs the recording cannot follow
+        self._unrecorded_replays = 0  # of graphs captured with no recording active
 
     @property
     def path(self) -> Path:
@@ -346,6 +351,10 @@ class Recording:
             self.calls.close()
         except OSError as exc:  # flushing to disk failed: the program goes on
             self._report(f"flushing {self.path} to disk failed: {exc}", stop=True)
+        if self._unrecorded_calls or self._unrecorded_replays:
+            self._report(f"CUDA graphs: {self._unrecorded_calls} calls captured where the recording cannot follow "
+                         f"them (a capture begun before the recording began) and {self._unrecorded_replays} replays of graphs captured with no recording active were not "
+                         "recorded; capture the graph while recording", stop=False)
         if self._dropped:
             names = "; ".join(self._dropped[:20]) + (f"; and {len(self._dropped) - 20} more"
                                                      if len(self._dropped) > 20 else "")
@@ -373,13 +382,15 @@ class Recording:
         self._report(f"op '{call.header['op']}': writing call {call.index} failed: {exc}; capture stopped", stop=True)
 
     def _store(self, spec: CallSpec, what: str, t: torch.Tensor, copier: Copier, call: PendingCall, key: str,
-               reusable: bool = False, persistent: bool = False) -> None:
+               reusable: bool = False, persistent: bool = False, recorded: Geometry | None = None) -> None:
         """Copy a tensor now into `call`: inline; large and read-only (`reusable`), as a blob,
         copied and hashed once however many calls pass it; large state that calls write in place
         (`persistent`: a KV cache), in content-addressed chunks, so that a call which changed a
-        few pages stores those pages. A fresh output gains nothing from chunks: it is inline."""
+        few pages stores those pages. A fresh output gains nothing from chunks: it is inline.
+        With `recorded`, `t` is a copy of the storage span of a view of that geometry (a graph's
+        staging tensor)."""
         try:
-            geometry = geometry_of(t)
+            geometry = recorded or geometry_of(t)
         except UnsupportedTensor as exc:
             raise CaptureError(f"op '{spec.op}': {what}: {exc}; call not recorded") from None
         # a flight recording keeps its calls whole, within its budget: blobs would outlive them
@@ -390,12 +401,17 @@ class Recording:
                 self._blob_ids.put(t, blob)
             call.blobs[key] = (blob, geometry)
         else:
-            copy = call.copies[key] = copier.copy(t)
+            copy = call.copies[key] = copier.copy(t, recorded=recorded)
             copy.chunked = persistent and copy.nbytes >= max(self.chunk_threshold, 1)
 
     def record(self, spec: CallSpec, fn: Callable, signature: inspect.Signature,
                args: tuple, kwargs: dict) -> Any:
         if self.stopped or self.calls.failed:
+            return fn(*args, **kwargs)
+        if graph_capture.current_capture() is not None:
+            return self._record_captured(spec, fn, signature, args, kwargs)
+        if graph_capture.capturing_untracked():  # nothing may be issued into a graph the recorder does not follow
+            self._count_unrecorded(calls=1)
             return fn(*args, **kwargs)
         if self.calls.when_full == "drop" and self.calls.full():
             self._dropped.append(f"{spec.op} after call {self.writer.next_index - 1}")
@@ -439,6 +455,7 @@ class Recording:
         finally:
             _sink.reset(token)
         timing = {"start_s": started - self.started, "duration_s": time.perf_counter() - started}
+        _mark_written(spec, bound.arguments)
         try:
             self._finish(spec, call, copier, arg_list, bound.arguments, result, sink, timing)
         except CaptureError as exc:
@@ -452,13 +469,8 @@ class Recording:
     def _finish(self, spec: CallSpec, call: PendingCall, copier: Copier, arg_list: list, arguments: dict,
                 result: Any, sink: CallSink, timing: dict[str, float]) -> None:
         """Copy the outputs and tags, and hand the call to the writer."""
-        if sink.rejected:
-            raise CaptureError(f"op '{spec.op}': {sink.rejected[0]}; call not recorded")
-        outputs = returned_values(result, spec.outputs)
-        outputs.update({name: arguments[name] for name in spec.mutates
-                        if isinstance(arguments.get(name), torch.Tensor)})
         returned_json = {}
-        for name, value in outputs.items():
+        for name, value in _outputs(spec, arguments, result, sink).items():
             if isinstance(value, torch.Tensor):
                 self._store(spec, f"output '{name}'", value, copier, call, f"out/{name}",
                             persistent=name in spec.mutates)
@@ -466,14 +478,124 @@ class Recording:
                 returned_json[name] = _json(spec, f"output '{name}'", value)
         for name, value in sink.tags.items():
             self._store(spec, f"tag '{name}'", value, copier, call, f"tag/{name}")
-        call.header = {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": arg_list,
-                       "returns_json": returned_json, "launch": sink.launches,
-                       "meta": {**timing, "thread": threading.current_thread().name, "scope": current_scope()}}
+        self._hand_over(call, copier, _header(spec, arg_list, returned_json, sink.launches, timing))
+
+    def _hand_over(self, call: PendingCall, copier: Copier, header: dict[str, Any]) -> None:
+        """A call whose copies are all issued goes to the ring or the writers."""
+        call.header = header
         call.ready = copier.mark()
         if self.ring is not None:
             self.ring.add(call)
         else:
             self.calls.submit(call)
+
+    # calls inside CUDA graphs (replay/graph_capture.py) ----------------------------------------
+
+    def _record_captured(self, spec: CallSpec, fn: Callable, signature: inspect.Signature,
+                         args: tuple, kwargs: dict) -> Any:
+        """A call being captured into a CUDA graph: stage its tensors inside the graph and keep its
+        description on the graph's tape; nothing is written until the graph is replayed."""
+        capture = graph_capture.current_capture()
+        assert capture is not None
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:
+            return fn(*args, **kwargs)
+        bound.apply_defaults()
+        staged: list[graph_capture.Staged] = []
+        arg_list: list[dict[str, Any]] = []
+        try:
+            for name, value in bound.arguments.items():
+                if not isinstance(value, torch.Tensor):
+                    arg_list.append({"name": name, "json": _json(spec, f"argument '{name}'", value)})
+                    continue
+                role = "state" if name in spec.state else "in"
+                key, what = f"{role}/{name}", f"argument '{name}'"
+                weight = (role == "in" and name not in spec.mutates and value.is_cuda
+                          and value.numel() * value.element_size() >= self.blob_threshold
+                          and capture.outside(value) and value.untyped_storage().data_ptr() not in capture.written)
+                staged.append(graph_capture.Staged(key, what, value, None, reusable=True) if weight else
+                              capture.stage(key, what, value, persistent=role == "state" or name in spec.mutates))
+                arg_list.append({"name": name, "tensor": key})
+        except (CaptureError, UnsupportedTensor) as exc:
+            self._not_captured(spec, exc)
+            return fn(*args, **kwargs)
+        sink = CallSink(self.tag_level, bound.arguments)
+        token = _sink.set(sink)
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            _sink.reset(token)
+        try:
+            header, outputs = self._captured_outputs(spec, capture, bound.arguments, result, sink, arg_list)
+        except (CaptureError, UnsupportedTensor) as exc:
+            self._not_captured(spec, exc)
+            return result
+        capture.tape.calls.append(graph_capture.CapturedCall(spec, header, staged + outputs))
+        return result
+
+    def _not_captured(self, spec: CallSpec, exc: Exception) -> None:
+        """A call the graph's tape goes without (reported once; the program goes on)."""
+        self._report(str(exc) if isinstance(exc, CaptureError) else f"op '{spec.op}': {exc}; call not recorded",
+                     stop=False)
+
+    def _captured_outputs(self, spec: CallSpec, capture: graph_capture.Capture, arguments: dict, result: Any,
+                          sink: CallSink, arg_list: list) -> tuple[dict[str, Any], list[graph_capture.Staged]]:
+        """A captured call's header and its staged outputs, mutated arguments and tags."""
+        staged, returned_json = [], {}
+        for name, value in _outputs(spec, arguments, result, sink).items():
+            if isinstance(value, torch.Tensor):
+                staged.append(capture.stage(f"out/{name}", f"output '{name}'", value, persistent=name in spec.mutates))
+            else:
+                returned_json[name] = _json(spec, f"output '{name}'", value)
+        for name in spec.mutates:  # a weight an earlier call of this graph reads is written here
+            value = arguments.get(name)
+            if isinstance(value, torch.Tensor):
+                address = value.untyped_storage().data_ptr()
+                capture.written.add(address)
+                capture.tape.written_later += [
+                    f"op '{call.spec.op}' {s.what}" for call in capture.tape.calls for s in call.tensors
+                    if s.reusable and s.tensor.untyped_storage().data_ptr() == address]
+        staged += [graph_capture.Staged(f"tag/{name}", f"tag '{name}'", value, None)
+                   for name, value in sink.tags.items()]  # a tag is a copy made inside the graph already
+        header = _header(spec, arg_list, returned_json, sink.launches, {})
+        header["meta"]["graph"] = capture.tape.graph_id
+        return header, staged
+
+    def record_replay(self, tape: graph_capture.Tape | None) -> None:
+        """After a replay of a CUDA graph: write the calls on its tape from its staging tensors."""
+        if tape is None:
+            self._count_unrecorded(replays=1)
+            return
+        if tape.written_later and not tape.replays:
+            self._report(f"CUDA graph {tape.graph_id}: {'; '.join(sorted(set(tape.written_later)))} "
+                         "written by a later call of the same graph: recorded as it is after each replay",
+                         stop=False)
+        tape.replays += 1
+        now = time.perf_counter() - self.started
+        for captured in tape.calls:
+            if self.stopped or self.calls.failed:
+                return
+            spec = captured.spec
+            call = PendingCall(self.writer.reserve_index(), {})
+            copier = Copier(self.calls.pool)
+            try:
+                for staged in captured.tensors:
+                    self._store(spec, staged.what, staged.tensor, copier, call, staged.key, reusable=staged.reusable,
+                                persistent=staged.persistent, recorded=staged.geometry)
+            except (OSError, TypeError, RuntimeError) as exc:
+                self._abandon(call, copier)
+                self._report(f"op '{spec.op}': copying a graph replay's call failed: {exc}; capture stopped", stop=True)
+                return
+            # labels of the scopes around the replay (the step it runs) over those seen at capture
+            scope = {**captured.header["meta"]["scope"], **current_scope()}
+            meta = dict(captured.header["meta"], scope=scope, start_s=now, graph_replay=tape.replays)
+            self._hand_over(call, copier, dict(captured.header, meta=meta))
+
+    def _count_unrecorded(self, *, calls: int = 0, replays: int = 0) -> None:
+        with self._report_lock:
+            self._unrecorded_calls += calls
+            self._unrecorded_replays += replays
 
     def _abandon(self, call: PendingCall, copier: Copier) -> None:
         """A call that failed before it was complete."""
@@ -485,6 +607,32 @@ class Recording:
         call.ready()
         for copy in call.copies.values():
             self.calls.release(copy)
+
+
+def _outputs(spec: CallSpec, arguments: Mapping[str, Any], result: Any, sink: CallSink) -> dict[str, Any]:
+    """What a call left: its returned values and the arguments it mutates (a CaptureError if it
+    tagged something that is not a tensor)."""
+    if sink.rejected:
+        raise CaptureError(f"op '{spec.op}': {sink.rejected[0]}; call not recorded")
+    outputs = returned_values(result, spec.outputs)
+    outputs.update({name: arguments[name] for name in spec.mutates if isinstance(arguments.get(name), torch.Tensor)})
+    return outputs
+
+
+def _header(spec: CallSpec, arg_list: list, returned_json: dict, launches: list, timing: dict) -> dict[str, Any]:
+    return {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": arg_list,
+            "returns_json": returned_json, "launch": launches,
+            "meta": {**timing, "thread": threading.current_thread().name, "scope": current_scope()}}
+
+
+def _mark_written(spec: CallSpec, arguments: Mapping[str, Any]) -> None:
+    """Move the version counter of every tensor the op says it mutates: a kernel writing through
+    a pointer moves none, and a later call reading that tensor must not be given the blob of an
+    earlier one (blobs are found again by version)."""
+    for name in spec.mutates:
+        value = arguments.get(name)
+        if isinstance(value, torch.Tensor) and not value.is_inference():
+            torch.autograd.graph.increment_version(value)
 
 
 def _tag_level_from_env() -> int:
@@ -523,6 +671,12 @@ def stop() -> Recording | None:
     return rec
 
 
+def _on_graph_replay(tape: graph_capture.Tape | None) -> None:
+    rec = _recording
+    if rec is not None:
+        rec.record_replay(tape)
+
+
 def set_verifier(op: str, hook: Callable[..., Any] | None) -> None:
     """Route the captured calls of `op` through `hook` (replay.verify), or no longer (None)."""
     with _start_lock:
@@ -536,6 +690,27 @@ def set_verifier(op: str, hook: Callable[..., Any] | None) -> None:
 def _update_intercepting() -> None:
     global _intercepting
     _intercepting = _recording is not None or bool(_verifiers)
+    if _intercepting:
+        graph_capture.install(_on_graph_replay, _before_graph_capture)
+    else:
+        graph_capture.uninstall()
+
+
+def before_graph_capture(hook: Callable[[], object]) -> None:
+    """Run `hook` before a CUDA graph capture begins while calls are intercepted (the verifier
+    drains its checks: a CUDA call on its worker thread would break the capture)."""
+    _capture_hooks.append(hook)
+
+
+def _before_graph_capture() -> bool:
+    """Stop background CUDA work (the recording's writers wait for copies) before a capture begins;
+    whether a recording is active to follow the graph."""
+    rec = _recording
+    if rec is not None:
+        rec.flush()
+    for hook in _capture_hooks:
+        hook()
+    return rec is not None
 
 
 def flush() -> None:
@@ -605,7 +780,7 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
     """Record every call of a registered or captured function made inside the block.
 
     A call's inputs are copied before it runs and its outputs, tags and launch records after
-    (on a GPU, stream-ordered into pinned host memory); a writer thread turns the copies into
+    (on a GPU, stream-ordered into pinned host memory); writer threads turn the copies into
     files, so the program pays for issuing copies, not for writing. Leaving the block, by an
     exception too, writes every call made in it. Capture errors are reported once on stderr
     and in the manifest, and never stop the program unless `strict`.

@@ -3,6 +3,7 @@
 
     python scripts/bench_capture.py [--iterations N] [--repeats R] [--layers L] [--steps S]
     PYTHONPATH=. python3 scripts/bench_capture.py --gpu      # on a GPU machine: (c) only
+    PYTHONPATH=. python3 scripts/bench_capture.py --gpu --profile 'tiny h256: decode 16 steps'
 
 (a) Calls a captured function with no recording active and the same undecorated function,
     N calls per timing, R timings each, and reports the median ns per call (the wrapper checks
@@ -16,9 +17,11 @@
 (c) --gpu: the tiny model (hidden 256 and 2048: a 64-token prefill, a 16-step decode loop)
     and a 7B-shaped MLP block (bf16, 64 rows, 8 times), each run bare, recorded through the
     pipeline (the default) and recorded writing each call before going on
-    (asynchronous=False) and as a flight recording of the last 64 calls; the pipeline's throughput (bytes written / time until the recording
-    is closed) against a pinned device-to-host copy and a sequential write of the same disk,
-    both measured in the same run. Each time is the median of --runs.
+    (asynchronous=False) and as a flight recording of the last 64 calls; the pipeline's
+    throughput (bytes written / time until the recording is closed) against a pinned
+    device-to-host copy and a sequential write of the same disk, both measured in the same
+    run. Each time is the median of --runs. A recording runs the model's decode loop eagerly
+    (no CUDA graph): its bare time is given both ways. --profile: where the program's time goes.
 Prints Markdown tables (pasted into docs/PERFORMANCE.md).
 """
 from __future__ import annotations
@@ -137,10 +140,13 @@ def mlp_up(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
     return torch.nn.functional.silu(x @ w_gate.t()) * (x @ w_up.t())
 
 
-def gpu_workloads() -> dict[str, Callable[[], object]]:
+Workload = tuple[Callable[[], object], Callable[[bool], None] | None]  # the run, and a switch of its CUDA graph
+
+
+def gpu_workloads() -> dict[str, Workload]:
     from kernels.model import TinyLlama, TinyLlamaConfig
 
-    work: dict[str, Callable[[], object]] = {}
+    work: dict[str, Workload] = {}
     for hidden, ffn, heads, kv_heads in ((256, 768, 4, 2), (2048, 5632, 16, 4)):
         model = TinyLlama(TinyLlamaConfig(hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, max_seq=128),
                           device="cuda")
@@ -153,13 +159,16 @@ def gpu_workloads() -> dict[str, Callable[[], object]]:
             model.reset()
             model.prefill(list(range(8)))
             return [model.decode_step(t) for t in range(16)]
-        work[f"tiny h{hidden}: prefill 64"] = prefill
-        work[f"tiny h{hidden}: decode 16 steps"] = decode
+
+        def use_graph(on: bool, model: TinyLlama = model) -> None:
+            model.use_cuda_graph = on
+        work[f"tiny h{hidden}: prefill 64"] = (prefill, None)
+        work[f"tiny h{hidden}: decode 16 steps"] = (decode, use_graph)
     gen = torch.Generator(device="cuda").manual_seed(0)
     w_gate, w_up = (torch.randn(11008, 4096, device="cuda", generator=gen, dtype=torch.bfloat16) for _ in range(2))
     w_down = torch.randn(4096, 11008, device="cuda", generator=gen, dtype=torch.bfloat16)
     x = torch.randn(64, 4096, device="cuda", generator=gen, dtype=torch.bfloat16)
-    work["7B MLP block, 64 rows x 8"] = lambda: [linear(mlp_up(x, w_gate, w_up), w_down) for _ in range(8)]
+    work["7B MLP block, 64 rows x 8"] = (lambda: [linear(mlp_up(x, w_gate, w_up), w_down) for _ in range(8)], None)
     return work
 
 
@@ -187,19 +196,46 @@ def gpu_table(runs: int) -> None:
         floor = min(d2h, disk)
         print(f"{torch.cuda.get_device_name()}; pinned device-to-host {d2h:.1f} GB/s; disk write ({tmp}) "
               f"{disk:.2f} GB/s\n")
-        print("| workload | bare ms | pipelined: program ms / closed ms (x bare) | synchronous ms (x bare) "
-              "| flight recorder, ring=64 ms (x bare) | MB written | pipeline GB/s | of min(D2H, disk) |")
+        print("| workload | bare ms (eager) | pipelined: program ms / closed ms (x bare) | synchronous ms (x bare) "
+              "| flight recorder, ring=64 ms (x bare; x eager) | MB written | pipeline GB/s | of min(D2H, disk) |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for name, fn in gpu_workloads().items():
-            fn()  # compile the kernels
-            bare = timed(fn, None, runs)[0]
+        for name, (fn, use_graph) in gpu_workloads().items():
+            fn()  # compile the kernels (and capture the CUDA graph)
+            bare = eager = timed(fn, None, runs)[0]
+            if use_graph is not None:  # a recording runs the model eagerly: its bare time without the graph too
+                use_graph(False)
+                fn()
+                eager = timed(fn, None, runs)[0]
+                use_graph(True)
             program, closed, size = timed(fn, Path(tmp) / "pipe", runs)
             synchronous = timed(fn, Path(tmp) / "sync", runs, asynchronous=False)[1]
             flight = timed(fn, Path(tmp) / "ring", runs, ring=64)[1]
-            print(f"| {name} | {bare * 1e3:.1f} | {program * 1e3:.1f} / {closed * 1e3:.1f} ({closed / bare:.1f}x) "
-                  f"| {synchronous * 1e3:.1f} ({synchronous / bare:.1f}x) | {flight * 1e3:.1f} ({flight / bare:.2f}x) "
+            print(f"| {name} | {bare * 1e3:.1f}" + (f" ({eager * 1e3:.1f})" if eager != bare else "")
+                  + f" | {program * 1e3:.1f} / {closed * 1e3:.1f} ({closed / bare:.1f}x) "
+                  f"| {synchronous * 1e3:.1f} ({synchronous / bare:.1f}x) "
+                  f"| {flight * 1e3:.1f} ({flight / bare:.2f}x; {flight / eager:.2f}x) "
                   f"| {size / 1e6:.0f} "
                   f"| {size / closed / 1e9:.2f} | {size / closed / 1e9 / floor:.0%} |", flush=True)
+
+
+def gpu_profile(name: str, rows: int = 30) -> None:
+    """Where the recorded program's own time goes (the calling thread; the writers are not in it)."""
+    import cProfile
+    import pstats
+
+    fn = gpu_workloads()[name][0]
+    fn()
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        with replay.recording(Path(tmp) / "warm"):
+            fn()
+        profile = cProfile.Profile()
+        with replay.recording(Path(tmp) / "snap"):
+            profile.enable()
+            fn()
+            torch.cuda.synchronize()
+            profile.disable()
+    print(f"\nprofile of the program's thread, recording '{name}':")
+    pstats.Stats(profile).sort_stats("tottime").print_stats(rows)
 
 
 @replay.capture("bench_write_position", mutates=("cache",))
@@ -233,9 +269,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="decode steps: each passes every weight again")
     parser.add_argument("--gpu", action="store_true", help="(c) only: recording throughput on the GPU")
     parser.add_argument("--runs", type=int, default=3, help="--gpu: runs per timing (the median is reported)")
+    parser.add_argument("--profile", metavar="WORKLOAD", help="--gpu: profile the program side of recording one "
+                        "workload (a name from the table, e.g. 'tiny h256: decode 16 steps') instead")
     args = parser.parse_args()
     if args.gpu:
-        gpu_table(args.runs)
+        gpu_profile(args.profile) if args.profile else gpu_table(args.runs)
         return
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "

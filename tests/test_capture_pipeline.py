@@ -1,5 +1,5 @@
-"""The capture pipeline: a recording written on the writer thread is the same snapshot as one
-written call by call; the queue's policies (block loses nothing, drop counts and names what it
+"""The capture pipeline: a recording written on writer threads is the same snapshot as one
+written call by call, indexed in call order; the queue's policies (block loses nothing, drop counts and names what it
 dropped); flush; durability; an exception in the recorded program; GPU copies stream-ordered."""
 from __future__ import annotations
 
@@ -63,12 +63,18 @@ def test_a_pipelined_recording_is_the_same_snapshot_as_a_synchronous_one(tmp_pat
 
 
 def slow_writes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    real = SnapshotWriter.write_call
+    """Each call file takes `seconds` longer to write."""
+    held_writes(monkeypatch, lambda index: time.sleep(seconds))
 
-    def write_call(self: SnapshotWriter, *args: Any, **kwargs: Any) -> Path:
-        time.sleep(seconds)
-        return real(self, *args, **kwargs)
-    monkeypatch.setattr(SnapshotWriter, "write_call", write_call)
+
+def held_writes(monkeypatch: pytest.MonkeyPatch, hold: Any) -> None:
+    """hold(index) runs before call `index`'s file is written."""
+    real = SnapshotWriter.write_call_file
+
+    def write_call_file(self: SnapshotWriter, index: int, *args: Any, **kwargs: Any) -> dict:
+        hold(index)
+        return real(self, index, *args, **kwargs)
+    monkeypatch.setattr(SnapshotWriter, "write_call_file", write_call_file)
 
 
 def test_a_full_queue_blocks_by_default_and_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,6 +148,21 @@ def test_bad_options_are_clear_errors_and_create_nothing(option: str, value: Any
     assert not (tmp_path / "snap").exists()
 
 
+def test_writers_in_parallel_still_index_calls_in_call_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    first_may_go = threading.Event()
+    held_writes(monkeypatch, lambda index: index == 0 and first_may_go.wait(30))  # the first call's file lands last
+    last_file = tmp_path / "snap" / "calls" / "000007-pipe_scale_.safetensors"
+    with replay.recording(tmp_path / "snap") as rec:
+        workload(steps=4)
+        deadline = time.monotonic() + 30
+        while not last_file.exists() and time.monotonic() < deadline:  # written meanwhile, by the other writers
+            time.sleep(0.01)
+        assert last_file.exists() and rec.calls_written == 0
+        first_may_go.set()
+    lines = (tmp_path / "snap" / "calls.jsonl").read_text().splitlines()
+    assert [json.loads(line)["index"] for line in lines] == list(range(8))
+
+
 def test_threads_recording_through_the_pipeline_give_every_call_once(tmp_path: Path) -> None:
     with replay.recording(tmp_path / "snap", queue_depth=2):
         threads = [threading.Thread(target=workload, kwargs={"steps": 5}) for _ in range(4)]
@@ -181,4 +202,6 @@ def test_the_pinned_pool_reuses_buffers_by_size_class_up_to_its_cap() -> None:
     for buffer in small:
         pool.give(buffer)
     pool.give(first)  # the two small ones already fill the cap: this one is freed
-    assert pool.take(8000) is not first and any(pool.take(10) is buffer for buffer in small)
+    assert pool.take(8000) is not first
+    reused = pool.take(10)
+    assert any(reused is buffer for buffer in small)

@@ -93,6 +93,29 @@ def test_a_weight_modified_in_place_gets_a_new_blob(tmp_path: Path) -> None:
     assert torch.equal(first.tensors["in/weight"], original)
 
 
+@replay.capture("share_kernel_write", mutates=("cache",))
+def kernel_write(cache: torch.Tensor, step: int) -> None:
+    cache.numpy()[step] = step + 1  # as a Triton kernel writes: the version counter does not move
+
+
+@replay.capture("share_read")
+def read(cache: torch.Tensor) -> torch.Tensor:
+    return cache.sum()
+
+
+def test_a_tensor_an_op_declares_it_mutates_is_stored_anew_after_each_call(tmp_path: Path) -> None:
+    """A KV cache written by a kernel (no version bump) and read by the next op: each read
+    records the cache as it is then, not the blob of an earlier read."""
+    cache = torch.zeros(64, 1024)  # 256 KiB: a read-only input of the reader, stored as a blob
+    with replay.recording(tmp_path / "snap"):
+        for step in range(3):
+            kernel_write(cache, step)
+            read(cache)
+    reads = [record for record in Snapshot(tmp_path / "snap") if record.op == "share_read"]
+    assert [float(r.tensors["in/cache"].sum()) for r in reads] == [1024.0, 3072.0, 6144.0]
+    assert [float(r.tensors["out/out"]) for r in reads] == [1024.0, 3072.0, 6144.0]
+
+
 def test_unsafe_op_names_stay_inside_the_snapshot(tmp_path: Path) -> None:
     names = ["../../escape", "a/b\\c", "ctrl\x00\n\x1b[31m", "..", "/abs/path"]
     functions = [capture(name)(lambda x: x + 1) for name in names]

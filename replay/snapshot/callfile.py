@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import struct
-from typing import Any
+from typing import Any, Sequence
 
 import safetensors.torch
 import torch
@@ -22,20 +22,56 @@ BLOB_KEY = "data"
 ROLES = ("in", "out", "state", "tag")
 
 
+# safetensors' dtype names, in the order its writer ranks them: tensors are laid out by rank,
+# highest first, then by name, so that each starts aligned to its element size
+_DTYPE_NAMES = {torch.bool: "BOOL", torch.uint8: "U8", torch.int8: "I8", torch.float8_e5m2: "F8_E5M2",
+                torch.float8_e4m3fn: "F8_E4M3", torch.int16: "I16", torch.uint16: "U16", torch.float16: "F16",
+                torch.bfloat16: "BF16", torch.int32: "I32", torch.uint32: "U32", torch.float32: "F32",
+                torch.complex64: "C64", torch.float64: "F64", torch.int64: "I64", torch.uint64: "U64"}
+_RANK = {dtype: rank for rank, dtype in enumerate(_DTYPE_NAMES)}
+
+Buffer = Any  # bytes, or a memoryview/numpy array over a tensor's memory
+
+
 def serialize(header: dict[str, Any], spans: dict[str, torch.Tensor]) -> bytes:
-    return safetensors.torch.save(spans, metadata={META_KEY: json.dumps(header, allow_nan=False)})
+    return b"".join(bytes(part) for part in serialize_parts(header, spans))
 
 
-def serialize_blob(span: torch.Tensor) -> bytes:
+def serialize_parts(header: dict[str, Any] | None, spans: dict[str, torch.Tensor]) -> Sequence[Buffer]:
+    """A call file (or, with no header, a blob file) as the buffers to write one after another: its
+    safetensors header, then each tensor's bytes where they lie, uncopied. The bytes are those
+    safetensors.torch.save writes (which serves dtypes outside its common set)."""
+    metadata = {META_KEY: json.dumps(header, allow_nan=False)} if header is not None else None
+    if any(span.dtype not in _RANK for span in spans.values()):
+        return [safetensors.torch.save(spans, metadata=metadata)]
+    entries: dict[str, Any] = {"__metadata__": metadata} if metadata is not None else {}
+    parts: list[Buffer] = [b""]
+    offset = 0
+    for name in sorted(spans, key=lambda key: (-_RANK[spans[key].dtype], key)):
+        span = spans[name]
+        nbytes = span.numel() * span.element_size()
+        entries[name] = {"dtype": _DTYPE_NAMES[span.dtype], "shape": list(span.shape),
+                         "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+        if nbytes:
+            flat = span.detach().contiguous().as_strided((span.numel(),), (1,))  # a lone element may have any stride
+            parts.append(flat.view(torch.uint8).numpy())
+    text = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    parts[0] = struct.pack("<Q", len(text)) + text
+    return parts
+
+
+def serialize_blob(span: torch.Tensor) -> Sequence[Buffer]:
     """A blob file: one tensor under 'data', no metadata (its name is its sha256)."""
-    return safetensors.torch.save({BLOB_KEY: span})
+    return serialize_parts(None, {BLOB_KEY: span})
 
 
 @functools.lru_cache(maxsize=8)
 def blob_prefix(nbytes: int) -> bytes:
     """What comes before the data in the blob file of `nbytes` uint8 values: a chunk's file is
     this prefix and the chunk's bytes."""
-    return serialize_blob(torch.zeros(nbytes, dtype=torch.uint8))[:-nbytes or None]
+    return bytes(serialize_blob(torch.zeros(nbytes, dtype=torch.uint8))[0])
 
 
 def read_metadata(data: bytes) -> str:

@@ -9,7 +9,7 @@ import re
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -24,13 +24,14 @@ def sha256_parts(*parts: Any) -> str:
     return digest.hexdigest()
 
 
-def write_atomic(path: Path, data: bytes, *, sync: bool = True) -> None:
-    """Write to a temporary name beside `path`, flush to disk (unless not `sync`: a killed process
-    loses nothing the kernel's page cache holds, only a lost machine does), then rename over it."""
+def write_atomic(path: Path, data: bytes | Sequence[Any], *, sync: bool = True) -> None:
+    """Write `data` (bytes, or buffers written one after another) to a temporary name beside
+    `path`, flush to disk (unless not `sync`: a killed process loses nothing the kernel's page
+    cache holds, only a lost machine does), then rename over it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            f.writelines([data] if isinstance(data, bytes) else data)
             if sync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -84,15 +85,6 @@ def _create_with_o_excl(path: Path, data: bytes) -> bool:
             path.unlink()
         raise
     return True
-
-
-def append_line(path: Path, line: str, *, sync: bool = True) -> None:
-    """Append one complete line with a single write, flushed to disk if `sync`."""
-    with open(path, "ab") as f:
-        f.write(line.encode() + b"\n")
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
 
 
 def fsync_paths(paths: list[Path]) -> None:

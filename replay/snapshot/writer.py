@@ -5,14 +5,13 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from replay.errors import SnapshotError
 from replay.snapshot import callfile
-from replay.snapshot.files import (append_line, create_exclusive, fsync_paths, safe_component, sha256_bytes,
-                                  sha256_parts, write_atomic)
+from replay.snapshot.files import create_exclusive, fsync_paths, safe_component, sha256_parts, write_atomic
 from replay.snapshot.manifest import CHUNKED_VERSION, new_manifest
 from replay.snapshot.tensors import Geometry
 
@@ -64,6 +63,7 @@ class SnapshotWriter:
         self._unsynced: list[Path] = []  # written since the last flush to disk, with durability "close"
         self._lock = threading.Lock()
         self._next_index = 0
+        self._index_fd: int | None = None
         self._known_blobs: set[str] = set()
         self.manifest = new_manifest(notes, source_dir)
         try:
@@ -102,10 +102,10 @@ class SnapshotWriter:
 
     def put_blob(self, span: torch.Tensor) -> str:
         """Store a read-only tensor span once, by content; return its digest."""
-        data = callfile.serialize_blob(span)
-        return self._put(sha256_bytes(data), lambda: data)
+        parts = callfile.serialize_blob(span)
+        return self._put(sha256_parts(*parts), lambda: parts)
 
-    def _put(self, digest: str, data: Callable[[], bytes]) -> str:
+    def _put(self, digest: str, data: Callable[[], Sequence[Any]]) -> str:
         """Write blob `digest` unless it is stored already; `data` makes its bytes when it is not."""
         with self._lock:
             if digest in self._known_blobs:
@@ -131,12 +131,11 @@ class SnapshotWriter:
         return self.put_blob(table.view(len(digests), 32))
 
     def _put_piece(self, piece: Any) -> str:
-        """put_blob of a run of bytes (a numpy uint8 array), hashed where it lies: only a piece not
-        stored yet is copied."""
+        """put_blob of a run of bytes (a numpy uint8 array), hashed and written where it lies."""
         prefix = callfile.blob_prefix(len(piece))
-        return self._put(sha256_parts(prefix, piece), lambda: prefix + piece.tobytes())
+        return self._put(sha256_parts(prefix, piece), lambda: (prefix, piece))
 
-    def _write(self, target: Path, data: bytes) -> None:
+    def _write(self, target: Path, data: Sequence[Any]) -> None:
         write_atomic(target, data, sync=self._sync)
         if not self._sync:
             with self._lock:
@@ -145,7 +144,16 @@ class SnapshotWriter:
     def write_call(self, index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
                    geometries: dict[str, Geometry], blobs: dict[str, str],
                    chunks: dict[str, str] | None = None) -> Path:
-        """Write call `index`. `spans` holds inline data; `blobs` maps keys to blob digests and
+        """Write call `index` and index it (write_call_file, then add_to_index)."""
+        line = self.write_call_file(index, header, spans, geometries, blobs, chunks)
+        self.add_to_index(line)
+        return self.path / line["file"]
+
+    def write_call_file(self, index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
+                        geometries: dict[str, Geometry], blobs: dict[str, str],
+                        chunks: dict[str, str] | None = None) -> dict[str, Any]:
+        """Write call `index`'s file and return its index line, for add_to_index: a call is part of
+        the snapshot once indexed. `spans` holds inline data; `blobs` maps keys to blob digests and
         `chunks` to the digests of their chunk lists (put_chunks)."""
         chunks = chunks or {}
         header = dict(header, index=index, tensors={
@@ -153,22 +161,35 @@ class SnapshotWriter:
                       **({"chunks": chunks[key]} if key in chunks else {}))
             for key, g in geometries.items()
         })
-        data = callfile.serialize(header, spans)
+        parts = callfile.serialize_parts(header, spans)
         rel = f"{CALLS_DIR}/{index:06d}-{safe_component(header['op'])}.safetensors"
-        self._write(self.path / rel, data)
-        line = {"index": index, "op": header["op"], "variant": header["variant"], "file": rel,
-                "sha256": sha256_bytes(data), "bytes": len(data),
+        self._write(self.path / rel, parts)
+        return {"index": index, "op": header["op"], "variant": header["variant"], "file": rel,
+                "sha256": sha256_parts(*parts), "bytes": sum(memoryview(part).nbytes for part in parts),
                 "blobs": sorted({*blobs.values(), *chunks.values()})}
+
+    def add_to_index(self, line: dict[str, Any]) -> None:
+        """Append a written call's line to the index (one write, on a file kept open)."""
+        data = json.dumps(line).encode() + b"\n"
         with self._lock:
-            append_line(self.path / INDEX, json.dumps(line), sync=self._sync)
-        return self.path / rel
+            if self._index_fd is None:
+                self._index_fd = os.open(self.path / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+            os.write(self._index_fd, data)
+            if self._sync:
+                os.fsync(self._index_fd)
 
     def close(self) -> None:
-        """Flush what durability "close" left in the page cache to disk (index last)."""
+        """Flush what durability "close" left in the page cache to disk (index last), and close
+        the index."""
         with self._lock:
             pending, self._unsynced = self._unsynced, []
-        if pending:
-            fsync_paths(pending + [self.path / INDEX])
+            fd, self._index_fd = self._index_fd, None
+        try:
+            if pending:
+                fsync_paths(pending + [self.path / INDEX])
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def record_error(self, message: str) -> None:
         with self._lock:
