@@ -20,6 +20,7 @@ follow.
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -66,7 +67,7 @@ class Tape:
 class Capture:
     """A graph capture under way: its tape, and what memory existed outside graph pools when it began."""
 
-    _ids = iter(range(1, 1 << 62))
+    _ids = itertools.count(1)
 
     def __init__(self) -> None:
         self.tape = Tape(next(Capture._ids))
@@ -100,7 +101,8 @@ def current_capture() -> Capture | None:
 
 def capturing_untracked() -> bool:
     """A graph is being captured on this thread's stream, begun where the recorder did not see it."""
-    return current_capture() is None and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    # is_initialized: a process that never touched CUDA captures nothing, and the check is a flag read
+    return current_capture() is None and torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def tape_of(graph: Any) -> Tape | None:

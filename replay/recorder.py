@@ -353,8 +353,9 @@ class Recording:
             self._report(f"flushing {self.path} to disk failed: {exc}", stop=True)
         if self._unrecorded_calls or self._unrecorded_replays:
             self._report(f"CUDA graphs: {self._unrecorded_calls} calls captured where the recording cannot follow "
-                         f"them (a capture begun before the recording began) and {self._unrecorded_replays} replays of graphs captured with no recording active were not "
-                         "recorded; capture the graph while recording", stop=False)
+                         f"them (a capture begun before the recording began) and {self._unrecorded_replays} "
+                         "replays of graphs captured with no recording active were not recorded; capture the "
+                         "graph while recording", stop=False)
         if self._dropped:
             names = "; ".join(self._dropped[:20]) + (f"; and {len(self._dropped) - 20} more"
                                                      if len(self._dropped) > 20 else "")

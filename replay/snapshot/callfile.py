@@ -33,17 +33,11 @@ _RANK = {dtype: rank for rank, dtype in enumerate(_DTYPE_NAMES)}
 Buffer = Any  # bytes, or a memoryview/numpy array over a tensor's memory
 
 
-def serialize(header: dict[str, Any], spans: dict[str, torch.Tensor]) -> bytes:
-    return b"".join(bytes(part) for part in serialize_parts(header, spans))
-
-
 def serialize_parts(header: dict[str, Any] | None, spans: dict[str, torch.Tensor]) -> Sequence[Buffer]:
     """A call file (or, with no header, a blob file) as the buffers to write one after another: its
     safetensors header, then each tensor's bytes where they lie, uncopied. The bytes are those
-    safetensors.torch.save writes (which serves dtypes outside its common set)."""
+    safetensors.torch.save writes, for every dtype a snapshot holds (tensors.DTYPES)."""
     metadata = {META_KEY: json.dumps(header, allow_nan=False)} if header is not None else None
-    if any(span.dtype not in _RANK for span in spans.values()):
-        return [safetensors.torch.save(spans, metadata=metadata)]
     entries: dict[str, Any] = {"__metadata__": metadata} if metadata is not None else {}
     parts: list[Buffer] = [b""]
     offset = 0

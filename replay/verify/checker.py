@@ -134,7 +134,7 @@ class Verifier:
         self.count("calls")
         if not self.settings.enabled:
             return call(*args, **kwargs)
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
             self.count("skipped")  # nothing may be issued into a graph being captured
             return call(*args, **kwargs)
         bound = None
