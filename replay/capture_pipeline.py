@@ -7,8 +7,9 @@ The call then goes on a bounded queue; writer threads wait for the event, hash b
 the files straight from the buffers, give the buffers back, and index calls in call order.
 When the queue is full, `when_full` says what happens: "block" (the program waits; nothing is
 lost) or "drop" (the call is not recorded; drops are counted and named in the manifest's
-capture_errors). A flight recording keeps its calls in a Ring instead and hands them to the
-writers only when asked to.
+capture_errors). A CUDA graph replay's calls travel together, as a PendingBatch: a few host
+copies, and a function that describes the calls from them, run by whoever writes them. A flight
+recording keeps calls and replays in a Ring instead and hands them to the writers only when asked to.
 """
 from __future__ import annotations
 
@@ -102,6 +103,16 @@ class BlobRef:
             return self.digest
 
 
+    def let_go(self, release: Callable[[HostCopy], None]) -> None:
+        """The recording is over: give back the copy if no call took it."""
+        with self._lock:
+            copy, self.copy = self.copy, None
+        if copy is not None:
+            if copy.landed is not None:
+                copy.landed.synchronize()
+            release(copy)
+
+
 class Copier:
     """Takes host copies of tensors, stream-ordered on a GPU, and remembers what must be waited
     for before they can be read."""
@@ -157,35 +168,81 @@ class PendingCall:
     def nbytes(self) -> int:
         return sum(copy.nbytes for copy in self.copies.values())
 
+    @property
+    def count(self) -> int:
+        return 1
+
+    def calls(self) -> list["PendingCall"]:
+        return [self]
+
+    def host_copies(self) -> list[HostCopy]:
+        return list(self.copies.values())
+
+
+@dataclass
+class PendingBatch:
+    """The calls of one CUDA graph replay: their tensors came to the host in a few large copies
+    (`host`), and `expand(skip)` describes the calls from the `skip`-th on, as views into them.
+    Describing is left to whoever writes them (a writer thread, or a flight recording's dump), so
+    that a replay costs the program a few copies, not a call's bookkeeping per call."""
+    count: int
+    host: list[HostCopy]
+    ready: Callable[[], None]
+    expand: Callable[[int], list[PendingCall]]
+    skip: int = 0  # calls at the front a flight recording no longer holds
+
+    @property
+    def nbytes(self) -> int:
+        return sum(copy.nbytes for copy in self.host)
+
+    def calls(self) -> list[PendingCall]:
+        return self.expand(self.skip)
+
+    def host_copies(self) -> list[HostCopy]:
+        return self.host
+
+
+Pending = PendingCall | PendingBatch
+
 
 class Ring:
     """The flight recorder's memory: the last `calls` calls, within `max_bytes` of host copies
-    (the newest is kept even alone over the budget); older ones are forgotten as new ones come."""
+    (the newest call or replay is kept even alone over the budget); older ones are forgotten as new
+    ones come. A graph replay is held whole, or cut at the front when more than `calls` are held."""
 
-    def __init__(self, calls: int, max_bytes: int, forget: Callable[[PendingCall], None]):
+    def __init__(self, calls: int, max_bytes: int, forget: Callable[[Pending], None]):
         if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
             raise ValueError(f"ring={calls!r}: must be a whole number of calls, at least 1")
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"ring_bytes={max_bytes!r}: must be a positive number of bytes")
         self.calls, self.max_bytes, self._forget = calls, max_bytes, forget
-        self._held: collections.deque[PendingCall] = collections.deque()
+        self._held: collections.deque[Pending] = collections.deque()
         self._bytes = 0
+        self._count = 0  # calls held
         self._lock = threading.Lock()
 
-    def add(self, call: PendingCall) -> None:
+    def add(self, pending: Pending) -> None:
         with self._lock:
-            self._held.append(call)
-            self._bytes += call.nbytes
-            while len(self._held) > self.calls or (self._bytes > self.max_bytes and len(self._held) > 1):
+            self._held.append(pending)
+            self._bytes += pending.nbytes
+            self._count += pending.count
+            while len(self._held) > 1 and (self._count - self._held[0].count >= self.calls
+                                           or self._bytes > self.max_bytes):
                 oldest = self._held.popleft()
                 self._bytes -= oldest.nbytes
+                self._count -= oldest.count
                 self._forget(oldest)
 
-    def take(self) -> list[PendingCall]:
-        """Every call held, oldest first; the ring is empty after."""
+    def take(self) -> tuple[list[Pending], int]:
+        """Everything held, oldest first, and how many calls that is (at most `calls`: a replay
+        at the front is cut); the ring is empty after."""
         with self._lock:
-            held, self._held, self._bytes = list(self._held), collections.deque(), 0
-        return held
+            held, self._held = list(self._held), collections.deque()
+            count, self._count, self._bytes = self._count, 0, 0
+        if held and count > self.calls:
+            held[0].skip += count - self.calls  # only a replay holds more than one call
+            count = self.calls
+        return held, count
 
 
 def check_options(depth: int, when_full: str) -> None:
@@ -204,7 +261,7 @@ class CallWriter:
     waits for the calls before it."""
 
     def __init__(self, writer: SnapshotWriter, pool: PinnedPool, *, asynchronous: bool, depth: int,
-                 when_full: str, on_error: Callable[[PendingCall, BaseException], None],
+                 when_full: str, on_error: Callable[[str, BaseException], None],
                  threads: int = WRITER_THREADS):
         self.writer, self.pool, self.when_full, self.on_error = writer, pool, when_full, on_error
         self.depth = depth
@@ -213,8 +270,8 @@ class CallWriter:
         self._state = threading.Condition()
         self._submitted = 0  # sequence numbers handed out
         self._indexed = 0  # the next sequence number to index
-        self._finished: dict[int, tuple[PendingCall, dict | None, BaseException | None]] = {}
-        self._work: queue.SimpleQueue[tuple[int, PendingCall] | None] = queue.SimpleQueue()
+        self._finished: dict[int, tuple[PendingCall | None, list[dict], BaseException | None]] = {}
+        self._work: queue.SimpleQueue[tuple[int, Pending] | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._run, name=f"replay-capture-writer-{n}", daemon=True)
                          for n in range(threads if asynchronous else 0)]
         for thread in self._threads:
@@ -224,9 +281,9 @@ class CallWriter:
         """Whether a call made now would wait for room (when_full "drop": not recorded)."""
         return bool(self._threads) and self._submitted - self._indexed >= self.depth
 
-    def submit(self, call: PendingCall) -> None:
-        """Queue `call`, waiting for room when `depth` calls are pending; written on this thread
-        when synchronous, or after close (a call another thread finished meanwhile)."""
+    def submit(self, call: Pending) -> None:
+        """Queue `call` (or a replay's calls), waiting for room when `depth` are pending; written on
+        this thread when synchronous, or after close (a call another thread finished meanwhile)."""
         with self._state:
             while self._threads and self._submitted - self._indexed >= self.depth:
                 self._state.wait()
@@ -263,40 +320,42 @@ class CallWriter:
                 return
             self._finish(*item)
 
-    def _finish(self, sequence: int, call: PendingCall) -> None:
-        line, error = None, None
+    def _finish(self, sequence: int, pending: Pending) -> None:
+        lines: list[dict] = []
+        call, error = pending if isinstance(pending, PendingCall) else None, None
         try:
-            line = self._write_files(call)
+            pending.ready()
+            for call in pending.calls():
+                if self.failed:
+                    break
+                lines.append(self._write_files(call))
         except Exception as exc:  # a full disk, a failed copy: reported; the program goes on
             error = exc
         finally:
-            for copy in call.copies.values():
-                self.release(copy)
+            self.discard(pending, landed=True)
         failures = []
         with self._state:
-            self._finished[sequence] = (call, line, error)
+            self._finished[sequence] = (call, lines, error)
             while self._indexed in self._finished:
-                done, line, error = self._finished.pop(self._indexed)
-                if error is None and line is not None and not self.failed:
+                done, lines, error = self._finished.pop(self._indexed)
+                for line in lines if not self.failed else []:
                     try:
                         self.writer.add_to_index(line)
                         self.written += 1
                     except OSError as exc:
                         error = exc
+                        break
                 if error is not None and not self.failed:
                     self.failed = True
-                    failures.append((done, error))
+                    failures.append((f"op '{done.header['op']}': writing call {done.index}" if done is not None
+                                     else "writing the calls of a CUDA graph replay", error))
                 self._indexed += 1
             self._state.notify_all()
-        for done, error in failures:  # outside the lock: reporting writes the manifest
-            self.on_error(done, error)
+        for what, error in failures:  # outside the lock: reporting writes the manifest
+            self.on_error(what, error)
 
-    def _write_files(self, call: PendingCall) -> dict | None:
-        """Write a call's blobs, chunks and file once its copies have landed; its index line
-        (None once an earlier call failed)."""
-        call.ready()
-        if self.failed:
-            return None
+    def _write_files(self, call: PendingCall) -> dict:
+        """Write a call's blobs, chunks and file (its copies have landed); its index line."""
         blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
         chunks = {key: self.writer.put_chunks(c.span) for key, c in call.copies.items() if c.chunked}
         geometries = {**{key: copy.geometry for key, copy in call.copies.items()},
@@ -304,6 +363,13 @@ class CallWriter:
         return self.writer.write_call_file(call.index, call.header,
                                            {key: c.span for key, c in call.copies.items() if not c.chunked},
                                            geometries, blobs, chunks)
+
+    def discard(self, pending: Pending, landed: bool = False) -> None:
+        """Give back the buffers of a call (or replay) written or never to be, once its copies landed."""
+        if not landed:
+            pending.ready()
+        for copy in pending.host_copies():
+            self.release(copy)
 
     def release(self, copy: HostCopy) -> None:
         if copy.buffer is not None:

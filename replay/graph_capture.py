@@ -4,15 +4,18 @@ A call captured into a CUDA graph runs again at each `graph.replay()` with no Py
 so a recorder that copies at the call sees it once, at capture, when nothing has run yet. While
 a recording is active this module wraps `torch.cuda.CUDAGraph`'s capture_begin, capture_end and
 replay. At a captured call it adds to the graph a device-to-device copy of each tensor the call
-reads (before it) and writes (after it) into a staging tensor of the graph's own memory pool, so
+reads (before it) and writes (after it) into staging slabs of the graph's own memory pool, so
 every replay refreshes them, and keeps the call's description as a tape of the graph. After each
-replay the recording writes the tape's calls from the staging tensors, through the same pipeline
-as any call (pinned host copies issued on the replay's stream, writer threads), each marked with
-the replay it came from (`meta.graph_replay`).
+replay the recording copies the slabs to pinned host memory (one copy a slab, on the replay's
+stream) and hands them over whole; the calls are described from the tape on the writer threads
+(or when a flight recording is dumped), each marked with the replay it came from
+(`meta.graph_replay`).
 
-Weights are not staged: a large input the call does not write, in memory allocated outside any
-graph's pool and written by no earlier call of the same graph, is copied once after a replay and
-stored as a blob like any weight (a flight recording stores it with each call). Where recording
+Weights are not staged: an input the call does not write, in memory allocated outside any graph's
+pool and written by no earlier call of the same graph (a weight, a buffer the host fills between
+replays), is copied after a replay only when it changed (its version counter moved) and stored
+once, as a blob. A tensor staged as one call's output and read, unchanged, by the next call is
+staged once. Where recording
 cannot work (a graph captured before the recording began, a capture begun before it), the calls
 or replays are counted and reported once; nothing is issued into a graph the recorder does not
 follow.
@@ -20,10 +23,11 @@ follow.
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import functools
 import itertools
 import threading
 import weakref
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -36,36 +40,107 @@ _local = threading.local()  # .capture: the Capture under way on this thread, if
 _install_lock = threading.Lock()
 
 
-@dataclass
+@dataclasses.dataclass
 class Staged:
-    """One tensor of a captured call: `tensor` is what is copied after each replay, a staging
-    span the graph refreshes (`geometry` the recorded view's), or a weight itself (`geometry` None)."""
+    """One tensor of a captured call: `tensor` is a staging span the graph refreshes (a view into
+    one of its tape's slabs, at `slab`, `offset` bytes) or, for a weight, the weight itself;
+    `geometry` is the recorded view's."""
     key: str
     what: str  # "argument 'x'", for error messages
     tensor: torch.Tensor
-    geometry: Geometry | None
-    reusable: bool = False  # stored as a blob (a weight)
+    geometry: Geometry
+    weight: bool = False  # read in place after each replay, stored as a blob
     persistent: bool = False  # stored in chunks when large (state, mutated arguments)
+    slab: int = 0
+    offset: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
 
 
-@dataclass
+@dataclasses.dataclass
 class CapturedCall:
     spec: Any  # recorder.CallSpec
     header: dict[str, Any]  # op, variant, provider, args, returns_json, launch, meta
     tensors: list[Staged]
 
 
-@dataclass
+SLAB_BYTES = 1 << 20  # the first slab; each next one is at least twice the last
+_ALIGN = 16  # staging spans start on this many bytes, so any dtype can view them
+
+
+@dataclasses.dataclass
 class Tape:
-    """The calls captured into one graph, in order, and how often the graph has been replayed."""
+    """The calls captured into one graph, in order, and how often the graph has been replayed.
+    Staging spans are packed into a few slabs of the graph's memory, so that a replay's tensors
+    reach the host in one copy a slab (`used` bytes of each), not one a tensor."""
     graph_id: int
-    calls: list[CapturedCall] = field(default_factory=list)
+    calls: list[CapturedCall] = dataclasses.field(default_factory=list)
     replays: int = 0
-    written_later: list[str] = field(default_factory=list)  # weights a later call of the graph writes
+    written_later: list[str] = dataclasses.field(default_factory=list)  # what later code in the graph writes
+    slabs: list[torch.Tensor] = dataclasses.field(default_factory=list)  # uint8
+    used: list[int] = dataclasses.field(default_factory=list)
+
+    @functools.cached_property
+    def weights(self) -> list[Staged]:
+        """The weights of every call, in tape order (asked for after the capture has ended)."""
+        return [s for call in self.calls for s in call.tensors if s.weight]
+
+    def stage(self, key: str, what: str, t: torch.Tensor, persistent: bool = False) -> Staged:
+        """Copy `t`'s storage span into the tape's slabs now (inside a graph: each replay copies it again)."""
+        staged, source = self.reserve(key, what, t, persistent)
+        staged.tensor.copy_(source)
+        return staged
+
+    def reserve(self, key: str, what: str, t: torch.Tensor, persistent: bool = False) -> tuple[Staged, torch.Tensor]:
+        """Room in the tape's slabs for `t`'s storage span, and that span (to be copied in)."""
+        geometry = geometry_of(t)
+        span = storage_span(t.detach(), geometry)
+        nbytes = span.numel() * span.element_size()
+        slab, offset = self._room(nbytes, span.device)
+        staging = self.slabs[slab][offset:offset + nbytes].view(span.dtype)
+        return Staged(key, what, staging, geometry, persistent=persistent, slab=slab, offset=offset), span
+
+    def weight(self, key: str, what: str, t: torch.Tensor) -> Staged:
+        return Staged(key, what, t, geometry_of(t), weight=True)
+
+    def _room(self, nbytes: int, device: torch.device) -> tuple[int, int]:
+        """Where `nbytes` go: the end of the last slab, or a new one."""
+        if self.slabs and self.slabs[-1].device == device and self.used[-1] + nbytes <= self.slabs[-1].numel():
+            offset = self.used[-1]
+        else:
+            size = max(nbytes, SLAB_BYTES, 2 * self.slabs[-1].numel() if self.slabs else 0)
+            self.slabs.append(torch.empty(size, dtype=torch.uint8, device=device))
+            self.used.append(0)
+            offset = 0
+        self.used[-1] = offset + -(-nbytes // _ALIGN) * _ALIGN
+        return len(self.slabs) - 1, offset
+
+
+@dataclasses.dataclass
+class _Deferred:
+    """A staging copy not yet made: `span` of `tensor` (at `version`) into `staging`."""
+    staging: torch.Tensor
+    span: torch.Tensor
+    tensor: torch.Tensor  # kept alive until the capture ends: its memory goes to no other tensor
+    version: int
+    what: str
 
 
 class Capture:
-    """A graph capture under way: its tape, and what memory existed outside graph pools when it began."""
+    """A graph capture under way: its tape, what memory existed outside graph pools when it began,
+    and the staging copies it has put off.
+
+    A staged tensor keeps its value until something writes it, so its staging copy is put off:
+    made just before a captured call that declares it writes that storage (`before_write`), or
+    with every other one left, in one batched copy at the end of the graph (`finish`). The graph
+    then holds a few copies, not one a tensor. The same view of the same storage at the same
+    version is staged once (an output read by the next call). What a capture stages is held until
+    it ends, so its memory goes to no other tensor meanwhile; a write through torch moves the
+    version, and one found at the end is reported (its calls hold the value at the end of the
+    graph). A kernel writing a tensor its op does not declare in `mutates` goes unseen, as it does
+    for weights. Inference tensors have no version: they are copied at once."""
 
     _ids = itertools.count(1)
 
@@ -73,6 +148,21 @@ class Capture:
         self.tape = Tape(next(Capture._ids))
         self.written: set[int] = set()  # storage addresses a captured call of this graph writes
         self._outside = _default_pool_ranges()
+        self._staged: dict[tuple, Staged] = {}  # by storage address, geometry and version
+        self._deferred: list[_Deferred] = []
+
+    def stage(self, op: str, key: str, what: str, t: torch.Tensor, persistent: bool = False) -> Staged:
+        """`t`, passed to or returned by `op`, staged: its copy made now (an inference tensor) or put off."""
+        if t.is_inference():
+            return self.tape.stage(key, what, t, persistent)
+        ident = (t.untyped_storage().data_ptr(), geometry_of(t), t._version)
+        same = self._staged.get(ident)
+        if same is not None:
+            return dataclasses.replace(same, key=key, what=what, persistent=persistent)
+        staged, span = self.tape.reserve(key, what, t, persistent)
+        self._staged[ident] = staged
+        self._deferred.append(_Deferred(staged.tensor, span, t, t._version, f"op '{op}' {what}"))
+        return staged
 
     def outside(self, t: torch.Tensor) -> bool:
         """Whether `t` lives in memory allocated before the capture, in no graph's pool."""
@@ -80,10 +170,26 @@ class Capture:
         i = bisect.bisect_right(self._outside, (address, float("inf"))) - 1
         return i >= 0 and self._outside[i][0] <= address < self._outside[i][1]
 
-    def stage(self, key: str, what: str, t: torch.Tensor, persistent: bool = False) -> Staged:
-        """A device copy of `t`'s storage span, made inside the graph: each replay refreshes it."""
-        geometry = geometry_of(t)
-        return Staged(key, what, storage_span(t.detach(), geometry).clone(), geometry, persistent=persistent)
+    def before_write(self, tensors: list[torch.Tensor]) -> None:
+        """A captured call is about to write `tensors`: make the copies put off of their storage."""
+        addresses = {t.untyped_storage().data_ptr() for t in tensors}
+        now = [d for d in self._deferred if d.tensor.untyped_storage().data_ptr() in addresses]
+        if now:
+            self._deferred = [d for d in self._deferred if d.tensor.untyped_storage().data_ptr() not in addresses]
+            _copy_all(now)
+
+    def finish(self) -> None:
+        """At the end of the graph (still capturing): make every copy left, in one batch."""
+        self.tape.written_later += [d.what for d in self._deferred if d.tensor._version != d.version]
+        _copy_all(self._deferred)
+        self._deferred = []
+
+
+def _copy_all(deferred: list[_Deferred]) -> None:
+    """The copies as bytes, so that one multi-tensor kernel makes them whatever their dtypes."""
+    if deferred:
+        torch._foreach_copy_([d.staging.view(torch.uint8) for d in deferred],
+                             [d.span.view(torch.uint8) for d in deferred])
 
 
 def _default_pool_ranges() -> list[tuple[int, int]]:
@@ -135,6 +241,8 @@ def install(on_replay: Callable[[Tape | None], None], before_capture: Callable[[
 
         def capture_end(self: Any) -> None:
             capture, _local.capture = current_capture(), None
+            if capture is not None:
+                capture.finish()  # the last copies go into the graph before it closes
             end(self)
             if capture is not None:
                 _tapes[self] = capture.tape

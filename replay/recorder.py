@@ -29,16 +29,20 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 
 from replay import graph_capture
-from replay.capture_pipeline import (DEFAULT_QUEUE_DEPTH, SHARED_POOL, BlobRef, CallWriter, Copier, PendingCall, Ring,
-                                     check_options)
+from replay.capture_pipeline import (DEFAULT_QUEUE_DEPTH, SHARED_POOL, BlobRef, CallWriter, Copier, HostCopy,
+                                     PendingBatch, PendingCall, Ring, check_options)
 from replay.errors import CaptureError, ReplayError
 from replay.snapshot import SnapshotWriter
 from replay.snapshot import jsonargs
-from replay.snapshot.tensors import Geometry, UnsupportedTensor, geometry_of
+from replay.snapshot.tensors import UnsupportedTensor, geometry_of
 
 BLOB_THRESHOLD_BYTES = 64 * 1024
 CHUNK_THRESHOLD_BYTES = 1 << 20
 DEFAULT_RING_BYTES = 1 << 30
+# Inside a CUDA graph a read-only input from outside it this large is a weight, copied after a replay
+# only when it changed; a smaller one is staged (bytes in the graph's batched copy cost less than a
+# copy issued from the host)
+GRAPH_WEIGHT_BYTES = 16 * 1024
 DEFAULT_TAG_LEVEL = 1
 TAG_LEVELS = (0, 1, 2)
 
@@ -277,6 +281,10 @@ class _BlobIds:
             hit = self._ids.get(key)
         return hit[1] if hit is not None and hit[0]() is base else None
 
+    def refs(self) -> list[BlobRef]:
+        with self._lock:
+            return [blob for _, blob in self._ids.values()]
+
     def put(self, t: torch.Tensor, blob: BlobRef) -> None:
         keyed = self._key(t)
         if keyed is None:
@@ -306,7 +314,8 @@ class Recording:
         self.tag_level = tag_level if tag_level is not None else _tag_level_from_env()
         self.blob_threshold, self.chunk_threshold = blob_threshold, chunk_threshold
         check_options(queue_depth, when_full)
-        self.ring = Ring(ring, ring_bytes, self._discard) if ring is not None else None  # a flight recording
+        # a flight recording; its options are checked before anything is made on disk
+        self.ring = Ring(ring, ring_bytes, lambda pending: self.calls.discard(pending)) if ring is not None else None
         self.writer = SnapshotWriter(path, notes=notes, durability=durability)
         # strict capture writes on the calling thread, so that a failure raises in the call that met it
         self.calls = CallWriter(self.writer, SHARED_POOL, asynchronous=asynchronous and not self.strict,
@@ -319,6 +328,7 @@ class Recording:
         self._dropped: list[str] = []  # calls not recorded for want of room in the queue
         self._unrecorded_calls = 0  # captured into CUDA graphs the recording cannot follow
         self._unrecorded_replays = 0  # of graphs captured with no recording active
+        self._replay_blobs: dict[int, tuple[list, list[BlobRef]]] = {}  # graph id: its weights' versions, blobs
 
     @property
     def path(self) -> Path:
@@ -336,21 +346,23 @@ class Recording:
     def dump(self) -> int:
         """A flight recording: write the calls it holds now and return how many (the ring is then
         empty; later calls fill it again). Otherwise: flush, and 0 (every call is written anyway)."""
-        held = self.ring.take() if self.ring is not None else []
-        for call in held:
-            self.calls.submit(call)
+        held, count = self.ring.take() if self.ring is not None else ([], 0)
+        for pending in held:
+            self.calls.submit(pending)
         self.calls.flush()
-        return len(held)
+        return count
 
     def close(self) -> None:
         """Write every queued call, report the dropped ones, and flush the files to disk (a flight
         recording's held calls are let go: it writes only when dumped)."""
-        for call in self.ring.take() if self.ring is not None else []:
-            self._discard(call)
+        for pending in self.ring.take()[0] if self.ring is not None else []:
+            self.calls.discard(pending)
         try:
             self.calls.close()
         except OSError as exc:  # flushing to disk failed: the program goes on
             self._report(f"flushing {self.path} to disk failed: {exc}", stop=True)
+        for blob in self._blob_ids.refs():  # copies no written call took (a flight recording's): reused
+            blob.let_go(self.calls.release)
         if self._unrecorded_calls or self._unrecorded_replays:
             self._report(f"CUDA graphs: {self._unrecorded_calls} calls captured where the recording cannot follow "
                          f"them (a capture begun before the recording began) and {self._unrecorded_replays} "
@@ -379,31 +391,33 @@ class Recording:
         except OSError:
             pass
 
-    def _write_failed(self, call: PendingCall, exc: BaseException) -> None:
-        self._report(f"op '{call.header['op']}': writing call {call.index} failed: {exc}; capture stopped", stop=True)
+    def _write_failed(self, what: str, exc: BaseException) -> None:
+        self._report(f"{what} failed: {exc}; capture stopped", stop=True)
 
     def _store(self, spec: CallSpec, what: str, t: torch.Tensor, copier: Copier, call: PendingCall, key: str,
-               reusable: bool = False, persistent: bool = False, recorded: Geometry | None = None) -> None:
+               reusable: bool = False, persistent: bool = False) -> None:
         """Copy a tensor now into `call`: inline; large and read-only (`reusable`), as a blob,
-        copied and hashed once however many calls pass it; large state that calls write in place
-        (`persistent`: a KV cache), in content-addressed chunks, so that a call which changed a
-        few pages stores those pages. A fresh output gains nothing from chunks: it is inline.
-        With `recorded`, `t` is a copy of the storage span of a view of that geometry (a graph's
-        staging tensor)."""
+        copied and hashed once however many calls pass it (a flight recording holds it once for
+        all the calls that pass it); large state that calls write in place (`persistent`: a KV
+        cache), in content-addressed chunks, so that a call which changed a few pages stores those
+        pages. A fresh output gains nothing from chunks: it is inline."""
         try:
-            geometry = recorded or geometry_of(t)
+            geometry = geometry_of(t)
         except UnsupportedTensor as exc:
             raise CaptureError(f"op '{spec.op}': {what}: {exc}; call not recorded") from None
-        # a flight recording keeps its calls whole, within its budget: blobs would outlive them
-        if reusable and self.ring is None and t.numel() * t.element_size() >= self.blob_threshold:
-            blob = self._blob_ids.get(t)
-            if blob is None:
-                blob = BlobRef(copier.copy(t, landed=True))
-                self._blob_ids.put(t, blob)
-            call.blobs[key] = (blob, geometry)
+        if reusable and t.numel() * t.element_size() >= self.blob_threshold:
+            call.blobs[key] = (self._blob(t, copier), geometry)
         else:
-            copy = call.copies[key] = copier.copy(t, recorded=recorded)
+            copy = call.copies[key] = copier.copy(t)
             copy.chunked = persistent and copy.nbytes >= max(self.chunk_threshold, 1)
+
+    def _blob(self, t: torch.Tensor, copier: Copier) -> BlobRef:
+        """The blob of a read-only tensor: the one taken already, while its version is the same."""
+        blob = self._blob_ids.get(t)
+        if blob is None:
+            blob = BlobRef(copier.copy(t, landed=True))
+            self._blob_ids.put(t, blob)
+        return blob
 
     def record(self, spec: CallSpec, fn: Callable, signature: inspect.Signature,
                args: tuple, kwargs: dict) -> Any:
@@ -513,20 +527,23 @@ class Recording:
                 role = "state" if name in spec.state else "in"
                 key, what = f"{role}/{name}", f"argument '{name}'"
                 weight = (role == "in" and name not in spec.mutates and value.is_cuda
-                          and value.numel() * value.element_size() >= self.blob_threshold
+                          and value.numel() * value.element_size() >= GRAPH_WEIGHT_BYTES
                           and capture.outside(value) and value.untyped_storage().data_ptr() not in capture.written)
-                staged.append(graph_capture.Staged(key, what, value, None, reusable=True) if weight else
-                              capture.stage(key, what, value, persistent=role == "state" or name in spec.mutates))
+                staged.append(capture.tape.weight(key, what, value) if weight else
+                              capture.stage(spec.op, key, what, value, persistent=role == "state" or name in spec.mutates))
                 arg_list.append({"name": name, "tensor": key})
         except (CaptureError, UnsupportedTensor) as exc:
             self._not_captured(spec, exc)
             return fn(*args, **kwargs)
+        capture.before_write([value for name, value in bound.arguments.items()
+                              if name in spec.mutates and isinstance(value, torch.Tensor)])
         sink = CallSink(self.tag_level, bound.arguments)
         token = _sink.set(sink)
         try:
             result = fn(*args, **kwargs)
         finally:
             _sink.reset(token)
+        _mark_written(spec, bound.arguments)  # before the outputs are staged: a later reader finds them
         try:
             header, outputs = self._captured_outputs(spec, capture, bound.arguments, result, sink, arg_list)
         except (CaptureError, UnsupportedTensor) as exc:
@@ -546,7 +563,8 @@ class Recording:
         staged, returned_json = [], {}
         for name, value in _outputs(spec, arguments, result, sink).items():
             if isinstance(value, torch.Tensor):
-                staged.append(capture.stage(f"out/{name}", f"output '{name}'", value, persistent=name in spec.mutates))
+                staged.append(capture.stage(spec.op, f"out/{name}", f"output '{name}'", value,
+                                            persistent=name in spec.mutates))
             else:
                 returned_json[name] = _json(spec, f"output '{name}'", value)
         for name in spec.mutates:  # a weight an earlier call of this graph reads is written here
@@ -556,42 +574,82 @@ class Recording:
                 capture.written.add(address)
                 capture.tape.written_later += [
                     f"op '{call.spec.op}' {s.what}" for call in capture.tape.calls for s in call.tensors
-                    if s.reusable and s.tensor.untyped_storage().data_ptr() == address]
-        staged += [graph_capture.Staged(f"tag/{name}", f"tag '{name}'", value, None)
-                   for name, value in sink.tags.items()]  # a tag is a copy made inside the graph already
+                    if s.weight and s.tensor.untyped_storage().data_ptr() == address]
+        staged += [capture.stage(spec.op, f"tag/{name}", f"tag '{name}'", value) for name, value in sink.tags.items()]
         header = _header(spec, arg_list, returned_json, sink.launches, {})
         header["meta"]["graph"] = capture.tape.graph_id
         return header, staged
 
     def record_replay(self, tape: graph_capture.Tape | None) -> None:
-        """After a replay of a CUDA graph: write the calls on its tape from its staging tensors."""
+        """After a replay of a CUDA graph: copy its tape's slabs to the host (and the weights that
+        changed since the last replay) and hand them over; the calls are described when written."""
         if tape is None:
             self._count_unrecorded(replays=1)
             return
         if tape.written_later and not tape.replays:
             self._report(f"CUDA graph {tape.graph_id}: {'; '.join(sorted(set(tape.written_later)))} "
-                         "written by a later call of the same graph: recorded as it is after each replay",
+                         "written later in the same graph: recorded as it is at the end of each replay",
                          stop=False)
         tape.replays += 1
-        now = time.perf_counter() - self.started
-        for captured in tape.calls:
-            if self.stopped or self.calls.failed:
-                return
-            spec = captured.spec
-            call = PendingCall(self.writer.reserve_index(), {})
-            copier = Copier(self.calls.pool)
-            try:
-                for staged in captured.tensors:
-                    self._store(spec, staged.what, staged.tensor, copier, call, staged.key, reusable=staged.reusable,
-                                persistent=staged.persistent, recorded=staged.geometry)
-            except (OSError, TypeError, RuntimeError) as exc:
-                self._abandon(call, copier)
-                self._report(f"op '{spec.op}': copying a graph replay's call failed: {exc}; capture stopped", stop=True)
-                return
-            # labels of the scopes around the replay (the step it runs) over those seen at capture
-            scope = {**captured.header["meta"]["scope"], **current_scope()}
-            meta = dict(captured.header["meta"], scope=scope, start_s=now, graph_replay=tape.replays)
-            self._hand_over(call, copier, dict(captured.header, meta=meta))
+        if self.stopped or self.calls.failed or not tape.calls:
+            return
+        if self.ring is None and self.calls.when_full == "drop" and self.calls.full():
+            self._dropped.append(f"CUDA graph {tape.graph_id} replay {tape.replays} ({len(tape.calls)} calls)")
+            return
+        copier = Copier(self.calls.pool)
+        try:
+            host = [copier.copy(slab[:used]) for slab, used in zip(tape.slabs, tape.used)]
+            weights = self._replay_weights(tape, copier)
+        except (OSError, TypeError, RuntimeError) as exc:
+            copier.mark()()
+            self._report(f"CUDA graph {tape.graph_id}: copying a replay failed: {exc}; capture stopped", stop=True)
+            return
+        first = self.writer.reserve_index(len(tape.calls))
+        # labels of the scopes around the replay (the step it runs), over those seen at capture
+        replay = {"scope": current_scope(), "start_s": time.perf_counter() - self.started,
+                  "graph_replay": tape.replays}
+        batch = PendingBatch(len(tape.calls), host, copier.mark(),
+                             functools.partial(self._replay_calls, tape, first, host, weights, replay))
+        if self.ring is not None:
+            self.ring.add(batch)
+        else:
+            self.calls.submit(batch)
+
+    def _replay_weights(self, tape: graph_capture.Tape, copier: Copier) -> list[BlobRef]:
+        """The blobs of the tape's weights, in tape order: a weight whose version has not moved
+        since the last replay keeps its blob (a check, not a lookup); inference tensors have no
+        version: taken at every replay, stored once by content."""
+        versions = [None if s.tensor.is_inference() else s.tensor._version for s in tape.weights]
+        last, blobs = self._replay_blobs.get(tape.graph_id, ([None] * len(versions), [None] * len(versions)))
+        if versions == last and None not in versions:
+            return blobs
+        blobs = list(blobs)  # a new list: the replays held keep theirs
+        for n, (staged, version) in enumerate(zip(tape.weights, versions)):
+            if version is None or version != last[n]:
+                blobs[n] = self._blob(staged.tensor, copier)
+        self._replay_blobs[tape.graph_id] = (versions, blobs)
+        return blobs
+
+    def _replay_calls(self, tape: graph_capture.Tape, first: int, host: list[HostCopy], weights: list[BlobRef],
+                      replay: dict[str, Any], skip: int) -> list[PendingCall]:
+        """The calls of one replay from the `skip`-th on, their tensors views into the host slabs."""
+        calls = []
+        blobs = iter(weights)
+        for n, captured in enumerate(tape.calls):
+            call_blobs = {s.key: (next(blobs), s.geometry) for s in captured.tensors if s.weight}
+            if n < skip:
+                continue
+            meta = captured.header["meta"]
+            call = PendingCall(first + n, dict(captured.header, meta={**meta, **replay,
+                                                                      "scope": {**meta["scope"], **replay["scope"]}}),
+                               blobs=call_blobs)
+            for s in captured.tensors:
+                if not s.weight:
+                    span = host[s.slab].span[s.offset:s.offset + s.nbytes].view(s.tensor.dtype)
+                    copy = call.copies[s.key] = HostCopy(span, s.geometry)
+                    copy.chunked = s.persistent and copy.nbytes >= max(self.chunk_threshold, 1)
+            calls.append(call)
+        return calls
 
     def _count_unrecorded(self, *, calls: int = 0, replays: int = 0) -> None:
         with self._report_lock:
@@ -601,13 +659,7 @@ class Recording:
     def _abandon(self, call: PendingCall, copier: Copier) -> None:
         """A call that failed before it was complete."""
         call.ready = copier.mark()
-        self._discard(call)
-
-    def _discard(self, call: PendingCall) -> None:
-        """A call that will not be written: its buffers go back once its copies have landed."""
-        call.ready()
-        for copy in call.copies.values():
-            self.calls.release(copy)
+        self.calls.discard(call)
 
 
 def _outputs(spec: CallSpec, arguments: Mapping[str, Any], result: Any, sink: CallSink) -> dict[str, Any]:
@@ -811,8 +863,9 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
         ring: a flight recording: keep only the last `ring` calls, in host memory, and write
             them when an exception leaves the block, on SIGUSR1 (and go on), on SIGTERM (and
             exit) or on `replay.dump()`; a block left normally writes none.
-        ring_bytes: the flight recording's budget of host memory for the calls it holds (each
-            holds its weights too: a flight recording stores no blobs, so the budget is all).
+        ring_bytes: the flight recording's budget of host memory for the calls it holds; a
+            weight (a read-only input of `blob_threshold` bytes or more) is held once, for every
+            call that reads it, outside the budget.
 
     Returns:
         A context manager yielding the Recording (`.path`, `.calls_written`, `.flush()`).

@@ -20,8 +20,11 @@
     (asynchronous=False) and as a flight recording of the last 64 calls; the pipeline's
     throughput (bytes written / time until the recording is closed) against a pinned
     device-to-host copy and a sequential write of the same disk, both measured in the same
-    run. Each time is the median of --runs. A recording runs the model's decode loop eagerly
-    (no CUDA graph): its bare time is given both ways. --profile: where the program's time goes.
+    run. Each time is the median of --runs. The decode loop runs its CUDA graph, recorded or
+    not; its eager time is given too. Then the flight recorder in steady state: a step of the
+    graph decode loop after the graph is captured, bare and recorded into a ring, against the
+    floor of one device-to-host copy of the bytes a replay stages. --profile: where the
+    program's time goes.
 Prints Markdown tables (pasted into docs/PERFORMANCE.md).
 """
 from __future__ import annotations
@@ -36,12 +39,15 @@ import tempfile
 import time
 import timeit
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 import replay
 from replay.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from kernels.model import TinyLlama
 
 HIDDEN = 256
 
@@ -141,15 +147,21 @@ def mlp_up(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.T
 
 
 Workload = tuple[Callable[[], object], Callable[[bool], None] | None]  # the run, and a switch of its CUDA graph
+TINY_SHAPES = {256: (768, 4, 2), 2048: (5632, 16, 4)}  # hidden: ffn, heads, kv heads
+
+
+def tiny_model(hidden: int) -> TinyLlama:
+    from kernels.model import TinyLlama, TinyLlamaConfig
+
+    ffn, heads, kv_heads = TINY_SHAPES[hidden]
+    return TinyLlama(TinyLlamaConfig(hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, max_seq=128),
+                     device="cuda")
 
 
 def gpu_workloads() -> dict[str, Workload]:
-    from kernels.model import TinyLlama, TinyLlamaConfig
-
     work: dict[str, Workload] = {}
-    for hidden, ffn, heads, kv_heads in ((256, 768, 4, 2), (2048, 5632, 16, 4)):
-        model = TinyLlama(TinyLlamaConfig(hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, max_seq=128),
-                          device="cuda")
+    for hidden in TINY_SHAPES:
+        model = tiny_model(hidden)
 
         def prefill(model: TinyLlama = model) -> object:
             model.reset()
@@ -216,6 +228,70 @@ def gpu_table(runs: int) -> None:
                   f"| {flight * 1e3:.1f} ({flight / bare:.2f}x; {flight / eager:.2f}x) "
                   f"| {size / 1e6:.0f} "
                   f"| {size / closed / 1e9:.2f} | {size / closed / 1e9 / floor:.0%} |", flush=True)
+    flight_table(runs)
+
+
+def copy_us(nbytes: int, repeats: int = 50) -> float:
+    """Microseconds of one device-to-host copy of `nbytes` into pinned memory, back to back."""
+    src = torch.empty(max(nbytes, 1), dtype=torch.uint8, device="cuda")
+    dst = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    dst.copy_(src, non_blocking=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src, non_blocking=True)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / repeats
+
+
+def steady_decode(model: TinyLlama, steps: int, ring: Path | None) -> tuple[float, float, int]:
+    """Seconds a step of the tiny model's graph decode loop, timed after the graph is captured
+    (recorded into a flight recording when `ring` is given); seconds a replay of its graph alone
+    (nothing recorded, back to back: the graph's own cost, staging copies included); the bytes a
+    replay stages."""
+    from replay import graph_capture
+
+    with replay.recording(ring, ring=64) if ring else contextlib.nullcontext():
+        model.reset()
+        model.prefill(list(range(8)))
+        model.decode_step(0)  # captures the graph (anew under a recording)
+        model.decode_step(1)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for token in range(steps):
+            model.decode_step(token)
+        torch.cuda.synchronize()
+        seconds = (time.perf_counter() - started) / steps
+        graph, tape = model._graph, graph_capture.tape_of(model._graph)
+        replay_only = graph_capture._originals.get("replay", torch.cuda.CUDAGraph.replay)  # not recorded
+        started = time.perf_counter()
+        for _ in range(steps):
+            replay_only(graph)
+        torch.cuda.synchronize()
+        graph_seconds = (time.perf_counter() - started) / steps
+    return seconds, graph_seconds, sum(tape.used) if tape is not None else 0
+
+
+def flight_table(runs: int, steps: int = 96) -> None:
+    """The flight recorder in steady state: a step of the graph decode loop bare and recorded, the
+    graph alone, and the floor of one host copy of what a replay stages."""
+    print(f"\n| flight recorder, graph decode, {steps} steps after capture | bare us/step (graph alone) "
+          "| ring=64 us/step (graph alone) | x bare | staged KB/replay | its D2H us | floor (x bare) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        for hidden in TINY_SHAPES:
+            model = tiny_model(hidden)
+            steady_decode(model, 4, None)  # compile
+            bare = [steady_decode(model, steps, None) for _ in range(runs)]
+            ring = [steady_decode(model, steps, Path(tmp) / f"ring{hidden}-{run}") for run in range(runs)]
+            (bare_step, bare_graph), (ring_step, ring_graph) = (
+                (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)) for rows in (bare, ring))
+            staged = ring[0][2]
+            floor = copy_us(staged) * 1e-6
+            print(f"| tiny h{hidden} | {bare_step * 1e6:.0f} ({bare_graph * 1e6:.0f}) "
+                  f"| {ring_step * 1e6:.0f} ({ring_graph * 1e6:.0f}) | {ring_step / bare_step:.3f}x "
+                  f"| {staged / 1e3:.0f} | {floor * 1e6:.1f} | {(bare_step + floor) / bare_step:.3f}x |", flush=True)
 
 
 def gpu_profile(name: str, rows: int = 30) -> None:

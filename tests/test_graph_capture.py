@@ -17,7 +17,7 @@ from replay import graph_capture, recorder
 from replay.cli import main
 from replay.snapshot import Snapshot
 from replay.snapshot.writer import SnapshotWriter
-from replay.snapshot.tensors import geometry_of, storage_span
+from replay.snapshot.tensors import storage_span
 
 
 @replay.capture("graph_linear")
@@ -39,35 +39,43 @@ def replays_cleanly(path: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
-def staged(key: str, t: torch.Tensor) -> graph_capture.Staged:
-    """What a capture stages for `t`: a copy of its storage span, and its view's geometry."""
-    geometry = geometry_of(t)
-    return graph_capture.Staged(key, f"argument '{key}'", storage_span(t, geometry).clone(), geometry)
-
-
-def test_a_tape_is_written_at_each_replay_from_its_staging_tensors(tmp_path: Path) -> None:
-    """The CPU twin of a graph replay: the staging tensors hold what the last replay left, the
-    views keep their geometry, a weight is one blob, and every call says which replay it came from."""
-    gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(128, 256, generator=gen)  # 128 KiB: a weight, stored once
-    x = torch.randn(256, 4, generator=gen).t()  # a transposed view: staged as its span
+def linear_tape(x: torch.Tensor, weight: torch.Tensor) -> tuple[graph_capture.Tape, graph_capture.Staged,
+                                                                 graph_capture.Staged]:
+    """What capturing `linear(x, weight)` into graph 7 leaves: a tape of one call, the staging spans
+    of x and of the output (views into the tape's slabs), and the weight, read in place."""
     spec = recorder.CallSpec("graph_linear", "default", __name__)
     tape = graph_capture.Tape(graph_id=7)
-    inputs, out = staged("in/x", x), staged("out/out", linear(x, weight))
+    inputs = tape.stage("in/x", "argument 'x'", x)
+    out = tape.stage("out/out", "output 'out'", linear(x, weight))
     header = {"op": "graph_linear", "variant": "default", "provider": __name__,
               "args": [{"name": "x", "tensor": "in/x"}, {"name": "weight", "tensor": "in/weight"}],
               "returns_json": {}, "launch": [], "meta": {"thread": "MainThread", "scope": {"step": 0}, "graph": 7}}
     tape.calls.append(graph_capture.CapturedCall(spec, header, [
-        inputs, graph_capture.Staged("in/weight", "argument 'weight'", weight, None, reusable=True), out]))
+        inputs, tape.weight("in/weight", "argument 'weight'", weight), out]))
+    return tape, inputs, out
+
+
+def replay_tape(rec: recorder.Recording, tape: graph_capture.Tape, inputs: graph_capture.Staged,
+                out: graph_capture.Staged, x: torch.Tensor, weight: torch.Tensor, step: int) -> None:
+    """What a replay of the graph does to its staging spans, then what the recording does after it."""
+    inputs.tensor.copy_(storage_span(x))
+    out.tensor.copy_(storage_span(x @ weight.t()))
+    with replay.scope("step", step):
+        rec.record_replay(tape)
+
+
+def test_a_tape_is_written_at_each_replay_from_its_staging_tensors(tmp_path: Path) -> None:
+    """The CPU twin of a graph replay: the staging spans hold what the last replay left, the
+    views keep their geometry, a weight is one blob, and every call says which replay it came from."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(128, 256, generator=gen)  # 128 KiB: a weight, stored once
+    tape, inputs, out = linear_tape(torch.randn(256, 4, generator=gen).t(), weight)  # x: a transposed view
+    assert len(tape.slabs) == 1 and inputs.slab == out.slab == 0 and out.offset >= inputs.nbytes
     seen = []
     with replay.recording(tmp_path / "snap") as rec:
         for step in range(3):
-            x = torch.randn(256, 4, generator=gen).t()
-            inputs.tensor.copy_(storage_span(x))  # what the graph's copies do at a replay
-            out.tensor.copy_(storage_span(x @ weight.t()))
-            seen.append(x)
-            with replay.scope("step", step + 1):
-                rec.record_replay(tape)
+            seen.append(torch.randn(256, 4, generator=gen).t())
+            replay_tape(rec, tape, inputs, out, seen[-1], weight, step + 1)
     records = list(Snapshot(tmp_path / "snap"))
     assert [r.meta["graph_replay"] for r in records] == [1, 2, 3]
     assert [r.meta["scope"]["step"] for r in records] == [1, 2, 3] and {r.meta["graph"] for r in records} == {7}
@@ -76,6 +84,33 @@ def test_a_tape_is_written_at_each_replay_from_its_staging_tensors(tmp_path: Pat
         assert torch.equal(record.tensors["out/out"], x @ weight.t())
     assert len({r.blobs["in/weight"] for r in records}) == 1
     replays_cleanly(tmp_path / "snap")
+    with replay.recording(tmp_path / "again") as rec:  # the same graph, replayed under a new recording
+        replay_tape(rec, tape, inputs, out, seen[0], weight, 1)
+    (record,) = Snapshot(tmp_path / "again")
+    assert record.meta["graph_replay"] == 4 and torch.equal(record.tensors["in/weight"], weight)  # its own blob
+
+
+def test_a_flight_recording_holds_the_last_calls_of_its_replays_and_a_weight_once(tmp_path: Path) -> None:
+    """A replay is held whole (its slabs, one host copy each) and cut at the front when the ring
+    holds more calls than asked; a weight changed in place between replays is taken again."""
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(128, 256, generator=gen)
+    tape, inputs, out = linear_tape(torch.randn(256, 4, generator=gen).t(), weight)
+    tape.calls.append(tape.calls[0])  # two calls a replay
+    seen = []
+    with replay.recording(tmp_path / "snap", ring=3) as rec:
+        for step in range(4):
+            if step == 3:
+                weight.mul_(2)  # a version bump: the next replay copies the weight again
+            seen.append(torch.randn(256, 4, generator=gen).t())
+            replay_tape(rec, tape, inputs, out, seen[-1], weight, step + 1)
+        assert replay.dump() == 3
+    records = list(Snapshot(tmp_path / "snap"))
+    assert [(r.index, r.meta["graph_replay"]) for r in records] == [(5, 3), (6, 4), (7, 4)]
+    assert torch.equal(records[0].tensors["in/x"], seen[2]) and torch.equal(records[2].tensors["in/x"], seen[3])
+    assert torch.equal(records[2].tensors["out/out"], seen[3] @ weight.t())
+    assert records[0].blobs["in/weight"] != records[1].blobs["in/weight"] == records[2].blobs["in/weight"]
+    assert torch.equal(records[0].tensors["in/weight"], weight / 2)
 
 
 def test_replays_the_recording_cannot_follow_are_counted_and_reported_once(tmp_path: Path) -> None:
@@ -168,4 +203,53 @@ def test_the_tiny_models_graph_decode_is_recorded_at_every_step_and_replays(tmp_
     eager = [r for r in records if "graph_replay" not in r.meta]
     assert len(replayed) == 2 * len(eager) and {r.meta["graph_replay"] for r in replayed} == {1, 2}
     assert sorted({r.meta["scope"]["step"] for r in replayed}) == [3, 4]  # prefill: step 0; then one a token
+    replays_cleanly(tmp_path / "snap")
+
+
+def test_a_capture_stages_a_tensor_once_and_copies_it_before_a_write_or_at_the_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An output read unchanged by the next call is one staging span; its copy is put off until a
+    call declares it writes that storage, or to the end of the graph; another view, or a version
+    moved by a write through torch, is staged anew; a write the recorder did not see is reported."""
+    monkeypatch.setattr(graph_capture, "_default_pool_ranges", lambda: [])  # no CUDA allocator here
+    capture = graph_capture.Capture()
+    out = torch.arange(64.0)
+    produced = capture.stage("f", "out/out", "output 'out'", out)
+    read = capture.stage("g", "in/x", "argument 'x'", out)
+    assert (read.slab, read.offset, read.key) == (produced.slab, produced.offset, "in/x")
+    assert capture.stage("g", "in/x", "argument 'x'", out[:32]).offset != produced.offset  # another view
+    capture.before_write([out[:8]])  # a call about to write the storage: its spans are copied first
+    assert torch.equal(produced.tensor, torch.arange(64.0))
+    out.add_(1)
+    changed = capture.stage("h", "in/x", "argument 'x'", out)
+    assert changed.offset != produced.offset
+    other = torch.zeros(4)
+    unseen = capture.stage("h", "in/y", "argument 'y'", other)
+    other.fill_(3)  # written in place where no declared write warned the capture
+    capture.finish()
+    assert torch.equal(changed.tensor, torch.arange(64.0) + 1) and torch.equal(unseen.tensor, torch.full((4,), 3.0))
+    assert torch.equal(produced.tensor, torch.arange(64.0))  # what the first call wrote, kept
+    assert capture.tape.written_later == ["op 'h' argument 'y'"]
+
+
+def test_calls_made_during_a_capture_are_taped_with_their_values_at_the_call(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU twin of capturing: the recorder's path for calls inside a capture, run as if one
+    were under way. An op's input is staged before the op that writes it, its output after, and
+    the output the next call reads is the same staging span."""
+    monkeypatch.setattr(graph_capture, "_default_pool_ranges", lambda: [])
+    gen = torch.Generator().manual_seed(2)
+    x, weight = torch.randn(8, 16, generator=gen), torch.randn(4, 16, generator=gen)
+    with replay.recording(tmp_path / "snap") as rec:
+        capture = graph_capture.Capture()
+        monkeypatch.setattr(graph_capture._local, "capture", capture, raising=False)
+        scale_(linear(x, weight), 2.0)
+        monkeypatch.setattr(graph_capture._local, "capture", None)
+        capture.finish()
+        rec.record_replay(capture.tape)  # on the CPU nothing runs again: the values of the capture
+    linear_call, scale_call = Snapshot(tmp_path / "snap")
+    assert (linear_call.op, scale_call.op) == ("graph_linear", "graph_scale_")
+    assert torch.equal(linear_call.tensors["in/x"], x) and torch.equal(scale_call.tensors["in/y"], x @ weight.t())
+    assert torch.equal(scale_call.tensors["out/y"], (x @ weight.t()) * 2)
+    assert manifest_errors(tmp_path / "snap") == []
     replays_cleanly(tmp_path / "snap")

@@ -94,10 +94,11 @@ class SnapshotWriter:
         """The index the next call will get."""
         return self._next_index
 
-    def reserve_index(self) -> int:
+    def reserve_index(self, count: int = 1) -> int:
+        """The first of `count` indexes, handed out to no one else."""
         with self._lock:
             index = self._next_index
-            self._next_index += 1
+            self._next_index += count
             return index
 
     def put_blob(self, span: torch.Tensor) -> str:
