@@ -114,3 +114,20 @@ def test_hostile_chunk_lists_are_one_line_errors(tmp_path: Path) -> None:
     empty = hostile_chunked_call(tmp_path / "empty", 0, 16)
     with pytest.raises(SnapshotError, match=r"its chunk list is not a \[pieces, 32\] table"):
         Snapshot(empty).load(0)
+
+
+def test_a_large_blob_hashed_while_written_is_the_same_blob(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blob over the threshold is hashed on a thread of its own as it is written: same name,
+    same bytes as one hashed first; stored once however often it is put; no temporary left."""
+    from replay.snapshot import SnapshotWriter, writer as snapshot_writer
+
+    data = torch.arange(4096, dtype=torch.float32)
+    small_first = SnapshotWriter(tmp_path / "a")
+    expected = small_first.put_blob(data)
+    monkeypatch.setattr(snapshot_writer, "HASH_WHILE_WRITING_BYTES", 1024)
+    large = SnapshotWriter(tmp_path / "b")
+    assert large.put_blob(data) == large.put_blob(data.clone()) == expected
+    large.close()
+    assert sorted(p.name for p in (tmp_path / "b" / "blobs").iterdir()) == [f"{expected}.safetensors"]
+    assert (tmp_path / "b" / "blobs" / f"{expected}.safetensors").read_bytes() == \
+        (tmp_path / "a" / "blobs" / f"{expected}.safetensors").read_bytes()

@@ -1,6 +1,7 @@
 """Writing a snapshot: manifest first, then each call file, its index line last."""
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import threading
@@ -21,6 +22,7 @@ CALLS_DIR = "calls"
 BLOBS_DIR = "blobs"
 DURABILITY = ("close", "call")
 CHUNK_BYTES = 64 * 1024  # a large tensor is stored as blobs of this many bytes (format 2)
+HASH_WHILE_WRITING_BYTES = 16 << 20  # blobs this large are hashed on a thread of their own as they are written
 
 
 def blob_relpath(digest: str) -> str:
@@ -104,7 +106,32 @@ class SnapshotWriter:
     def put_blob(self, span: torch.Tensor) -> str:
         """Store a read-only tensor span once, by content; return its digest."""
         parts = callfile.serialize_blob(span)
+        if span.numel() * span.element_size() >= HASH_WHILE_WRITING_BYTES:
+            return self._put_hashed_while_written(parts)
         return self._put(sha256_parts(*parts), lambda: parts)
+
+    def _put_hashed_while_written(self, parts: Sequence[Any]) -> str:
+        """A large blob: its bytes go to a temporary name while another thread hashes them (both
+        let go of the interpreter lock, so it takes the slower of the two, not both), then take
+        their name, unless a blob of that name is stored already."""
+        staging = self.path / BLOBS_DIR / f".{threading.get_ident()}-{id(parts)}.blob"
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-blob-hash") as hasher:
+            hashing = hasher.submit(sha256_parts, *parts)
+            write_atomic(staging, parts, sync=self._sync)
+        digest = hashing.result()
+        target = self.path / blob_relpath(digest)
+        with self._lock:
+            stored = digest in self._known_blobs
+        if stored or target.exists():
+            staging.unlink()
+        else:
+            os.replace(staging, target)
+            if not self._sync:
+                with self._lock:
+                    self._unsynced.append(target)
+        with self._lock:
+            self._known_blobs.add(digest)
+        return digest
 
     def _put(self, digest: str, data: Callable[[], Sequence[Any]]) -> str:
         """Write blob `digest` unless it is stored already; `data` makes its bytes when it is not."""
