@@ -26,6 +26,7 @@ import bisect
 import dataclasses
 import functools
 import itertools
+import sys
 import threading
 import weakref
 from typing import Any, Callable
@@ -66,7 +67,8 @@ class CapturedCall:
     tensors: list[Staged]
 
 
-SLAB_BYTES = 1 << 20  # the first slab; each next one is at least twice the last
+SLAB_BYTES = 1 << 20  # the first slab of a device; a span this large has one of its own
+MAX_SLAB_BYTES = 64 << 20
 _ALIGN = 16  # staging spans start on this many bytes, so any dtype can view them
 
 
@@ -81,6 +83,7 @@ class Tape:
     written_later: list[str] = dataclasses.field(default_factory=list)  # what later code in the graph writes
     slabs: list[torch.Tensor] = dataclasses.field(default_factory=list)  # uint8
     used: list[int] = dataclasses.field(default_factory=list)
+    _open: dict[torch.device, int] = dataclasses.field(default_factory=dict)  # slab small spans go to
 
     @functools.cached_property
     def weights(self) -> list[Staged]:
@@ -106,17 +109,22 @@ class Tape:
         return Staged(key, what, t, geometry_of(t), weight=True)
 
     def _room(self, nbytes: int, device: torch.device) -> tuple[int, int]:
-        """Where `nbytes` go: the end of the last slab, or a new one."""
-        if self.slabs and self.slabs[-1].device == device and self.used[-1] + nbytes <= self.slabs[-1].numel():
-            offset = self.used[-1]
-        else:
-            size = max(nbytes, SLAB_BYTES, 2 * self.slabs[-1].numel() if self.slabs else 0)
-            self.slabs.append(torch.empty(size, dtype=torch.uint8, device=device))
-            self.used.append(0)
-            offset = 0
-        self.used[-1] = offset + -(-nbytes // _ALIGN) * _ALIGN
-        return len(self.slabs) - 1, offset
+        """Where `nbytes` go: a slab of their own when large; else the end of the device's open
+        slab, or a new one (twice the last, up to MAX_SLAB_BYTES)."""
+        if nbytes >= SLAB_BYTES:
+            return self._new_slab(nbytes, device, nbytes), 0
+        current = self._open.get(device)
+        if current is None or self.used[current] + nbytes > self.slabs[current].numel():
+            size = min(MAX_SLAB_BYTES, 2 * self.slabs[current].numel()) if current is not None else SLAB_BYTES
+            current = self._open[device] = self._new_slab(size, device, 0)
+        offset = self.used[current]
+        self.used[current] = offset + -(-nbytes // _ALIGN) * _ALIGN
+        return current, offset
 
+    def _new_slab(self, size: int, device: torch.device, used: int) -> int:
+        self.slabs.append(torch.empty(size, dtype=torch.uint8, device=device))
+        self.used.append(used)
+        return len(self.slabs) - 1
 
 @dataclasses.dataclass
 class _Deferred:
@@ -150,6 +158,7 @@ class Capture:
         self._outside = _default_pool_ranges()
         self._staged: dict[tuple, Staged] = {}  # by storage address, geometry and version
         self._deferred: list[_Deferred] = []
+        self._held: list[torch.Tensor] = []  # every tensor staged, alive until the capture ends
 
     def stage(self, op: str, key: str, what: str, t: torch.Tensor, persistent: bool = False) -> Staged:
         """`t`, passed to or returned by `op`, staged: its copy made now (an inference tensor) or put off."""
@@ -161,6 +170,7 @@ class Capture:
             return dataclasses.replace(same, key=key, what=what, persistent=persistent)
         staged, span = self.tape.reserve(key, what, t, persistent)
         self._staged[ident] = staged
+        self._held.append(t)
         self._deferred.append(_Deferred(staged.tensor, span, t, t._version, f"op '{op}' {what}"))
         return staged
 
@@ -241,8 +251,13 @@ def install(on_replay: Callable[[Tape | None], None], before_capture: Callable[[
 
         def capture_end(self: Any) -> None:
             capture, _local.capture = current_capture(), None
-            if capture is not None:
-                capture.finish()  # the last copies go into the graph before it closes
+            try:
+                if capture is not None:
+                    capture.finish()  # the last copies go into the graph before it closes
+            except Exception as exc:  # the program's capture must still end; its replays go unrecorded
+                print(f"replay: capture: CUDA graph {capture.tape.graph_id}: staging failed: {exc}; "
+                      "its replays are not recorded", file=sys.stderr)
+                capture = None
             end(self)
             if capture is not None:
                 _tapes[self] = capture.tape

@@ -514,9 +514,18 @@ class Recording:
         assert capture is not None
         try:
             bound = signature.bind(*args, **kwargs)
-        except TypeError:
+        except TypeError:  # the call itself is wrong: let the function raise its own error
             return fn(*args, **kwargs)
         bound.apply_defaults()
+        mutated = [value for name, value in bound.arguments.items()
+                   if name in spec.mutates and isinstance(value, torch.Tensor)]
+
+        def untaped() -> Any:
+            """The call run without a place on the tape: what it writes is still copied first."""
+            capture.before_write(mutated)
+            result = fn(*args, **kwargs)
+            _mark_written(spec, bound.arguments)
+            return result
         staged: list[graph_capture.Staged] = []
         arg_list: list[dict[str, Any]] = []
         try:
@@ -534,9 +543,8 @@ class Recording:
                 arg_list.append({"name": name, "tensor": key})
         except (CaptureError, UnsupportedTensor) as exc:
             self._not_captured(spec, exc)
-            return fn(*args, **kwargs)
-        capture.before_write([value for name, value in bound.arguments.items()
-                              if name in spec.mutates and isinstance(value, torch.Tensor)])
+            return untaped()
+        capture.before_write(mutated)
         sink = CallSink(self.tag_level, bound.arguments)
         token = _sink.set(sink)
         try:
@@ -597,11 +605,15 @@ class Recording:
             self._dropped.append(f"CUDA graph {tape.graph_id} replay {tape.replays} ({len(tape.calls)} calls)")
             return
         copier = Copier(self.calls.pool)
+        host: list[HostCopy] = []
         try:
-            host = [copier.copy(slab[:used]) for slab, used in zip(tape.slabs, tape.used)]
+            for slab, used in zip(tape.slabs, tape.used):
+                host.append(copier.copy(slab[:used]))
             weights = self._replay_weights(tape, copier)
         except (OSError, TypeError, RuntimeError) as exc:
             copier.mark()()
+            for copy in host:
+                self.calls.release(copy)
             self._report(f"CUDA graph {tape.graph_id}: copying a replay failed: {exc}; capture stopped", stop=True)
             return
         first = self.writer.reserve_index(len(tape.calls))
@@ -863,9 +875,11 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
         ring: a flight recording: keep only the last `ring` calls, in host memory, and write
             them when an exception leaves the block, on SIGUSR1 (and go on), on SIGTERM (and
             exit) or on `replay.dump()`; a block left normally writes none.
-        ring_bytes: the flight recording's budget of host memory for the calls it holds; a
-            weight (a read-only input of `blob_threshold` bytes or more) is held once, for every
-            call that reads it, outside the budget.
+        ring_bytes: the flight recording's budget of host memory for the calls it holds. A
+            read-only input of `blob_threshold` bytes or more (inside a CUDA graph: one of 16 KiB
+            or more from outside the graph) is held once as a blob, for every call that reads it,
+            outside the budget: weights cost their size once, but a fresh large input at every
+            call is not bounded by it.
 
     Returns:
         A context manager yielding the Recording (`.path`, `.calls_written`, `.flush()`).

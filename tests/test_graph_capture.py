@@ -253,3 +253,39 @@ def test_calls_made_during_a_capture_are_taped_with_their_values_at_the_call(tmp
     assert torch.equal(scale_call.tensors["out/y"], (x @ weight.t()) * 2)
     assert manifest_errors(tmp_path / "snap") == []
     replays_cleanly(tmp_path / "snap")
+
+
+class _NotJson:
+    factor = 2.0
+
+
+@replay.capture("graph_scale_by_", mutates=("y",))
+def scale_by_(y: torch.Tensor, how: object) -> None:
+    y.data.mul_(how.factor)  # as a kernel writes: through the storage, no version moved
+
+
+def test_a_call_left_off_the_tape_still_has_what_it_writes_copied_first(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mutating call that cannot be taped (an argument that is not JSON) runs with the copies
+    put off of what it writes made before it: the call before keeps the value it returned."""
+    monkeypatch.setattr(graph_capture, "_default_pool_ranges", lambda: [])
+    x, weight = torch.randn(4, 8), torch.randn(3, 8)
+    with replay.recording(tmp_path / "snap") as rec:
+        capture = graph_capture.Capture()
+        monkeypatch.setattr(graph_capture._local, "capture", capture, raising=False)
+        scale_by_(linear(x, weight), _NotJson())
+        monkeypatch.setattr(graph_capture._local, "capture", None)
+        capture.finish()
+        rec.record_replay(capture.tape)
+    (record,) = Snapshot(tmp_path / "snap")
+    assert torch.equal(record.tensors["out/out"], x @ weight.t())
+
+
+def test_slabs_stay_near_what_is_staged() -> None:
+    """A large span gets a slab of its own; small spans after it go on filling the open slab."""
+    tape = graph_capture.Tape(graph_id=1)
+    small = tape.stage("in/a", "argument 'a'", torch.zeros(16))
+    large = tape.stage("in/b", "argument 'b'", torch.zeros(graph_capture.SLAB_BYTES))  # 4 MiB of floats
+    after = tape.stage("in/c", "argument 'c'", torch.zeros(16))
+    assert [slab.numel() for slab in tape.slabs] == [graph_capture.SLAB_BYTES, 4 * graph_capture.SLAB_BYTES]
+    assert (small.slab, large.slab, after.slab) == (0, 1, 0) and after.offset == 64
