@@ -102,7 +102,6 @@ class BlobRef:
                     release(copy)
             return self.digest
 
-
     def let_go(self, release: Callable[[HostCopy], None]) -> None:
         """The recording is over: give back the copy if no call took it."""
         with self._lock:

@@ -126,12 +126,13 @@ class Tape:
         self.used.append(used)
         return len(self.slabs) - 1
 
+
 @dataclasses.dataclass
 class _Deferred:
     """A staging copy not yet made: `span` of `tensor` (at `version`) into `staging`."""
     staging: torch.Tensor
     span: torch.Tensor
-    tensor: torch.Tensor  # kept alive until the capture ends: its memory goes to no other tensor
+    tensor: torch.Tensor  # whose storage a write names, and whose version is read at the end
     version: int
     what: str
 
@@ -183,10 +184,11 @@ class Capture:
     def before_write(self, tensors: list[torch.Tensor]) -> None:
         """A captured call is about to write `tensors`: make the copies put off of their storage."""
         addresses = {t.untyped_storage().data_ptr() for t in tensors}
-        now = [d for d in self._deferred if d.tensor.untyped_storage().data_ptr() in addresses]
-        if now:
-            self._deferred = [d for d in self._deferred if d.tensor.untyped_storage().data_ptr() not in addresses]
-            _copy_all(now)
+        now, later = [], []
+        for deferred in self._deferred:
+            (now if deferred.tensor.untyped_storage().data_ptr() in addresses else later).append(deferred)
+        self._deferred = later
+        _copy_all(now)
 
     def finish(self) -> None:
         """At the end of the graph (still capturing): make every copy left, in one batch."""

@@ -108,39 +108,33 @@ class SnapshotWriter:
         parts = callfile.serialize_blob(span)
         if span.numel() * span.element_size() >= HASH_WHILE_WRITING_BYTES:
             return self._put_hashed_while_written(parts)
-        return self._put(sha256_parts(*parts), lambda: parts)
+        return self._put(sha256_parts(*parts), lambda target: self._write(target, parts))
 
     def _put_hashed_while_written(self, parts: Sequence[Any]) -> str:
         """A large blob: its bytes go to a temporary name while another thread hashes them (both
         let go of the interpreter lock, so it takes the slower of the two, not both), then take
         their name, unless a blob of that name is stored already."""
         staging = self.path / BLOBS_DIR / f".{threading.get_ident()}-{id(parts)}.blob"
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-blob-hash") as hasher:
-            hashing = hasher.submit(sha256_parts, *parts)
-            write_atomic(staging, parts, sync=self._sync)
-        digest = hashing.result()
-        target = self.path / blob_relpath(digest)
-        with self._lock:
-            stored = digest in self._known_blobs
-        if stored or target.exists():
-            staging.unlink()
-        else:
-            os.replace(staging, target)
-            if not self._sync:
-                with self._lock:
-                    self._unsynced.append(target)
-        with self._lock:
-            self._known_blobs.add(digest)
-        return digest
 
-    def _put(self, digest: str, data: Callable[[], Sequence[Any]]) -> str:
-        """Write blob `digest` unless it is stored already; `data` makes its bytes when it is not."""
+        def name(target: Path) -> None:
+            os.replace(staging, target)
+            self._track(target)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-blob-hash") as hasher:
+                hashing = hasher.submit(sha256_parts, *parts)
+                write_atomic(staging, parts, sync=self._sync)
+            return self._put(hashing.result(), name)
+        finally:
+            staging.unlink(missing_ok=True)  # still there when the blob was stored already
+
+    def _put(self, digest: str, store: Callable[[Path], None]) -> str:
+        """Store blob `digest` unless it is stored already; `store(target)` writes it when it is not."""
         with self._lock:
             if digest in self._known_blobs:
                 return digest
         target = self.path / blob_relpath(digest)
         if not target.exists():
-            self._write(target, data())
+            store(target)
         with self._lock:
             self._known_blobs.add(digest)
         return digest
@@ -161,10 +155,14 @@ class SnapshotWriter:
     def _put_piece(self, piece: Any) -> str:
         """put_blob of a run of bytes (a numpy uint8 array), hashed and written where it lies."""
         prefix = callfile.blob_prefix(len(piece))
-        return self._put(sha256_parts(prefix, piece), lambda: (prefix, piece))
+        return self._put(sha256_parts(prefix, piece), lambda target: self._write(target, (prefix, piece)))
 
     def _write(self, target: Path, data: Sequence[Any]) -> None:
         write_atomic(target, data, sync=self._sync)
+        self._track(target)
+
+    def _track(self, target: Path) -> None:
+        """A file just written under its name: flushed to disk at close, with durability "close"."""
         if not self._sync:
             with self._lock:
                 self._unsynced.append(target)
