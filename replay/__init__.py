@@ -12,10 +12,17 @@
 
 REPLAY_CAPTURE=path records the whole process from import on; REPLAY_VERIFY=op1,op2@0.05
 checks a share of those ops' calls against their references (replay.verify).
+
+On a machine with no GPU, importing replay sets TRITON_INTERPRET=1 (unless it is set), so that
+Triton kernels defined after it run in Triton's interpreter on CPU tensors.
 """
 from __future__ import annotations
 
 import os
+
+from replay.device import use_interpreter_without_gpu
+
+use_interpreter_without_gpu(warn_if_late=True)
 
 from replay.kernel_rules import KernelRules
 from replay.recorder import dump, flush, record_launch, recording, scope, tag

@@ -915,11 +915,26 @@ def start_from_env() -> None:
         print(f"replay: capture: {exc}; not recording", file=sys.stderr)
 
 
-def wrap(spec: CallSpec, fn: Callable) -> Callable:
-    """Wrap `fn` so calls are recorded while a recording is active (and verified while its op is).
+@dataclass(frozen=True)
+class RowLimit:
+    """A single-vector variant's guard: its parameter `name` holds one row along `axis`."""
 
-    With neither the wrapper costs one global read and a call: it is compiled with `fn`'s own
-    parameters, so that nothing is packed into *args and **kwargs on the way."""
+    op: str
+    name: str
+    axis: int
+
+    def check(self, value: Any) -> None:
+        if isinstance(value, torch.Tensor) and value.dim() > self.axis and value.shape[self.axis] != 1:
+            raise ValueError(f"{self.op} single: takes one row, got {value.shape[self.axis]}; use the batched variant")
+
+
+def wrap(spec: CallSpec, fn: Callable, row_limit: RowLimit | None = None) -> Callable:
+    """Wrap `fn` so calls are recorded while a recording is active (and verified while its op is),
+    and, with `row_limit`, refused when they pass more than one row.
+
+    With neither the wrapper costs one global read and a call (and the row check, one shape
+    read): it is compiled with `fn`'s own parameters, so that nothing is packed into *args and
+    **kwargs on the way."""
     signature = inspect.signature(fn)
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -934,18 +949,36 @@ def wrap(spec: CallSpec, fn: Callable) -> Callable:
             return verifier(spec, run, signature, args, kwargs)
         return run(*args, **kwargs)
 
-    captured = functools.wraps(fn)(_fast_path(fn, signature, record) or record)
+    captured = functools.wraps(fn)(_fast_path(fn, signature, record, row_limit) or _limited(record, signature,
+                                                                                          row_limit))
     captured.__replay_spec__ = spec
     return captured
 
 
+def _limited(record: Callable, signature: inspect.Signature, row_limit: RowLimit | None) -> Callable:
+    """`record` with the row check done on its bound arguments, where no wrapper could be compiled."""
+    if row_limit is None:
+        return record
+
+    def limited(*args: Any, **kwargs: Any) -> Any:
+        try:
+            row_limit.check(signature.bind(*args, **kwargs).arguments.get(row_limit.name))
+        except TypeError:  # the call itself is wrong: let the function raise its own error
+            pass
+        return record(*args, **kwargs)
+    return limited
+
+
 _FAST_PREFIX = "_replay_"
+_replay_Tensor = torch.Tensor  # what a compiled row check tests against (read from this module's globals)
 
 
-def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable) -> Callable | None:
+def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable,
+               row_limit: RowLimit | None = None) -> Callable | None:
     """A function with `fn`'s parameters that calls `fn` while nothing intercepts calls and
-    `record` otherwise; None where the parameters cannot be written out again, or may not be what
-    `fn` takes (a decorated function: its signature is its wrapped one's; a partial; an object)."""
+    `record` otherwise, checking `row_limit` first (inline: a shape read); None where the
+    parameters cannot be written out again, or may not be what `fn` takes (a decorated function:
+    its signature is its wrapped one's; a partial; an object)."""
     if not inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
         return None
     params, passed, defaults = [], [], {}
@@ -966,16 +999,25 @@ def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable) -> 
         passed.append({kinds.VAR_POSITIONAL: f"*{p.name}", kinds.VAR_KEYWORD: f"**{p.name}",
                        kinds.KEYWORD_ONLY: f"{p.name}={p.name}"}.get(p.kind, p.name))
     arguments, call = ", ".join(params), ", ".join(passed)
-    factory = ", ".join([f"{_FAST_PREFIX}fn", f"{_FAST_PREFIX}record", *defaults])
+    factory = ", ".join([f"{_FAST_PREFIX}fn", f"{_FAST_PREFIX}record", f"{_FAST_PREFIX}limit", *defaults])
+    guard = ""
+    if row_limit is not None:
+        if row_limit.name not in signature.parameters:
+            return None
+        value, axis = row_limit.name, row_limit.axis
+        guard = (f"        if isinstance({value}, {_FAST_PREFIX}Tensor) and {value}.dim() > {axis} "
+                 f"and {value}.shape[{axis}] != 1:\n"
+                 f"            {_FAST_PREFIX}limit.check({value})\n")
     source = (f"def {_FAST_PREFIX}make({factory}):\n"
               f"    def captured({arguments}):\n"
+              f"{guard}"
               f"        if not _intercepting:\n"
               f"            return {_FAST_PREFIX}fn({call})\n"
               f"        return {_FAST_PREFIX}record({call})\n"
               f"    return captured\n")
     made: dict[str, Any] = {}
     exec(compile(source, f"<replay capture of {fn.__qualname__}>", "exec"), globals(), made)  # reads _intercepting live
-    captured = made[f"{_FAST_PREFIX}make"](fn, record, *defaults.values())
+    captured = made[f"{_FAST_PREFIX}make"](fn, record, row_limit, *defaults.values())
     # a wrong call's TypeError names the function, as the function itself would (co_qualname: 3.11 on)
     names = {"co_name": fn.__name__, **({"co_qualname": fn.__qualname__} if sys.version_info >= (3, 11) else {})}
     captured.__code__ = captured.__code__.replace(**names)

@@ -8,21 +8,17 @@ implementations; calling one records the call while a recording is active.
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib
 import inspect
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 import torch
 
 from replay import recorder as _recorder
-from replay.errors import ProviderImportError, RegistryError
+from replay.errors import RegistryError
 from replay.kernel_rules import KernelRules
 from replay.tolerance import DEFAULT, EXACT, Tolerance
-from replay.trust import ProviderTrust
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -89,7 +85,7 @@ class Op:
 
         def register(fn: F) -> F:
             spec = _recorder.CallSpec(self.name, name, self.provider, self.state, self.mutates, self.outputs)
-            captured = _recorder.wrap(spec, self._one_row(fn) if name == SINGLE else fn)
+            captured = _recorder.wrap(spec, fn, self._row_limit(fn) if name == SINGLE else None)
             captured.variant = self.variants[name] = Variant(self, name, fn, backends, captured)
             self._keep_canonical_order()
             return captured
@@ -122,16 +118,11 @@ class Op:
         self.single(fn)
         return self.batched(fn)
 
-    def _one_row(self, fn: F) -> F:
-        signature = inspect.signature(fn)
-
-        @functools.wraps(fn)
-        def one_row(*args: Any, **kwargs: Any) -> Any:
-            rows = self.rows(signature.bind(*args, **kwargs).arguments)
-            if rows is not None and rows != 1:
-                raise ValueError(f"{self.name} single: takes one row, got {rows}; use the batched variant")
-            return fn(*args, **kwargs)
-        return one_row  # type: ignore[return-value]
+    def _row_limit(self, fn: Callable[..., Any]) -> _recorder.RowLimit | None:
+        """The guard of a single variant: its first parameter with a batch axis holds one row."""
+        parameters = inspect.signature(fn).parameters
+        name = next((n for n in self.batch_axes if n in parameters), None)
+        return _recorder.RowLimit(self.name, name, self.batch_axes[name]) if name is not None else None
 
     def rows(self, arguments: Mapping[str, Any]) -> int | None:
         """Rows in a call: the extent of the first argument with a batch axis, if any."""
@@ -140,6 +131,15 @@ class Op:
             if isinstance(value, torch.Tensor) and value.dim() > axis:
                 return value.shape[axis]
         return None
+
+    def row_arguments(self, arguments: Mapping[str, Any], row: int) -> dict[str, Any]:
+        """The arguments of the single-row call for `row`: `split_row`'s, else each batch-axis
+        tensor narrowed to that row (a view) and every other argument as it is."""
+        if self.split_row is not None:
+            return self.split_row(dict(arguments), row)
+        return {name: value.narrow(self.batch_axes[name], row, 1)
+                if name in self.batch_axes and isinstance(value, torch.Tensor) else value
+                for name, value in arguments.items()}
 
     @contextlib.contextmanager
     def replacing(self, name: str, fn: Callable[..., Any]) -> Iterator[Callable[..., Any]]:
@@ -287,43 +287,3 @@ def get_op(name: str) -> Op:
 
 def all_ops() -> dict[str, Op]:
     return dict(_OPS)
-
-
-def load_provider(module: str, code_dir: str | Path | None = None) -> None:
-    """Import the module that declares an op; with `code_dir`, from that tree first.
-
-    Only `module`'s top-level package is taken from `code_dir` (any copy already
-    imported from elsewhere is dropped), so the harness itself stays this one. A module
-    that no longer exists inside a package that imports fine (it was renamed or merged
-    since the snapshot was recorded) is no error: the package may register the op itself.
-    """
-    if code_dir is not None:
-        root = str(Path(code_dir).resolve())
-        top = module.split(".")[0]
-        if root not in sys.path:
-            sys.path.insert(0, root)
-        loaded = sys.modules.get(top)
-        origin = getattr(loaded, "__file__", None) or ""
-        if loaded is not None and not origin.startswith(root):
-            for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
-                del sys.modules[name]
-    try:
-        importlib.import_module(module)
-    except Exception as exc:  # any failure of the code under test makes it untestable
-        moved = isinstance(exc, ModuleNotFoundError) and exc.name == module and "." in module
-        if moved:
-            return
-        raise ProviderImportError(f"provider module '{module}' failed to import: "
-                                  f"{type(exc).__name__}: {exc}") from exc
-
-
-def trusted_ops(names: Iterable[str], providers: Iterable[str] = (), code_dir: str | Path | None = None) -> list[Op]:
-    """The ops called `names` once every trusted provider is imported (declared in entry points,
-    named in `providers`); with no name, every op that registers examples."""
-    for module in sorted(ProviderTrust.of(providers, Path(code_dir) if code_dir else None).modules):
-        load_provider(module, code_dir)
-    names = list(names) or sorted(op.name for op in _OPS.values() if op.examples)
-    if not names:
-        raise RegistryError("no op with examples is registered: name a provider with --provider MOD")
-    return [get_op(name) for name in names]
-

@@ -7,9 +7,9 @@ chooses the code on its own: a provider is imported only if the user trusts it, 
 - an installed package declares it in the `replay.providers` entry-point group (this
   project's `kernels` does, in pyproject.toml);
 - the user names it, `--provider MOD` (a module, or a package and its submodules);
-- it is a package (a directory with __init__.py) at the top of the tree the user gave with
-  `--code DIR` (`replay bisect` gives its worktrees); loose .py files there (setup.py, a
-  noxfile) are not trusted.
+- it is a package (a directory with __init__.py) or a loose module (a .py file) at the top
+  of the tree the user gave with `--code DIR` (`replay bisect` gives its worktrees): giving a
+  tree trusts the code in it.
 
 The harness itself (`replay`) is never a provider. Anything else is refused before any
 import, with a line saying how to trust it. `python -m replay` drops the working directory
@@ -51,13 +51,21 @@ class ProviderTrust:
             return False
         if any(module == m or module.startswith(m + ".") for m in self.modules):
             return True
-        return self.code_dir is not None and (self.code_dir / top / "__init__.py").is_file()
+        return self.code_dir is not None and ((self.code_dir / top / "__init__.py").is_file()
+                                              or (self.code_dir / f"{top}.py").is_file())
 
     def check(self, module: str, where: str) -> None:
         """Raise UntrustedProviderError (exit 2) unless `module` may be imported."""
         if not self.allows(module):
             raise UntrustedProviderError(
                 f"{where}: provider module '{module}' is not trusted, so it is not imported (a snapshot does not "
-                f"choose the code replay runs); trust it with --provider {module.split('.')[0]}, with --code DIR "
-                f"for a tree holding it, or by installing a package that declares it in the "
-                f"'{ENTRY_POINT_GROUP}' entry-point group")
+                f"choose the code replay runs); trust it with {_advice(module.split('.')[0])}, or by installing a "
+                f"package that declares it in the '{ENTRY_POINT_GROUP}' entry-point group")
+
+
+def _advice(top: str) -> str:
+    """How to trust `top`: `--code .` when it sits in the current directory, else the general forms."""
+    here = Path.cwd()
+    if (here / top / "__init__.py").is_file() or (here / f"{top}.py").is_file():
+        return f"--code . (it is in the current directory) or --provider {top}"
+    return f"--provider {top}, or with --code DIR for a tree holding it"

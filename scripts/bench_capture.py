@@ -70,12 +70,16 @@ def overhead_rows(iterations: int, repeats: int) -> list[tuple[str, float, float
     def small_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.add(x, y)
 
-    a, b = torch.randn(1024), torch.randn(1024)
+    a, b = torch.randn(1, 1024), torch.randn(1, 1024)
     rows = []
     for label, fn in (("python no-op (x, y) -> x", noop), ("torch.add, 1024 fp32", small_add)):
         captured = replay.capture(f"bench_{fn.__name__}")(fn)  # what users call: the recorder's wrapper
         rows.append((label, median_ns_per_call(lambda: fn(a, b), iterations, repeats),
                      median_ns_per_call(lambda: captured(a, b), iterations, repeats)))
+    # a single-vector variant also checks that it is handed one row (one shape read)
+    single = replay.op("bench_rows", batch_axes={"x": 0}).single(noop)
+    rows.append(("python no-op, as an op's single variant", median_ns_per_call(lambda: noop(a, b), iterations, repeats),
+                 median_ns_per_call(lambda: single(a, b), iterations, repeats)))
     return rows
 
 

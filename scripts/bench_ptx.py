@@ -52,11 +52,11 @@ def main() -> None:
     from replay.device import use_interpreter_without_gpu
     from replay.ptx.check import check_sources
     from replay.ptx.sources import op_ptx
-    from replay.registry import trusted_ops
+    from replay.code import KernelCode
 
     device = use_interpreter_without_gpu()
     archs = [int(a.removeprefix("sm_")) for a in options.arch.split(",")]
-    sources = op_ptx(trusted_ops([], ["kernels"]), archs, getattr(torch, options.dtype), device)
+    sources = op_ptx(KernelCode(providers=["kernels"]).ops([]), archs, getattr(torch, options.dtype), device)
     started = time.perf_counter()
     check_sources(sources)
     analysis = time.perf_counter() - started

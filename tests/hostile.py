@@ -159,6 +159,8 @@ def outside_file(path: Path) -> Path:
 # name -> (mutation, what the one-line error must say)
 HOSTILE: dict[str, tuple[Callable[[Path], Path], str]] = {
     # manifest: wrong JSON types, sizes, literals, depth
+    "argument a $float wrapping a list": (edit_call(lambda c: c["args"][3].update(json={"$float": [1]})),
+                                          "malformed wrapper"),
     "manifest environment a list": (edit_manifest(lambda m: m.update(environment=[1, 2])), "environment"),
     "manifest producer a string": (edit_manifest(lambda m: m.update(producer="me")), "producer"),
     "manifest capture_errors an int": (edit_manifest(lambda m: m.update(capture_errors=3)), "capture_errors"),

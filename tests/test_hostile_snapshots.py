@@ -189,23 +189,27 @@ def test_interrupts_and_bugs_have_exit_codes_of_their_own(raised: BaseException,
                                                           pristine: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*args: object, **kwargs: object) -> None:
         raise raised
-    monkeypatch.setattr("replay.engine.session.replay_call", fail)
+    monkeypatch.setattr("replay.engine.session._run_and_check", fail)
     result = replay("run", str(pristine), "--provider", hostile.PROVIDER)
     assert result.exit_code == code and result.stderr.strip().splitlines() == [result.stderr.strip()]
     assert result.stderr.startswith(says) and "Traceback" not in result.output
 
 
-def test_the_harness_and_loose_modules_under_code_are_never_providers(snapshot: Path, tmp_path: Path) -> None:
+def test_the_harness_is_never_a_provider_and_code_under_code_is_trusted(snapshot: Path, tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)
     (tree / "pkg" / "__init__.py").write_text("")
     (tree / "setup.py").write_text("raise SystemExit('setup.py ran')\n")
-    for provider in ("replay.__main__", "setup"):
+    hostile.edit_call(lambda call: call.update(provider="replay.__main__"))(snapshot)
+    result = replay("run", str(snapshot), "--code", str(tree))
+    assert_one_line_error(result, snapshot, "provider module 'replay.__main__' is not trusted")
+    for provider in ("pkg", "setup"):  # giving a tree trusts its packages and loose modules alike
         hostile.edit_call(lambda call: call.update(provider=provider))(snapshot)
-        result = replay("run", str(snapshot), "--code", str(tree))
-        assert_one_line_error(result, snapshot, f"provider module '{provider}' is not trusted")
-    hostile.edit_call(lambda call: call.update(provider="pkg"))(snapshot)
-    assert "is not trusted" not in replay("run", str(snapshot), "--code", str(tree), "--call", "0").stderr  # a package is
+        result = replay("run", str(snapshot), "--code", str(tree), "--call", "0")
+        assert "is not trusted" not in result.stderr
+    # a module that exits as it is imported is code that cannot be tested, not the end of replay
+    assert result.exit_code == 125 and "provider module 'setup' failed to import: SystemExit: setup.py ran" in \
+        result.stderr
 
 
 def test_python_m_replay_does_not_import_providers_from_the_working_directory(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import torch
 from click.testing import CliRunner
 
 import kernels  # noqa: F401 (registers the ops)
+import replay
 from replay.cli import main
 from replay.registry import get_op
 
@@ -77,3 +78,50 @@ def test_recorded_calls_are_checked_on_their_own_rows() -> None:
     with get_op("rmsnorm").replacing("batched", rmsnorm_switching_with_batch):
         code, report = invariance(*args)
     assert code == 1 and not verdicts(report)[("batch", 3)] and verdicts(report)[("batch", 1)]
+
+
+def _rotate(x: torch.Tensor, position_buf: torch.Tensor) -> torch.Tensor:
+    return (x.double() * torch.cos(position_buf.double())[:, None]).to(x.dtype)
+
+
+def _causal_softmax(scores: torch.Tensor, kv_cache_lengths: torch.Tensor) -> torch.Tensor:
+    keys = torch.arange(scores.shape[1])[None, :]
+    return torch.softmax(scores.masked_fill(keys >= kv_cache_lengths[:, None], float("-inf")), dim=-1)
+
+
+def _per_row(*names: str):
+    """split_row for ops whose per-row state is no batch-axis argument: each row takes its own entry."""
+    return lambda args, r: {k: v[r:r + 1] if k in names else v for k, v in args.items()}
+
+
+rope_split = replay.op("inv_rope_split_row", batch_axes={"x": 0, "out": 0}, split_row=_per_row("x", "position_buf"))
+rope_split.batched(_rotate)
+rope_split.example()(lambda rows, dtype, device: {"x": torch.randn(rows, 8, dtype=dtype, device=device),
+                                                  "position_buf": torch.arange(rows, device=device) + 5})
+softmax_split = replay.op("inv_causal_softmax", batch_axes={"scores": 0, "out": 0},
+                          split_row=_per_row("scores", "kv_cache_lengths"))
+softmax_split.batched(_causal_softmax)
+softmax_split.example()(lambda rows, dtype, device: {"scores": torch.randn(rows, 16, dtype=dtype, device=device),
+                                                     "kv_cache_lengths": torch.arange(rows, device=device) % 16 + 1})
+
+
+def test_rows_are_cut_as_single_cuts_them_so_per_row_state_is_no_false_alarm() -> None:
+    code, report = invariance("inv_rope_split_row", "inv_causal_softmax", "--batch-sizes", "1,3,8", "--chunks", "3",
+                              "--pad", "2")
+    assert code == 0, report
+    assert len(verdicts(report)) == 5 and all(verdicts(report).values())
+
+
+def test_a_recorded_op_with_no_batch_axis_is_not_applicable(tmp_path: Path) -> None:
+    @replay.capture("inv_no_batch_axis")
+    def total(x: torch.Tensor) -> torch.Tensor:
+        return x.sum()
+
+    with replay.recording(tmp_path / "snap"):
+        total(torch.ones(4))
+        get_op("rmsnorm").variants["batched"](torch.randn(3, 32), torch.ones(32), 1e-6)
+    code, report = invariance("--snapshot", str(tmp_path / "snap"), "--batch-sizes", "1,3", "--chunks", "3",
+                              "--pad", "1", "--provider", __name__)
+    assert code == 0, report
+    skipped = {op["op"]: op["skipped"] for op in report["ops"]}
+    assert skipped == {"inv_no_batch_axis": "it declares no batch axis: batch invariance is about rows", "rmsnorm": None}

@@ -8,6 +8,7 @@ import inspect
 
 import replay
 from replay import registry, tolerance
+from replay.code import KernelCode
 from replay.errors import ProviderImportError, RegistryError
 
 
@@ -78,8 +79,9 @@ def test_tolerance_per_dtype_with_defaults() -> None:
 
 def test_provider_import_failure_is_untestable() -> None:
     with pytest.raises(ProviderImportError, match="'no_such_provider_module' failed to import") as info:
-        registry.load_provider("no_such_provider_module")
+        KernelCode(providers=["no_such_provider_module"]).import_provider("no_such_provider_module", "here")
     assert info.value.exit_code == 125
+    assert "give --code DIR for the tree that holds 'no_such_provider_module'" in str(info.value)
 
 
 def test_decorated_variants_keep_their_name_signature_and_docstring() -> None:
@@ -128,8 +130,8 @@ def test_provider_module_moved_inside_its_package_still_provides(tmp_path, monke
     package.mkdir()
     (package / "__init__.py").write_text("from reg_moved_pkg import merged  # noqa: F401\n")
     (package / "merged.py").write_text("import replay\nreplay.op('reg_moved_op')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    registry.load_provider("reg_moved_pkg.old_name")  # recorded before old_name.py was merged
+    code = KernelCode(tmp_path, ["reg_missing_pkg"])
+    code.import_provider("reg_moved_pkg.old_name", "here")  # recorded before old_name.py was merged
     assert replay.get_op("reg_moved_op").provider == "reg_moved_pkg.merged"
     with pytest.raises(ProviderImportError, match="'reg_missing_pkg.module' failed to import"):
-        registry.load_provider("reg_missing_pkg.module")
+        code.import_provider("reg_missing_pkg.module", "here")

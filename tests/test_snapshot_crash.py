@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from fixtures.make_fixture_snapshot import make_fixture_snapshot
+from replay.errors import SnapshotError
 from replay.snapshot import Snapshot
 
 # Records forever: every call writes a 256 KiB blob (its input) and a 256 KiB inline
@@ -71,12 +72,16 @@ def test_sigkill_mid_recording_leaves_finished_calls_readable(seed: int, tmp_pat
     assert sorted(e.index for e in read.entries) == list(range(len(read)))
 
 
-def test_cut_off_index_line_and_leftover_temporary_are_ignored(tmp_path: Path) -> None:
+def test_cut_off_index_line_is_reported_and_the_whole_lines_kept(tmp_path: Path) -> None:
     snapshot = make_fixture_snapshot(tmp_path / "snap")
     complete = len(Snapshot(snapshot))
     with open(snapshot / "calls.jsonl", "a") as f:
-        f.write('{"index": 99, "op": "fixture_linear", "variant": "defa')  # killed mid-append
+        f.write('{"index": 99, "op": "fixture_linear", "variant": "defa')  # a short write
     (snapshot / "calls" / ".000099-fixture_linear.safetensors.1.2.tmp").write_bytes(b"half a file")
-    read = Snapshot(snapshot)
+    read = Snapshot(snapshot, strict=False)
     assert len(read) == complete
     assert all(record.index != 99 for record in read)
+    assert read.problems == [f"{snapshot / 'calls.jsonl'}:{complete + 1}: the last line is cut short (54 bytes, no "
+                             "newline): its call is not indexed"]
+    with pytest.raises(SnapshotError, match="the last line is cut short"):
+        Snapshot(snapshot)  # strict, as every command but run, show and diff opens one

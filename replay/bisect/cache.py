@@ -42,24 +42,25 @@ def snapshot_digest(snapshot: Path | None) -> str:
 
 
 class ProbeCache:
-    def __init__(self, path: Path, snapshot: str, command: str) -> None:
+    def __init__(self, path: Path, snapshot: str) -> None:
         self.path = path
-        self._scope = hashlib.sha256(f"{snapshot}\0{command}".encode()).hexdigest()[:16]
+        self._snapshot = snapshot
         self._lock = threading.Lock()
         self._warned: set[str] = set()  # each kind of trouble is told once, however often it is met
         self._entries = self._read()
 
-    def get(self, sha: str) -> ProbeOutcome | None:
-        entry = self._entries.get(self._key(sha))
+    def get(self, sha: str, command: str) -> ProbeOutcome | None:
+        """What `command` (a ProbeCommand's identity) found at `sha` before, if it was kept."""
+        entry = self._entries.get(self._key(sha, command))
         return ProbeOutcome.from_json(entry) if entry is not None else None
 
-    def put(self, sha: str, outcome: ProbeOutcome) -> None:
+    def put(self, sha: str, command: str, outcome: ProbeOutcome) -> None:
         if not _usable_outcome(outcome):  # a timeout, an odd exit code, a report nested past reason
             return
         entry = _compact(outcome).to_json()
         with self._lock:
             entries = {**self._read(), **self._entries}  # keep what a concurrent run wrote
-            entries[self._key(sha)] = entry
+            entries[self._key(sha, command)] = entry
             self._entries = entries
             data = json.dumps({"version": CACHE_VERSION, "entries": entries})
             try:
@@ -67,8 +68,9 @@ class ProbeCache:
             except OSError as exc:  # a full disk, a directory in the way: bisect on, unremembered
                 self._warn_once("write", f"{self.path}: cannot write ({exc.strerror or exc}); results are not kept")
 
-    def _key(self, sha: str) -> str:
-        return f"{sha}:{self._scope}"
+    def _key(self, sha: str, command: str) -> str:
+        scope = hashlib.sha256(f"{self._snapshot}\0{command}".encode()).hexdigest()[:16]
+        return f"{sha}:{scope}"
 
     def _read(self) -> dict[str, Any]:
         """The usable entries on disk: the rest is reported once, and left out of the next write."""

@@ -13,10 +13,10 @@ from replay.bisect import interrupts
 from replay.bisect.cache import CACHE_NAME, ProbeCache, snapshot_digest
 from replay.errors import BisectError
 from replay.bisect.history import describe_commit, first_parent, load_range, open_repo, resolve_commit
-from replay.bisect.probe import ProbeCommand
+from replay.bisect.oracle import Oracle, choose
 from replay.bisect.prober import Prober
-from replay.bisect.result import BisectResult, ProbeRecord
-from replay.bisect.search import BAD, GOOD, SKIP, BisectSearch, CommitGraph
+from replay.bisect.result import BisectResult
+from replay.bisect.search import BisectSearch, CommitGraph
 from replay.bisect.steps import Step, StepHandler
 from replay.bisect.worktrees import remove_stale
 from replay.snapshot.writer import MANIFEST
@@ -34,6 +34,7 @@ class BisectOptions:
     timeout: float | None = None  # seconds per probe; past it the commit is skipped
     reuse_cache: bool = True  # False probes every commit again (results are still stored)
     providers: tuple[str, ...] = ()  # provider modules the user trusts, passed on to each `replay run`
+    oracle: str = "auto"  # what a commit is held to (replay/bisect/oracle.py): auto, reference, good-end, recorded
 
 
 def run_bisect(options: BisectOptions, on_step: StepHandler | None = None) -> BisectResult:
@@ -54,20 +55,23 @@ def _run(options: BisectOptions, emit: StepHandler) -> BisectResult:
     good = resolve_commit(repo, options.good, "--good")
     bad = resolve_commit(repo, options.bad, "--bad")
     snapshot = _resolve_snapshot(options.snapshot)
-    command = _probe_command(options.run, snapshot, options.providers)
+    if options.run is None and snapshot is None:
+        raise BisectError("nothing to probe with: give a SNAPSHOT to replay, or --run CMD")
     graph = load_range(repo, good, bad, options.first_parent)
     for path in remove_stale(repo):
         emit(Step("prune", f"removed worktree {path}, left behind by a killed run"))
-    cache = ProbeCache(Path(repo.common_dir) / CACHE_NAME, snapshot_digest(snapshot), command.identity)
+    cache = ProbeCache(Path(repo.common_dir) / CACHE_NAME, snapshot_digest(snapshot))
     rounds_needed = math.ceil(math.log(len(graph)) / math.log(options.jobs + 1) - 1e-9)
+    probe = f"`{options.run}`" if options.run is not None else f"replay run {snapshot}"
     emit(Step("start", f"bisecting {len(graph)} commits after {good[:10]} (good) up to {bad[:10]} (bad) "
-                       f"with `{command.label}`, {options.jobs} at a time: about {rounds_needed} rounds",
+                       f"with {probe}, {options.jobs} at a time: about {rounds_needed} rounds",
               data={"good": good, "bad": bad, "range_size": len(graph), "jobs": options.jobs}))
     prober = None
     try:
         with interrupts.deferred():  # a Prober made is a Prober closed: it owns a temporary root
-            prober = Prober(repo, command, cache, emit, options.jobs, options.timeout, options.reuse_cache)
-        return _bisect(repo, graph, good, bad, prober, options.jobs, emit, started)
+            prober = Prober(repo, cache, emit, options.jobs, options.timeout, options.reuse_cache)
+        oracle = choose(options.oracle, prober, snapshot, options.providers, options.run, good, bad, emit)
+        return _bisect(repo, graph, good, bad, prober, oracle, options.jobs, emit, started)
     finally:
         if prober is not None:
             with interrupts.deferred():
@@ -97,19 +101,9 @@ def _resolve_snapshot(snapshot: Path | None) -> Path | None:
     return path
 
 
-def _probe_command(run: str | None, snapshot: Path | None, providers: tuple[str, ...]) -> ProbeCommand:
-    if run is not None:
-        return ProbeCommand.shell(run, snapshot)
-    if snapshot is None:
-        raise BisectError("nothing to probe with: give a SNAPSHOT to replay, or --run CMD")
-    return ProbeCommand.engine(snapshot, providers)
-
-
-def _bisect(repo: git.Repo, graph: CommitGraph, good: str, bad: str, prober: Prober, jobs: int,
+def _bisect(repo: git.Repo, graph: CommitGraph, good: str, bad: str, prober: Prober, oracle: Oracle, jobs: int,
             emit: StepHandler, started: float) -> BisectResult:
-    ends = prober.probe([good, bad], "endpoint", 0)
-    _check_ends(ends[good], ends[bad])
-    search, rounds = _search(graph, prober, jobs, emit)
+    search, rounds = _search(graph, prober, oracle, jobs, emit)
     warnings = [f"{graph.shas[g][:10]} tested good although it descends from {graph.shas[b][:10]}, "
                 f"which tested bad: the test is not monotone here" for g, b in search.contradictions()]
     for warning in warnings:
@@ -119,26 +113,29 @@ def _bisect(repo: git.Repo, graph: CommitGraph, good: str, bad: str, prober: Pro
     first_bad = candidates[0] if outcome.first_bad is not None else None
     first_bad_probe = parent_probe = None
     if first_bad is not None:
-        first_bad_probe = prober.record_for(first_bad.sha)
+        first_bad_probe = prober.record_for(first_bad.sha, oracle.command)
         parent = first_parent(repo, first_bad.sha)
         if parent is not None:
-            parent_probe = prober.record_for(parent) or prober.probe([parent], "parent", rounds)[parent]
+            parent_probe = (prober.record_for(parent, oracle.command)
+                            or prober.probe([parent], "parent", rounds, oracle.command)[parent])
         emit(Step("done", f"first bad commit {first_bad.short} {first_bad.subject}"))
     else:
         emit(Step("done", f"skipped commits leave {len(candidates)} candidates: "
                           + " ".join(c.short for c in candidates)))
-    return BisectResult(good=good, bad=bad, command=prober.command.label, range_size=len(graph),
+    return BisectResult(good=good, bad=bad, command=oracle.command.label, oracle=oracle.name,
+                        oracle_note=oracle.note, range_size=len(graph),
                         first_bad=first_bad, candidates=candidates, first_bad_probe=first_bad_probe,
                         parent_probe=parent_probe, probes=prober.records, rounds=rounds,
                         seconds=time.monotonic() - started, warnings=warnings)
 
 
-def _search(graph: CommitGraph, prober: Prober, jobs: int, emit: StepHandler) -> tuple[BisectSearch, int]:
+def _search(graph: CommitGraph, prober: Prober, oracle: Oracle, jobs: int,
+            emit: StepHandler) -> tuple[BisectSearch, int]:
     """Narrow the range with what the cache knows, then in rounds of `jobs` probes; return the rounds."""
     search = BisectSearch(graph)
     index = {sha: i for i, sha in enumerate(graph.shas)}
-    known = [sha for sha in graph.shas[:-1] if prober.cached(sha)]  # the tip is bad already
-    for sha, record in prober.probe(known, "search", 0).items():
+    known = [sha for sha in graph.shas[:-1] if prober.cached(sha, oracle.command)]  # the tip is bad already
+    for sha, record in prober.probe(known, "search", 0, oracle.command).items():
         search.record(index[sha], record.outcome.verdict)
     if known:
         emit(Step("cache", f"{len(known)} commits in the range were tested before; "
@@ -146,23 +143,8 @@ def _search(graph: CommitGraph, prober: Prober, jobs: int, emit: StepHandler) ->
     rounds = 0
     while batch := search.next_batch(jobs):
         rounds += 1
-        for sha, record in prober.probe([graph.shas[i] for i in batch], "search", rounds).items():
+        for sha, record in prober.probe([graph.shas[i] for i in batch], "search", rounds, oracle.command).items():
             search.record(index[sha], record.outcome.verdict)
         emit(Step("round", f"{rounds}: {search.remaining()} commit(s) may be first bad",
                   data={"round": rounds, "remaining": search.remaining()}))
     return search, rounds
-
-
-def _check_ends(good: ProbeRecord, bad: ProbeRecord) -> None:
-    problems = []
-    if good.outcome.verdict == BAD:
-        problems.append(f"--good {good.sha[:10]} is actually bad: the probe fails there "
-                        f"({good.outcome.reason}); pick an older good commit")
-    if bad.outcome.verdict == GOOD:
-        problems.append(f"--bad {bad.sha[:10]} is actually good: the probe passes there; "
-                        f"pick a newer bad commit, or check the test")
-    for name, end in (("--good", good), ("--bad", bad)):
-        if end.outcome.verdict == SKIP:
-            problems.append(f"{name} {end.sha[:10]} cannot be tested ({end.outcome.reason})")
-    if problems:
-        raise BisectError("; ".join(problems))

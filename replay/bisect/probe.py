@@ -41,11 +41,18 @@ class ProbeCommand:
     snapshot: Path | None = None
     shell_line: str | None = None
     providers: tuple[str, ...] = ()  # the provider modules the user trusts, passed on to each probe
+    oracle: tuple[str, ...] = ()  # `replay run`'s options that say what a commit is checked against
+    # what the oracle options mean, for the cache: a path of this run's own (a good end's outputs)
+    # is said by what it holds, so that a later run finds the same key
+    oracle_identity: str = ""
 
     @classmethod
-    def engine(cls, snapshot: Path, providers: tuple[str, ...] = ()) -> ProbeCommand:
-        return cls(label=f"replay run {snapshot} --code WORKTREE{_trust_flags(providers)} --json -",
-                   snapshot=snapshot, providers=providers)
+    def engine(cls, snapshot: Path, providers: tuple[str, ...] = (), oracle: tuple[str, ...] = (),
+               oracle_identity: str | None = None) -> ProbeCommand:
+        options = "".join(f" {o}" for o in oracle)
+        return cls(label=f"replay run {snapshot} --code WORKTREE{options}{_trust_flags(providers)} --json -",
+                   snapshot=snapshot, providers=providers, oracle=oracle,
+                   oracle_identity=options if oracle_identity is None else oracle_identity)
 
     @classmethod
     def shell(cls, line: str, snapshot: Path | None = None) -> ProbeCommand:
@@ -54,15 +61,17 @@ class ProbeCommand:
     @property
     def identity(self) -> str:
         """What the cache keys on: the shell line, or the engine (its snapshot is keyed by digest)."""
-        return self.shell_line if self.shell_line is not None else f"replay run --json{_trust_flags(self.providers)}"
+        if self.shell_line is not None:
+            return self.shell_line
+        return f"replay run --json{self.oracle_identity}{_trust_flags(self.providers)}"
 
     def invocation(self, worktree: Path, neutral_dir: Path) -> Invocation:
         if self.shell_line is not None:
             return Invocation(self.shell_line, worktree, {})
         assert self.snapshot is not None
         pythonpath = os.pathsep.join(p for p in (str(HARNESS_ROOT), os.environ.get("PYTHONPATH")) if p)
-        argv = [sys.executable, "-m", "replay", "run", str(self.snapshot), "--code", str(worktree), "--json", "-",
-                *(arg for p in self.providers for arg in ("--provider", p))]
+        argv = [sys.executable, "-m", "replay", "run", str(self.snapshot), *self.oracle,
+                *(arg for p in self.providers for arg in ("--provider", p)), "--code", str(worktree), "--json", "-"]
         return Invocation(argv, neutral_dir, {"PYTHONPATH": pythonpath})
 
 
@@ -115,19 +124,18 @@ def verdict_for(exit_code: int) -> tuple[str, str]:
 class ProbeRunner:
     """Runs probes (from any thread) and kills every one still running on cancel()."""
 
-    def __init__(self, command: ProbeCommand, timeout: float | None, neutral_dir: Path) -> None:
-        self.command = command
+    def __init__(self, timeout: float | None, neutral_dir: Path) -> None:
         self.timeout = timeout
         self.neutral_dir = neutral_dir
         self._live: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
         self._cancelled = False
 
-    def run(self, worktree: Path, sha: str, device: str | None = None) -> ProbeOutcome:
-        call = self.command.invocation(worktree, self.neutral_dir)
+    def run(self, command: ProbeCommand, worktree: Path, sha: str, device: str | None = None) -> ProbeOutcome:
+        call = command.invocation(worktree, self.neutral_dir)
         env = {**os.environ, **call.env, "REPLAY_BISECT_COMMIT": sha, "REPLAY_BISECT_WORKTREE": str(worktree)}
-        if self.command.snapshot is not None:
-            env["REPLAY_SNAPSHOT"] = str(self.command.snapshot)
+        if command.snapshot is not None:
+            env["REPLAY_SNAPSHOT"] = str(command.snapshot)
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
         start = time.monotonic()

@@ -41,52 +41,59 @@ def device_for(slot: int, gpus: list[str]) -> str | None:
 class Prober:
     """Probes commits, up to `jobs` at a time, each in its own worktree; reuses and fills the cache."""
 
-    def __init__(self, repo: git.Repo, command: ProbeCommand, cache: ProbeCache, emit: StepHandler, jobs: int,
+    def __init__(self, repo: git.Repo, cache: ProbeCache, emit: StepHandler, jobs: int,
                  timeout: float | None, reuse_cache: bool) -> None:
-        self.command = command
         self.records: list[ProbeRecord] = []
         self._reuse = reuse_cache
         self._cache = cache
         self._emit = emit
         self._gpus = visible_gpus(jobs)
         self._worktrees = Worktrees(repo)
-        self._runner = ProbeRunner(command, timeout, self._worktrees.neutral_dir)
+        self.scratch = self._worktrees.root / "scratch"  # files probes leave for the bisect (gone on close)
+        self.scratch.mkdir()
+        self._runner = ProbeRunner(timeout, self._worktrees.neutral_dir)
         self._executor = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="replay-probe")
 
-    def cached(self, sha: str) -> ProbeOutcome | None:
-        return self._cache.get(sha) if self._reuse else None
+    def cached(self, sha: str, command: ProbeCommand) -> ProbeOutcome | None:
+        return self._cache.get(sha, command.identity) if self._reuse else None
 
-    def record_for(self, sha: str) -> ProbeRecord | None:
-        return next((r for r in self.records if r.sha == sha), None)
+    def record_for(self, sha: str, command: ProbeCommand) -> ProbeRecord | None:
+        return next((r for r in self.records if r.sha == sha and r.command == command.label), None)
 
-    def probe(self, shas: list[str], purpose: str, round_: int) -> dict[str, ProbeRecord]:
-        """Each commit's record: from the cache, else from probes run in parallel."""
+    def probe(self, shas: list[str], purpose: str, round_: int, command: ProbeCommand) -> dict[str, ProbeRecord]:
+        """Each commit's record under `command`: from the cache, else from probes run in parallel."""
+        return self.probe_each({sha: command for sha in shas}, purpose, round_)
+
+    def probe_each(self, commands: dict[str, ProbeCommand], purpose: str, round_: int,
+                   fresh: frozenset[str] = frozenset()) -> dict[str, ProbeRecord]:
+        """Each commit under its own command, in parallel; the commits in `fresh` are probed again
+        whatever the cache knows (their probe leaves files the bisect reads)."""
         done: dict[str, ProbeRecord] = {}
         to_run = []
-        for sha in shas:
-            outcome = self.cached(sha)
+        for sha, command in commands.items():
+            outcome = None if sha in fresh else self.cached(sha, command)
             if outcome is None:
                 to_run.append(sha)
             else:
-                done[sha] = self._keep(ProbeRecord(sha, purpose, round_, True, None, outcome))
+                done[sha] = self._keep(ProbeRecord(sha, purpose, round_, True, None, command.label, outcome))
         futures = {}
         for slot, sha in enumerate(to_run):
             device = device_for(slot, self._gpus)
             where = f" on GPU {device}" if device is not None else ""
             message = f"probing {sha[:10]} ({purpose}{f', round {round_}' if round_ else ''}){where}"
-            futures[self._executor.submit(self._probe_one, sha, device, message)] = (sha, device)
+            futures[self._executor.submit(self._probe_one, commands[sha], sha, device, message)] = (sha, device)
         for future in as_completed(futures):
             sha, device = futures[future]
             outcome = future.result()
-            self._cache.put(sha, outcome)
-            done[sha] = self._keep(ProbeRecord(sha, purpose, round_, False, device, outcome))
+            self._cache.put(sha, commands[sha].identity, outcome)
+            done[sha] = self._keep(ProbeRecord(sha, purpose, round_, False, device, commands[sha].label, outcome))
         return done
 
-    def _probe_one(self, sha: str, device: str | None, message: str) -> ProbeOutcome:
+    def _probe_one(self, command: ProbeCommand, sha: str, device: str | None, message: str) -> ProbeOutcome:
         self._emit(Step("probe", message))  # from the worker, so the log shows when it really starts
         try:
             with self._worktrees.checkout(sha) as worktree:
-                return self._runner.run(worktree, sha, device)
+                return self._runner.run(command, worktree, sha, device)
         except git.GitCommandError as exc:  # e.g. a disk full: skip the commit, keep bisecting
             lines = str(exc.stderr).strip().splitlines()
             return ProbeOutcome(SKIP, None, f"checkout failed: {lines[-1] if lines else exc}", 0.0, None, "")

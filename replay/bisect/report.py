@@ -20,6 +20,7 @@ def render(result: BisectResult) -> RenderableType:
     else:
         parts.append(Text("Skipped commits leave the first bad commit ambiguous; it is one of:", style="bold"))
         parts.append(_candidates(result))
+    parts.append(Text(f"oracle: {result.oracle_note}"))
     parts += [Text(f"warning: {w}", style="yellow") for w in result.warnings]
     parts += [Text(_totals(result)), _probe_log(result)]
     return Group(*parts)

@@ -15,11 +15,12 @@ class ProbeRecord:
     round: int  # search round; 0 for endpoint checks and results known from the cache
     cached: bool
     device: str | None  # CUDA_VISIBLE_DEVICES it ran with, when pinned
+    command: str  # what ran (its label)
     outcome: ProbeOutcome
 
     def to_json(self) -> dict[str, Any]:
         return {"sha": self.sha, "purpose": self.purpose, "round": self.round, "cached": self.cached,
-                "device": self.device, **self.outcome.to_json()}
+                "device": self.device, "command": self.command, **self.outcome.to_json()}
 
 
 @dataclass
@@ -27,6 +28,8 @@ class BisectResult:
     good: str
     bad: str
     command: str
+    oracle: str  # reference, good-end, recorded, or the --run command's exit code
+    oracle_note: str  # what that oracle compared, and why it was chosen
     range_size: int
     first_bad: CommitInfo | None  # None when skips left several candidates
     candidates: list[CommitInfo]  # oldest first; [first_bad] when found
@@ -50,7 +53,8 @@ class BisectResult:
                 "candidates": [c.to_json() for c in self.candidates],
                 "first_bad_probe": self.first_bad_probe.to_json() if self.first_bad_probe else None,
                 "parent_probe": self.parent_probe.to_json() if self.parent_probe else None,
-                "good": self.good, "bad": self.bad, "command": self.command, "range_size": self.range_size,
+                "good": self.good, "bad": self.bad, "command": self.command, "oracle": self.oracle,
+                "oracle_note": self.oracle_note, "range_size": self.range_size,
                 "probes_run": self.probes_run, "search_probes": self.probes_run_for("search"),
                 "cache_hits": sum(p.cached for p in self.probes), "rounds": self.rounds,
                 "seconds": round(self.seconds, 3), "warnings": self.warnings,

@@ -28,6 +28,12 @@ from replay.errors import EXIT_INTERRUPTED
               help="Seconds a probe may run; past that the commit is skipped.")
 @click.option("--no-cache", "no_cache", is_flag=True,
               help="Probe every commit again instead of reusing results kept in .git/replay-bisect-cache.json.")
+@click.option("--oracle", type=click.Choice(["auto", "reference", "good-end", "recorded"]), default="auto",
+              show_default=True,
+              help="What each commit is held to. reference: each variant against the op's reference, single against "
+                   "batched, the contracts; good-end: the good end's own outputs on the recorded inputs, bit for bit; "
+                   "recorded: the snapshot's recorded outputs, bit for bit (a snapshot recorded at the good end); "
+                   "auto: reference, or good-end where both ends pass the reference checks.")
 @click.option("--provider", "providers", multiple=True, metavar="MOD",
               help="Trust provider module MOD in every probe's `replay run` (repeatable; see replay run --help). "
                    "Modules in the probed worktree are trusted already.")
@@ -35,7 +41,7 @@ from replay.errors import EXIT_INTERRUPTED
               help="Write every step (probes, verdicts, output tails) to FILE.")
 @json_option
 def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | None, jobs: int, first_parent: bool,
-            timeout: float | None, no_cache: bool, providers: tuple[str, ...], log_path: Path | None,
+            timeout: float | None, no_cache: bool, oracle: str, providers: tuple[str, ...], log_path: Path | None,
             json_target: str | None) -> None:
     """Find the first commit between --good and --bad where SNAPSHOT stops
     replaying cleanly, or where `--run CMD` starts failing.
@@ -44,13 +50,17 @@ def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | N
     working tree, index, HEAD and stash are never touched, even on Ctrl-C.
     SNAPSHOT is read from where it is now, so today's recording tests last
     month's kernels, with this installation's `replay run --code WORKTREE`.
-    Both ends are probed first. Results are cached per commit, snapshot and
-    command, so a rerun or a wider range re-tests nothing. Probes that exit with
-    anything but 0, 1 or 125, or time out, are skipped with the reason shown.
+    Record it where you saw the bug: its recorded outputs are not the oracle
+    (see --oracle). Both ends are probed first. A commit where a recorded call
+    cannot be made (its op gone, its arguments no longer taken) is skipped.
+    Results are cached per commit, snapshot and command, so a rerun or a wider
+    range re-tests nothing. Probes that exit with anything but 0, 1 or 125, or
+    time out, are skipped with the reason shown.
 
     \b
     Examples:
       replay bisect --good v1.2 --bad HEAD snapshots/prefill_001
+      replay bisect --good v1.2 --bad HEAD snapshots/bad_run --oracle good-end   # any change of bits
       replay bisect --good v1.2 --bad main snapshots/prefill_001 --jobs 4 --timeout 600
       replay bisect --good v1.2 --bad HEAD --run 'pytest -x tests/test_prefill.py'
       replay bisect --good v1.2 --bad HEAD --first-parent --json - snapshots/prefill_001 > answer.json
@@ -62,7 +72,7 @@ def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | N
 
     options = BisectOptions(good=good, bad=bad, snapshot=snapshot, repo=repo, run=run, jobs=jobs,
                             first_parent=first_parent, timeout=timeout, reuse_cache=not no_cache,
-                            providers=providers)
+                            providers=providers, oracle=oracle)
     quiet = json_target == "-" or not sys.stderr.isatty()
     progress = Console(stderr=True, highlight=False)
     log = StepLog(log_path) if log_path else None

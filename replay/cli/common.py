@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 import traceback
 from pathlib import Path
@@ -13,14 +14,22 @@ from typing import Any, Callable, NoReturn
 import click
 from rich.console import Console
 
-from replay.errors import EXIT_INTERNAL, EXIT_INTERRUPTED, ReplayError
+from replay.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, ReplayError
 
 
 class ReplayGroup(click.Group):
     """The `replay` group, where every command ends the same way: a ReplayError becomes
     `replay: error: ...` on stderr and its exit code (2 bad input, 125 untestable code);
-    Ctrl-C exits 130; any other exception is a bug in this tool, said so on one line, exit 70
-    (never 1, which `git bisect run` would take for a divergence)."""
+    Ctrl-C exits 130; any other exception is a bug in this tool, said so on one line, exit 70.
+    Inside a git bisect, bad input and internal errors exit 255 instead (`for_git_bisect`)."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().main(*args, **kwargs)
+        except SystemExit as exc:
+            if isinstance(exc.code, int):
+                raise SystemExit(for_git_bisect(exc.code)) from None
+            raise
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -39,6 +48,34 @@ class ReplayGroup(click.Group):
             click.echo(f"replay: internal error (a bug in kernel-replay, please report it): {type(exc).__name__}: "
                        f"{one_line(str(exc))} (REPLAY_TRACEBACK=1 prints the traceback)", err=True)
             ctx.exit(EXIT_INTERNAL)
+
+
+# `git bisect run` reads 0 as good, 125 as skip, 1-127 as bad, and stops at 128 and above
+EXIT_STOP_BISECT = 255
+_NOT_VERDICTS = {EXIT_BAD_INPUT: "bad input", EXIT_INTERNAL: "an internal error"}
+
+
+def for_git_bisect(code: int) -> int:
+    """The exit code to leave with: `code`, except that bad input (2) and an internal error (70)
+    become EXIT_STOP_BISECT while a git bisect is in progress where replay runs, since `git
+    bisect run replay run ...` would read them as a bad commit. Neither says anything of the
+    commit; stopping the bisect lets the user mend what is wrong."""
+    if code not in _NOT_VERDICTS or not _git_bisect_in_progress():
+        return code
+    click.echo(f"replay: exit {EXIT_STOP_BISECT} instead of {code} ({_NOT_VERDICTS[code]}): a git bisect is in "
+               f"progress here, and git bisect run would take {code} for a bad commit; {EXIT_STOP_BISECT} stops it",
+               err=True)
+    return EXIT_STOP_BISECT
+
+
+def _git_bisect_in_progress() -> bool:
+    """Whether the repository holding the working directory is being bisected (BISECT_START exists)."""
+    try:
+        found = subprocess.run(["git", "rev-parse", "--git-path", "BISECT_START"], capture_output=True, text=True,
+                               timeout=10)
+    except (OSError, subprocess.SubprocessError):  # no git: no bisect either
+        return False
+    return found.returncode == 0 and Path(found.stdout.strip()).is_file()
 
 
 class ToleranceValue(click.ParamType):
@@ -86,6 +123,11 @@ def finish(json_target: str | None, data: dict[str, Any], show: Callable[[Consol
 
 def warn(message: str) -> None:
     click.echo(f"replay: warning: {one_line(message)}", err=True)
+
+
+def error(message: str) -> None:
+    """Bad input met on the way, said as ReplayGroup says a ReplayError, when the command still reports."""
+    click.echo(f"replay: error: {one_line(message)}", err=True)
 
 
 def one_line(message: str) -> str:

@@ -14,10 +14,16 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS
 @click.argument("b", type=click.Path(path_type=Path))
 @click.option("--atol", type=ToleranceValue(), help="Absolute tolerance (default: bitwise).")
 @click.option("--rtol", type=ToleranceValue(), help="Relative tolerance (default: bitwise).")
+@click.option("--all", "show_all", is_flag=True,
+              help="List every differing call, also those whose inputs already differ (knock-on differences).")
 @json_option
-def command(a: Path, b: Path, atol: float | None, rtol: float | None, json_target: str | None) -> None:
+def command(a: Path, b: Path, atol: float | None, rtol: float | None, show_all: bool, json_target: str | None) -> None:
     """Compare snapshots A and B (two commits, two devices) call by call: inputs,
     state, tags in recorded order, then outputs; name the first divergence.
+
+    Calls whose inputs already differ only carry an earlier difference along: they
+    are counted, not listed (--all lists them). A later call whose inputs agree but
+    whose outputs differ is a divergence of its own, and is listed.
 
     \b
     Example:
@@ -32,5 +38,5 @@ def command(a: Path, b: Path, atol: float | None, rtol: float | None, json_targe
     report = diff_snapshots(a, b, tolerance)
     from replay.cli.render import print_diff_report
 
-    finish(json_target, report.to_json(), lambda console: print_diff_report(console, report),
+    finish(json_target, report.to_json(), lambda console: print_diff_report(console, report, show_all),
            EXIT_PASS if report.identical else EXIT_DIVERGED)

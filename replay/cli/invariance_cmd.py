@@ -13,7 +13,7 @@ from replay.compare import row_ranges
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 from replay.invariance.check import InvarianceReport, Plan, check_ops
 from replay.invariance.recorded import check_snapshot
-from replay.registry import trusted_ops
+from replay.code import KernelCode
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -73,7 +73,7 @@ def command(ops: tuple[str, ...], batch_sizes: tuple[int, ...], chunks: tuple[in
     if snapshot is not None:
         reports = check_snapshot(snapshot, plan, device, ops, calls, variant, providers, code_dir)
     else:
-        reports = check_ops(trusted_ops(ops, providers, code_dir), variant or "batched", example, plan,
+        reports = check_ops(KernelCode(code_dir, providers).ops(ops), variant or "batched", example, plan,
                             getattr(torch, dtype), device)
     passed = all(r.passed for r in reports)
     finish(json_target, {"passed": passed, "device": device, "ops": [r.to_json() for r in reports]},

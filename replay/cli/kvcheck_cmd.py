@@ -25,11 +25,13 @@ from replay.snapshot import Snapshot
 @click.option("--decode-steps", type=click.IntRange(0), default=4, show_default=True,
               help="Decode steps after each prefill.")
 @device_option
+@click.option("--code", "code_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Import the --model module from DIR first (a package or a loose module at its top).")
 @click.option("--keep", "keep_dir", type=click.Path(path_type=Path), metavar="DIR",
               help="Keep the recording of the runs in DIR (for replay trace or replay run); default: a temporary one.")
 @json_option
 def command(snapshot: Path | None, model: str, prompt_len: int, chunks: str, decode_steps: int, device: str | None,
-            keep_dir: Path | None, json_target: str | None) -> None:
+            code_dir: Path | None, keep_dir: Path | None, json_target: str | None) -> None:
     """Check that the KV cache does not depend on how the prompt was prefilled. The model
     prefills the same prompt serially (a token at a time, the decode path), batched, and in
     each chunk size, then runs the same decode steps; the KV cache each run leaves is compared
@@ -47,6 +49,7 @@ def command(snapshot: Path | None, model: str, prompt_len: int, chunks: str, dec
     Examples:
       replay kv-check                                   # the tiny model, on CPU or GPU
       replay kv-check --prompt-len 16 --chunks 3,N --decode-steps 8 --keep /tmp/kv
+      replay kv-check --model my_engine.adapter:make --code .   # your model, from this directory
       replay trace /tmp/kv --op kv_scatter              # what each run's cache writes read
       replay kv-check /tmp/kv                           # the checks again, on the recording
 
@@ -56,11 +59,13 @@ def command(snapshot: Path | None, model: str, prompt_len: int, chunks: str, dec
         report, kept = check_snapshot(Snapshot(snapshot)), str(snapshot)
     else:
         device = chosen_device(device)
+        from replay.code import KernelCode
         from replay.kv.adapter import load_factory
+
         from replay.kv.runs import RunPlan, check_model, parse_chunks
 
         status = Console(stderr=True, quiet=json_target == "-")
-        report = check_model(load_factory(model), device, RunPlan(prompt_len, parse_chunks(chunks), decode_steps),
+        report = check_model(load_factory(model, KernelCode(code_dir).module), device, RunPlan(prompt_len, parse_chunks(chunks), decode_steps),
                              keep_dir, lambda name: status.print(f"kv-check: {name} run"))
         kept = str(keep_dir) if keep_dir else None
     finish(json_target, {**report.to_json(), "recording": kept}, lambda console: _print(console, report, kept),

@@ -13,7 +13,7 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS
 from replay.kernel_rules import AXES, KernelRules
 from replay.ptx.check import PtxReport, check_sources
 from replay.ptx.sources import file_ptx, op_ptx, snapshot_ptx
-from replay.registry import trusted_ops
+from replay.code import KernelCode
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -78,7 +78,7 @@ def command(targets: tuple[str, ...], snapshot: Path | None, archs: str, dtype: 
         examples_device = chosen_device(device)
         import torch
 
-        ops = trusted_ops(op_names, providers, code_dir)
+        ops = KernelCode(code_dir, providers).ops(op_names)
         sources += op_ptx(ops, targets_archs, getattr(torch, dtype), examples_device)
     report = check_sources(sources, kernel_glob)
     finish(json_target, {**report.to_json(), "examples_device": examples_device},

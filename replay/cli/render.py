@@ -50,8 +50,15 @@ def print_run_report(console: Console, report: RunReport, verbose: bool = False)
     console.print(table)
     summary = report.summary()
     failed = sum(not c.passed for c in report.calls)
+    untestable = next((c for c in report.calls if c.untestable), None)
+    if untestable is not None:
+        console.print(f"[yellow]call {untestable.index} ({untestable.op}) cannot be made by this code[/], so it is "
+                      "not tested here:")
+        console.print(f"  {untestable.untestable}", markup=False, highlight=False)
+        return
     if summary is None:
-        console.print(f"[green]all {len(report.calls)} calls passed[/] "
+        readable = f" of the {len(report.calls)} readable calls" if report.problems else f" {len(report.calls)} calls"
+        console.print(f"[green]all{readable} passed[/] "
                       f"(load {report.load_seconds:.2f}s of {report.total_seconds:.2f}s)")
         return
     console.print(f"[red]{failed} of {len(report.calls)} calls diverged.[/] First: call {summary['call']} "
@@ -68,19 +75,23 @@ def print_run_report(console: Console, report: RunReport, verbose: bool = False)
         console.print(f"  also: {check.describe()}", markup=False, highlight=False)
 
 
-def print_diff_report(console: Console, report: DiffReport) -> None:
+def print_diff_report(console: Console, report: DiffReport, show_all: bool = False) -> None:
     if report.identical:
         console.print(f"[green]identical[/]: {report.calls_compared} calls, every tensor bitwise equal")
         return
     for line in report.structural:
         console.print(f"[red]structure:[/] {line}")
+    shown = report.calls if show_all else report.origins()
     table = Table(title=f"diff {report.a} {report.b}", title_justify="left")
     for column in ("#", "op", "tensor", "difference"):
         table.add_column(column, overflow="fold")
-    for call in report.calls[:50]:
+    for call in shown[:50]:
         for d in call.differences[:5]:
             table.add_row(str(call.position), call.op, d["tensor"], _describe_difference(d))
     console.print(table)
+    if len(shown) < len(report.calls):
+        console.print(f"{len(report.calls) - len(shown)} more calls differ only after their inputs did (knock-on "
+                      "differences of the calls above); --all lists them")
     first = report.first()
     if first and "tensor" in first:
         console.print(f"first divergence: call #{first['position']} ({first['op']}), {first['tensor']}: "

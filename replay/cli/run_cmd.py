@@ -5,8 +5,10 @@ from pathlib import Path
 
 import click
 
-from replay.cli.common import ToleranceValue, chosen_device, device_option, finish, json_option, warn
-from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
+from rich.console import Console
+
+from replay.cli.common import ToleranceValue, chosen_device, device_option, error, finish, json_option, warn
+from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
 
 
 @click.command("run")
@@ -16,6 +18,13 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
                    "bitwise unless --atol/--rtol are given.")
 @click.option("--atol", type=ToleranceValue(), help="Absolute tolerance for --golden-data (default: bitwise).")
 @click.option("--rtol", type=ToleranceValue(), help="Relative tolerance for --golden-data (default: bitwise).")
+@click.option("--oracle", type=click.Choice(["all", "reference"]), default="all", show_default=True,
+              help="What the variants answer to: 'all' is the reference, each other, the op's contracts and the "
+                   "recorded outputs (within the op's tolerance); 'reference' leaves the recorded outputs out, for a "
+                   "snapshot recorded on other code (a bisect across commits does this).")
+@click.option("--save-outputs", type=click.Path(path_type=Path), metavar="DIR",
+              help="Also write a new snapshot at DIR: the recorded inputs with the outputs and tags this code's rerun "
+                   "of each recorded variant made, to compare against later with --golden-data DIR.")
 @click.option("--repeat", type=click.IntRange(1), default=1, show_default=True,
               help="Run each variant N times; any bit difference between runs is reported as nondeterminism.")
 @click.option("--op", "ops", multiple=True, help="Only calls of this op (repeatable).")
@@ -31,7 +40,8 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
                    "packages declaring a 'replay.providers' entry point, and --code DIR, are imported.")
 @click.option("-v", "--verbose", is_flag=True, help="List every call, not just the failing ones, for long runs.")
 @json_option
-def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, repeat: int,
+def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, oracle: str,
+            save_outputs: Path | None, repeat: int,
             ops: tuple[str, ...], calls: tuple[int, ...], variants: tuple[str, ...], fail_fast: bool,
             device: str | None, code_dir: Path | None, providers: tuple[str, ...], verbose: bool,
             json_target: str | None) -> None:
@@ -46,12 +56,16 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
       replay run snapshots/prefill_001 --golden-data          # after editing a kernel
       replay run snapshots/prefill_001 --repeat 5             # hunt a race
       replay run downloaded/snap --provider my_kernels        # trust the package it names
+      replay run snapshots/bad_run --code . --save-outputs /tmp/before   # keep today's outputs
+      replay run snapshots/bad_run --code . --golden-data /tmp/before    # after an edit: what changed
 
     A snapshot names the module providing each op; only trusted ones are imported:
     packages declaring a 'replay.providers' entry point, --provider MOD, --code DIR.
 
     Exit 0 when every check passes, 1 on a divergence, 2 on bad input (an untrusted
-    provider too), 125 when the kernels cannot be imported or built, 130 interrupted.
+    provider, a damaged file: the readable calls are still replayed and reported), 125
+    when this code cannot make a recorded call (its module, op or variant is gone, it no
+    longer takes the recorded arguments, it does not build), 130 interrupted.
     """
     device = chosen_device(device)
     from replay.engine import ReplayOptions, replay_snapshot
@@ -61,14 +75,26 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         device=device, code_dir=code_dir,
         ops=frozenset(ops) or None, calls=frozenset(calls) or None, variants=frozenset(variants) or None,
         golden=golden is not None, golden_dir=Path(golden) if golden else None,
-        atol=atol, rtol=rtol, repeat=repeat, fail_fast=fail_fast, providers=frozenset(providers))
+        atol=atol, rtol=rtol, repeat=repeat, fail_fast=fail_fast, providers=frozenset(providers),
+        compare_recorded=oracle == "all", save_outputs=save_outputs)
     if (atol is not None or rtol is not None) and golden is None:
         raise click.BadParameter("only applies with --golden-data", param_hint="--atol/--rtol")
+    if oracle != "all" and golden is not None:
+        raise click.BadParameter("--golden-data takes the recorded outputs as the oracle", param_hint="--oracle")
     with call_progress(quiet=json_target == "-") as progress:
         report = replay_snapshot(snapshot, options, progress)
     for warning in report.warnings:
         warn(warning)
     from replay.cli.render import print_run_report
 
-    finish(json_target, report.to_json(), lambda console: print_run_report(console, report, verbose),
-           EXIT_UNTESTABLE if report.untestable else EXIT_PASS if report.passed else EXIT_DIVERGED)
+    def show(console: Console) -> None:
+        print_run_report(console, report, verbose)
+        for problem in report.problems:  # after the report, where a reader ends
+            error(problem)
+
+    if json_target == "-":  # no report on stdout: the problems still go to stderr
+        for problem in report.problems:
+            error(problem)
+    finish(json_target, report.to_json(), show,
+           EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if report.untestable
+           else EXIT_PASS if report.passed else EXIT_DIVERGED)

@@ -20,7 +20,7 @@ from replay.trace.html import render_html
 from replay.trace.resources import fill_resources
 from replay.trace.slices import timeline_slices
 from replay.trace.timeline import TimelineCall, build_timeline, failing_calls, scope_filter
-from replay.trust import ProviderTrust
+from replay.code import KernelCode
 
 
 @click.command("trace")
@@ -62,7 +62,7 @@ def command(snapshot: Path, ops: tuple[str, ...], calls: tuple[int, ...], steps:
     timeline = build_timeline(opened, lambda e: (not ops or e.op in wanted_ops) and
                               (not calls or e.index in wanted_calls), scope_filter(steps, layers))
     if resources_arch is not None:
-        fill_resources(timeline, _arch(resources_arch), ProviderTrust.of(providers, code_dir))
+        fill_resources(timeline, _arch(resources_arch), KernelCode(code_dir, providers).trust)
     failing = failing_calls(report_file) if report_file else set()
     slices = timeline_slices(timeline, failing)
     title = f"replay trace {snapshot}"

@@ -21,9 +21,15 @@ class CallDiff:
     op: str
     differences: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def knock_on(self) -> bool:
+        """Its inputs differ: what it computed differs at least in part because an earlier call's did."""
+        return any(d["tensor"] == "args" or d["tensor"].partition("/")[0] in ("in", "state")
+                   for d in self.differences)
+
     def to_json(self) -> dict[str, Any]:
         return {"position": self.position, "index_a": self.index_a, "index_b": self.index_b,
-                "op": self.op, "differences": self.differences}
+                "op": self.op, "knock_on": self.knock_on, "differences": self.differences}
 
 
 @dataclass
@@ -37,6 +43,11 @@ class DiffReport:
     @property
     def identical(self) -> bool:
         return not self.structural and not self.calls
+
+    def origins(self) -> list[CallDiff]:
+        """The first differing call and every later one whose inputs are the same in A and B: where
+        a difference starts rather than arrives."""
+        return [c for i, c in enumerate(self.calls) if i == 0 or not c.knock_on]
 
     def first(self) -> dict[str, Any] | None:
         if self.calls:

@@ -108,6 +108,7 @@ class RunReport:
     load_seconds: float = 0.0
     total_seconds: float = 0.0
     warnings: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what could not be read: bad input, named
 
     @property
     def passed(self) -> bool:
@@ -140,6 +141,7 @@ class RunReport:
     def to_json(self) -> dict[str, Any]:
         return {"snapshot": self.snapshot, "device": self.device, "mode": self.mode,
                 "passed": self.passed, "untestable": self.untestable, "warnings": self.warnings,
+                "problems": self.problems,
                 "calls_checked": len(self.calls),
                 "calls_failed": sum(not c.passed for c in self.calls),
                 "first_divergence": self.summary(), "load_seconds": self.load_seconds,

@@ -7,6 +7,7 @@ state for ops whose rows are serial (a KV cache filled token by token).
 """
 from __future__ import annotations
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,14 +41,6 @@ def fresh_copy(value: Any, device: str) -> Any:
     return torch.as_strided(base, tuple(value.shape), value.stride(), value.storage_offset())
 
 
-def row_arguments(op: Op, args: dict[str, Any], row: int) -> dict[str, Any]:
-    if op.split_row is not None:
-        return op.split_row(args, row)
-    return {name: value.narrow(op.batch_axes[name], row, 1)
-            if name in op.batch_axes and isinstance(value, torch.Tensor) else value
-            for name, value in args.items()}
-
-
 def _named_outputs(op: Op, result: Any, args: dict[str, Any]) -> dict[str, torch.Tensor]:
     outputs = recorder.returned_values(result, op.outputs)
     outputs.update({name: args[name] for name in op.mutates if isinstance(args.get(name), torch.Tensor)})
@@ -64,10 +57,28 @@ def _invoke(variant: Variant, args: dict[str, Any], tag_level: int) -> tuple[Any
     return result, sink
 
 
+def signature_mismatch(fn: Any, arguments: dict[str, Any]) -> str | None:
+    """Why `fn` cannot take `arguments` by name (a parameter renamed, added or removed since they
+    were recorded), or None when it can or its signature cannot be read."""
+    try:
+        inspect.signature(fn).bind(**arguments)
+    except TypeError as exc:
+        return str(exc)
+    except ValueError:  # a builtin without a signature: let the call say it
+        pass
+    return None
+
+
 def run_variant(op: Op, variant: Variant, recorded_args: dict[str, Any], device: str,
                 tag_level: int = 2) -> VariantRun:
-    """Run `variant` on copies of `recorded_args`; failures are kept, not raised."""
+    """Run `variant` on copies of `recorded_args`; failures are kept, not raised. A variant that no
+    longer takes the recorded arguments is untestable, not wrong: the call cannot be made."""
     run = VariantRun(variant.name)
+    mismatch = signature_mismatch(variant.fn, recorded_args)
+    if mismatch is not None:
+        run.error = f"{getattr(variant.fn, '__qualname__', variant.name)} no longer takes the recorded arguments: {mismatch}"
+        run.untestable = True
+        return run
     args = {name: fresh_copy(value, device) for name, value in recorded_args.items()}
     rows = op.rows(args) if variant.name == SINGLE else None
     started = time.perf_counter()
@@ -94,7 +105,7 @@ def _run_rows(op: Op, variant: Variant, args: dict[str, Any], rows: int, tag_lev
     per_row_tags: list[dict[str, torch.Tensor]] = []
     for row in range(rows):
         # Serial ops share the mutable state across rows; independent rows start fresh.
-        row_args = row_arguments(op, args, row)
+        row_args = op.row_arguments(args, row)
         result, sink = _invoke(variant, row_args, tag_level)
         per_row_outputs.append(_named_outputs(op, result, row_args))
         per_row_tags.append(sink.tags)

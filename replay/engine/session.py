@@ -1,21 +1,23 @@
 """Replaying a whole snapshot: load each call lazily, run its variants, collect checks."""
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
+import torch
+
+from replay.compare import bit_pattern
 from replay.engine import checks
 from replay.engine.provenance import golden_warning
 from replay.engine.report import CallReport, CheckKind, RunReport
 from replay.engine.runner import VariantRun, run_variant
 from replay.errors import RegistryError, SnapshotError
-from replay.registry import REFERENCE, Op, get_op, load_provider
-from replay.snapshot import CallRecord, Snapshot
+from replay.code import KernelCode
+from replay.registry import REFERENCE, Op, get_op
+from replay.snapshot import CallRecord, Snapshot, SnapshotWriter
 from replay.tolerance import Tolerance
-from replay.trust import ProviderTrust
 
 
 @dataclass
@@ -33,6 +35,10 @@ class ReplayOptions:
     fail_fast: bool = False
     tag_level: int = 2
     providers: frozenset[str] = frozenset()  # modules the user trusts beyond the declared ones
+    # check the recorded variant's rerun against the recorded outputs (within the op's tolerance);
+    # off for a snapshot recorded on other code, whose outputs are no oracle here (bisect's probes)
+    compare_recorded: bool = True
+    save_outputs: Path | None = None  # a new snapshot: the recorded inputs, this code's outputs
 
     @property
     def explicit_tolerance(self) -> Tolerance | None:
@@ -44,38 +50,15 @@ class ReplayOptions:
 ProgressFn = Callable[[int, int, CallReport], None]
 
 
-class _Providers:
-    """Imports each trusted provider module once (from --code first, when given)."""
-
-    def __init__(self, code_dir: Path | None, trusted: Iterable[str]):
-        self.code_dir = code_dir
-        self.trust = ProviderTrust.of(trusted, code_dir)
-        self.loaded: set[str] = set()
-
-    def code_paths(self) -> list[Path]:
-        """Where the providers' code is: a top-level package's directory, or a loose module's file."""
-        found = []
-        for provider in self.loaded:
-            module = sys.modules.get(provider.split(".")[0])
-            origin = Path(getattr(module, "__file__", None) or "")
-            if origin.name:
-                found.append(origin.resolve().parent if origin.name == "__init__.py" else origin.resolve())
-        return found
-
-    def op_for(self, record: CallRecord, snapshot: Path) -> Op:
-        if record.provider and record.provider not in self.loaded:
-            self.trust.check(record.provider, f"{snapshot}: call {record.index}")
-            load_provider(record.provider, self.code_dir)
-            self.loaded.add(record.provider)
-        try:
-            return get_op(record.op)
-        except RegistryError as exc:
-            where = f"provider '{record.provider}'" if record.provider else "no provider recorded"
-            raise RegistryError(f"{snapshot}: call {record.index}: {exc} ({where})") from None
+class _CannotMake(Exception):
+    """This code cannot make a recorded call (its op or recorded variant is gone): untestable."""
 
 
 def _variants_to_run(op: Op, recorded_variant: str | None, options: ReplayOptions) -> list[str]:
     backend = options.device
+    if recorded_variant is not None and recorded_variant not in op.variants:
+        raise _CannotMake(f"op '{op.name}' has no variant '{recorded_variant}' in this code "
+                          f"(it has: {', '.join(op.variants) or 'none'})")
     if options.variants:
         wanted = list(options.variants)
     elif options.golden and recorded_variant:
@@ -95,11 +78,22 @@ def check_arguments(op: Op, inputs: dict[str, Any], options: ReplayOptions,
     the reference and the contracts; with `recorded`, against that recording too
     (its outputs, or in golden mode those of `golden` when given, as the oracle).
     """
+    return _run_and_check(op, inputs, options, recorded, golden)[0]
+
+
+def _run_and_check(op: Op, inputs: dict[str, Any], options: ReplayOptions, recorded: CallRecord | None,
+                   golden: CallRecord | None) -> tuple[CallReport, dict[str, VariantRun]]:
+    """check_arguments, and the runs it checked."""
     if options.golden and recorded is None:
         raise ValueError("golden mode needs the recorded call")
     report = CallReport(recorded.index if recorded else -1, op.name, recorded.variant if recorded else "-")
     runs: dict[str, VariantRun] = {}
-    for name in _variants_to_run(op, recorded.variant if recorded else None, options):
+    try:
+        names = _variants_to_run(op, recorded.variant if recorded else None, options)
+    except _CannotMake as exc:
+        report.untestable = str(exc)
+        return report, runs
+    for name in names:
         runs[name] = run_variant(op, op.variants[name], inputs, options.device, options.tag_level)
         report.variant_seconds[name] = runs[name].seconds
         if runs[name].untestable:
@@ -125,55 +119,93 @@ def check_arguments(op: Op, inputs: dict[str, Any], options: ReplayOptions,
             report.checks += checks.against_outputs(op, run, oracle.role("out"), CheckKind.VS_GOLDEN, against, tol)
             oracle_tags = oracle.role("tag")
             report.checks += checks.tag_checks(op, run, oracle_tags, list(oracle_tags), against, tol)
-        return report
+        return report, runs
     report.checks += checks.single_vs_batched(op, runs)
     report.checks += checks.reference_checks(op, runs, list(recorded_tags))
     report.checks += checks.single_vs_batched_tags(op, runs, list(recorded_tags))
     replayed = runs.get(recorded.variant) if recorded else None
-    if replayed is not None and not replayed.error:
+    if options.compare_recorded and replayed is not None and not replayed.error:
         report.checks += checks.against_outputs(op, replayed, recorded.role("out"), CheckKind.VS_RECORDED, "recorded",
                                                 op.tolerance_for)
-    return report
-
-
-def replay_call(op: Op, record: CallRecord, golden: CallRecord | None, options: ReplayOptions) -> CallReport:
-    """Run the chosen variants of one recorded call and check them."""
-    return check_arguments(op, record.arguments(), options, record, golden)
+    return report, runs
 
 
 def replay_snapshot(path: str | Path, options: ReplayOptions, progress: ProgressFn | None = None) -> RunReport:
-    """Replay every selected call of the snapshot at `path`, one call in memory at a time."""
+    """Replay every selected call of the snapshot at `path`, one call in memory at a time.
+
+    What cannot be read (a damaged index line, a corrupt call file) is kept in the report's
+    `problems` and the readable calls are replayed all the same; a call this code cannot make
+    (its op or variant gone, its arguments no longer taken) makes the report untestable.
+    """
     started = time.perf_counter()
-    snapshot = Snapshot(path)
-    golden_snapshot = Snapshot(options.golden_dir) if options.golden_dir else None
+    snapshot = Snapshot(path, strict=False)
+    golden_snapshot = Snapshot(options.golden_dir, strict=False) if options.golden_dir else None
     mode = "golden" if options.golden else "variants"
     report = RunReport(str(path), options.device, mode)
+    report.problems += snapshot.problems + (golden_snapshot.problems if golden_snapshot else [])
     entries = [e for e in snapshot.entries
                if (options.ops is None or e.op in options.ops)
                and (options.calls is None or e.index in options.calls)]
-    if not entries:
-        raise SnapshotError(f"{path}: no calls match the filters ({len(snapshot)} calls recorded)")
-    providers = _Providers(options.code_dir, options.providers)
-    for done, entry in enumerate(entries, start=1):
-        load_started = time.perf_counter()
-        record = snapshot.load(entry)
-        golden = _golden_record(golden_snapshot, entry.index, record) if golden_snapshot else None
-        load_seconds = time.perf_counter() - load_started
-        op = providers.op_for(record, snapshot.path)
-        call_report = replay_call(op, record, golden, options)
-        call_report.load_seconds = load_seconds
-        report.load_seconds += load_seconds
-        report.calls.append(call_report)
-        if progress:
-            progress(done, len(entries), call_report)
-        if call_report.untestable or (options.fail_fast and not call_report.passed):
-            break
+    if not entries and not report.problems:
+        filtered = options.ops is not None or options.calls is not None
+        raise SnapshotError(f"{path}: no calls match the filters ({len(snapshot)} calls recorded)" if filtered
+                            else f"{path}: no calls recorded")
+    code = KernelCode(options.code_dir, options.providers)
+    outputs = _OutputWriter(options.save_outputs, path, options.code_dir) if options.save_outputs else None
+    inputs_differ: list[str] = []
+    try:
+        for done, entry in enumerate(entries, start=1):
+            load_started = time.perf_counter()
+            try:
+                record = snapshot.load(entry)
+                golden = _golden_record(golden_snapshot, entry.index, record) if golden_snapshot else None
+            except SnapshotError as exc:  # said, and the other calls replayed all the same
+                report.problems.append(str(exc))
+                continue
+            if golden is not None and not _same_inputs(record, golden):
+                inputs_differ.append(str(entry.index))
+            load_seconds = time.perf_counter() - load_started
+            op = _op_for(code, record, snapshot.path)
+            if op is None:
+                call_report = CallReport(record.index, record.op, record.variant, untestable=(
+                    f"op '{record.op}' is not declared by provider '{record.provider}' in this code"))
+            else:
+                call_report, runs = _run_and_check(op, record.arguments(), options, record, golden)
+                if outputs is not None:
+                    outputs.add(record, runs.get(record.variant))
+            call_report.load_seconds = load_seconds
+            report.load_seconds += load_seconds
+            report.calls.append(call_report)
+            if progress:
+                progress(done, len(entries), call_report)
+            if call_report.untestable or (options.fail_fast and not call_report.passed):
+                break
+    finally:
+        if outputs is not None:
+            outputs.close()
+    if inputs_differ:
+        report.warnings.append(f"{options.golden_dir}: the inputs of call(s) {', '.join(inputs_differ[:8])}"
+                               f"{' and more' if len(inputs_differ) > 8 else ''} differ from {path}'s: its "
+                               "outputs were made from other inputs and are no oracle for these")
     if options.golden:
         warning = golden_warning(golden_snapshot.manifest if golden_snapshot else snapshot.manifest,
-                                 options.device, providers.code_paths(), options.explicit_tolerance is not None)
+                                 options.device, code.code_paths(), options.explicit_tolerance is not None)
         report.warnings += [warning] if warning else []
     report.total_seconds = time.perf_counter() - started
     return report
+
+
+def _op_for(code: KernelCode, record: CallRecord, snapshot: Path) -> Op | None:
+    """The op of a recorded call, its provider imported first; None when the provider, imported,
+    does not declare it (this code cannot make the call)."""
+    if record.provider:
+        code.import_provider(record.provider, f"{snapshot}: call {record.index}")
+    try:
+        return get_op(record.op)
+    except RegistryError as exc:
+        if record.provider:
+            return None
+        raise RegistryError(f"{snapshot}: call {record.index}: {exc} (no provider recorded)") from None
 
 
 def _golden_record(golden: Snapshot, index: int, record: CallRecord) -> CallRecord:
@@ -182,3 +214,32 @@ def _golden_record(golden: Snapshot, index: int, record: CallRecord) -> CallReco
         raise SnapshotError(f"{golden.path}: call {index} is op '{other.op}', "
                             f"but the replayed snapshot's call {index} is '{record.op}'")
     return other
+
+
+def _same_inputs(a: CallRecord, b: CallRecord) -> bool:
+    """The same arguments: JSON values equal, input and state tensors the same bits."""
+    if a.args != b.args:
+        return False
+    keys = [k for k in a.tensors if k.partition("/")[0] in ("in", "state")]
+    return keys == [k for k in b.tensors if k.partition("/")[0] in ("in", "state")] and all(
+        a.tensors[k].shape == b.tensors[k].shape and torch.equal(bit_pattern(a.tensors[k]), bit_pattern(b.tensors[k]))
+        for k in keys)
+
+
+class _OutputWriter:
+    """--save-outputs: a snapshot of the recorded inputs with the outputs and tags this code's rerun of
+    the recorded variant made, for `--golden-data` later (bisect's good-end oracle)."""
+
+    def __init__(self, path: Path, source: str | Path, code_dir: Path | None):
+        self.writer = SnapshotWriter(path, notes=f"the outputs of {source}'s calls replayed", source_dir=code_dir)
+
+    def add(self, record: CallRecord, run: VariantRun | None) -> None:
+        if run is None or run.error:  # nothing to keep: a later comparison says the call is missing
+            return
+        tensors = {key: t for key, t in record.tensors.items() if key.partition("/")[0] in ("in", "state")}
+        tensors.update({f"out/{name}": t for name, t in run.outputs.items()})
+        tensors.update({f"tag/{name}": t for name, t in run.tags.items()})
+        self.writer.write_tensors(record.index, record.header(), tensors, blob_keys=record.blobs)
+
+    def close(self) -> None:
+        self.writer.close()

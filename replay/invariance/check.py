@@ -7,9 +7,12 @@ the largest batch asked for) is the ground truth: each row run alone. Then, bit 
 - chunks of C: the pool run as consecutive calls of C rows (a chunked prefill), concatenated;
 - padding of P: the pool with P more rows after it (another example's rows: what a padded
   batch carries), its own rows compared.
-Ops whose rows share state (`serial_rows`: a KV cache write) are not row-independent and are
-left out, said so. On a recording, each call's own arguments are the pool (check_rows), padded
-with its own first rows.
+Rows are cut from the pool the way the `single` variant's replay cuts them (the op's `split_row`,
+else each batch-axis argument narrowed), and a batch is those rows' arguments joined again: what
+a row's cut gave it (its x, its entry of position_buf or kv_cache_lengths) concatenated, what
+every row shares (a weight) passed as it is. Ops whose rows share state (`serial_rows`: a KV cache
+write), or that declare no batch axis, are not row-independent and are left out, said so. On a
+recording, each call's own arguments are the pool (check_rows), padded with its own first rows.
 
 With `backward`, each call also back-propagates a fixed upstream gradient (one random row per pool
 row, zeros for padding rows) and the gradients join the comparison: a batch-axis input's gradient
@@ -79,14 +82,44 @@ def _take(value: torch.Tensor, axis: int, rows: slice) -> torch.Tensor:
     return value[(slice(None),) * axis + (rows,)]
 
 
+class NotRowwise(Exception):
+    """A row's cut of an argument cannot be joined with other rows' (a per-row number, a scalar)."""
+
+
+def _join_rows(op: Op, pool: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One call's arguments from single-row ones (Op.row_arguments): what is the pool's own value in
+    every row is shared and passed as it is; tensors cut per row are concatenated along their batch
+    axis (the first where the op declares none); equal other values are passed once."""
+    joined = {}
+    for name, first in rows[0].items():
+        values = [row[name] for row in rows]
+        if all(value is pool.get(name) for value in values):
+            joined[name] = first
+        elif all(isinstance(value, torch.Tensor) for value in values):
+            try:
+                joined[name] = torch.cat(values, dim=op.batch_axes.get(name, 0)).contiguous()
+            except (RuntimeError, IndexError) as exc:
+                raise NotRowwise(f"'{name}' as cut per row cannot be joined: {' '.join(str(exc).split())}") from None
+        elif all(value == first for value in values):
+            joined[name] = first
+        else:
+            raise NotRowwise(f"'{name}' takes a different value in each row, which no batched call can pass")
+    return joined
+
+
 class _Rows:
     """Runs a variant on any selection of pool rows and returns the pool rows' outputs (and, with
     `backward`, their gradients) keyed by name, with each name's batch axis in `axes`."""
 
     def __init__(self, op: Op, variant: str, fn: Callable[..., Any], pool: dict[str, Any], extra: dict[str, Any],
                  backward: bool):
-        self.op, self.variant, self.fn, self.pool, self.extra, self.backward = op, variant, fn, pool, extra, backward
+        self.op, self.variant, self.fn, self.pool, self.backward = op, variant, fn, pool, backward
         self.rows = op.rows(pool) or 0
+        self._pool_rows = [op.row_arguments(pool, r) for r in range(self.rows)]
+        # padding rows carry their own cut of the other example; what every row shares is the pool's
+        self._pad_rows = [{name: pool[name] if value is extra.get(name) and name in pool else value
+                           for name, value in op.row_arguments(extra, r).items()}
+                          for r in range(op.rows(extra) or 0)]
         self.calls = 0  # since the last reset: a property's count
         self.axes = dict(op.batch_axes)
         self.whole_grads: dict[str, torch.Tensor] = {}  # of the last call: gradients of inputs without a batch axis
@@ -95,16 +128,7 @@ class _Rows:
     def run(self, rows: slice, pad: int = 0) -> dict[str, torch.Tensor]:
         """One call on pool rows `rows`, padded after with `pad` rows of `extra`; only the pool rows'
         values are returned."""
-        args = {}
-        for name, value in self.pool.items():
-            axis = self.op.batch_axes.get(name)
-            if isinstance(value, torch.Tensor) and axis is not None:
-                picked = _take(value, axis, rows)
-                if pad:
-                    picked = torch.cat([picked, _take(self.extra[name], axis, slice(0, pad))], dim=axis)
-                args[name] = picked.contiguous()
-            else:
-                args[name] = value
+        args = _join_rows(self.op, self.pool, self._pool_rows[rows] + self._pad_rows[:pad])
         if self.backward:
             args = {name: value.detach().clone().requires_grad_() if _differentiable(value) else value
                     for name, value in args.items()}
@@ -188,11 +212,19 @@ def check_rows(op: Op, variant: str, label: str, pool: dict[str, Any], extra: di
     """The properties on the rows of `pool` (a call's arguments), padding with rows of `extra`;
     batch and chunk sizes beyond the pool's rows are left out."""
     if not op.batch_axes:
-        raise ReplayError(f"op '{op.name}' declares no batch axis: batch invariance is about rows")
+        return InvarianceReport(op.name, variant, label, 0, skipped="it declares no batch axis: batch invariance is "
+                                                                    "about rows")
     if op.serial_rows:
         return InvarianceReport(op.name, variant, label, 0, skipped="its rows share state (serial_rows): a row's "
                                                                     "output depends on the rows before it")
     runner = _Rows(op, variant, op.get(variant, device).fn, pool, extra, plan.backward)
+    try:
+        return _check(op, variant, label, runner, plan)
+    except NotRowwise as exc:
+        return InvarianceReport(op.name, variant, label, runner.rows, skipped=f"its rows cannot be batched again: {exc}")
+
+
+def _check(op: Op, variant: str, label: str, runner: _Rows, plan: Plan) -> InvarianceReport:
     rows = runner.rows
     report = InvarianceReport(op.name, variant, label, rows)
     alone = [runner.run(slice(r, r + 1)) for r in range(rows)]

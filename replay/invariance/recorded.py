@@ -7,9 +7,9 @@ from typing import Iterable
 from replay.engine.runner import fresh_copy
 from replay.errors import ReplayError
 from replay.invariance.check import InvarianceReport, Plan, check_rows
-from replay.registry import get_op, load_provider
+from replay.code import KernelCode
+from replay.registry import get_op
 from replay.snapshot import Snapshot
-from replay.trust import ProviderTrust
 
 
 def check_snapshot(path: Path, plan: Plan, device: str, ops: Iterable[str] = (), calls: Iterable[int] = (),
@@ -17,7 +17,7 @@ def check_snapshot(path: Path, plan: Plan, device: str, ops: Iterable[str] = (),
                    code_dir: Path | None = None) -> list[InvarianceReport]:
     """Each chosen call of the snapshot at `path`, its `variant` (default: the recorded one) run on
     its recorded rows; the ops' providers must be trusted."""
-    snapshot, trust = Snapshot(path), ProviderTrust.of(providers, code_dir)
+    snapshot, code = Snapshot(path), KernelCode(code_dir, providers)
     wanted_ops, wanted_calls = set(ops), set(calls)
     reports = []
     for entry in snapshot.entries:
@@ -25,8 +25,7 @@ def check_snapshot(path: Path, plan: Plan, device: str, ops: Iterable[str] = (),
             continue
         record = snapshot.load(entry)
         if record.provider is not None:
-            trust.check(record.provider, f"{path}: call {entry.index}")
-            load_provider(record.provider, code_dir)
+            code.import_provider(record.provider, f"{path}: call {entry.index}")
         op = get_op(entry.op)
         pool = {name: fresh_copy(value, device) for name, value in record.arguments().items()}
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Callable, Protocol
 
 import torch
@@ -39,8 +40,10 @@ class KvAdapter(Protocol):
     def decode(self, token: int) -> torch.Tensor: ...
 
 
-def load_factory(spec: str) -> Callable[[str], KvAdapter]:
-    """The adapter factory `spec` names: an entry point of `replay.models` (`tiny`), or module:function."""
+def load_factory(spec: str, import_module: Callable[[str], ModuleType] = importlib.import_module
+                 ) -> Callable[[str], KvAdapter]:
+    """The adapter factory `spec` names: an entry point of `replay.models` (`tiny`), or module:function
+    (the module imported by `import_module`: replay.code.KernelCode.module finds it in --code DIR)."""
     declared = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
     if spec in declared:
         return declared[spec].load()
@@ -49,6 +52,6 @@ def load_factory(spec: str) -> Callable[[str], KvAdapter]:
         raise ReplayError(f"--model {spec!r}: not a declared model ({', '.join(sorted(declared)) or 'none'}) "
                           "nor module:function")
     try:
-        return getattr(importlib.import_module(module), name)
+        return getattr(import_module(module), name)
     except Exception as exc:  # the user's module failing to import is said in one line
         raise ReplayError(f"--model {spec!r}: {type(exc).__name__}: {exc}") from None

@@ -2,7 +2,6 @@
 variants launch on its registered examples; the last two compiled again for each CUDA target."""
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -13,9 +12,9 @@ from replay import recorder
 from replay.errors import RegistryError, ReplayError
 from replay.kernel_rules import KernelRules
 from replay.ptx.compile import CompileJob, compile_jobs
-from replay.registry import REFERENCE, SINGLE, Op, get_op, load_provider
+from replay.code import KernelCode
+from replay.registry import REFERENCE, SINGLE, Op, get_op
 from replay.snapshot import Snapshot
-from replay.trust import ProviderTrust
 
 BATCH_ROWS = 5  # rows a batched variant's example gets: more than one program's worth in every kernel here
 
@@ -67,19 +66,17 @@ def snapshot_ptx(path: Path, archs: Iterable[int], providers: Iterable[str] = ()
     """Each distinct kernel launch of the snapshot at `path`, compiled for each target; the kernels'
     modules must be trusted. The op's rules apply where its (trusted) provider declares it."""
     snapshot = Snapshot(path)
-    trust = ProviderTrust.of(providers, code_dir)
+    code = KernelCode(code_dir, providers)  # the compiling children import from the same path
     launches = []
     for entry in snapshot.entries:
         call = snapshot.load(entry)
-        op = _registered(entry.op, call.provider, trust, code_dir)
+        op = _registered(entry.op, call.provider, code)
         where = f"{path}: call {entry.index} ({entry.op} {entry.variant})"
         given = frozenset(a["name"] for a in call.args if "tensor" in a or a.get("json") is not None)
         for record in call.launch:
             if isinstance(record.get("module"), str):
-                trust.check(record["module"], f"{path}: call {entry.index}")
+                code.trust.check(record["module"], f"{path}: call {entry.index}")
             launches.append(_Launch(record, where, op, entry.variant, given))
-    if code_dir is not None and str(code_dir.resolve()) not in sys.path:
-        sys.path.insert(0, str(code_dir.resolve()))  # the compiling children import from the same places
     found = _compiled(launches, list(archs))
     if not found:
         raise ReplayError(f"{path}: no launch record says how to compile its kernel (module and signature: "
@@ -133,11 +130,11 @@ def _failed(op: Op, variant: str, example: str, doing: str, exc: Exception) -> R
                        f"{' '.join(str(exc).split())[:300]}")
 
 
-def _registered(name: str, provider: str | None, trust: ProviderTrust, code_dir: Path | None) -> Op | None:
+def _registered(name: str, provider: str | None, code: KernelCode) -> Op | None:
     """The op `name` if its provider may be imported and declares it; its rules then apply."""
-    if provider is None or not trust.allows(provider):
+    if provider is None or not code.trust.allows(provider):
         return None
-    load_provider(provider, code_dir)  # a trusted provider that fails to import is an error, not "no rules"
+    code.import_provider(provider, name)  # a trusted provider that fails to import is an error, not "no rules"
     try:
         return get_op(name)
     except RegistryError:

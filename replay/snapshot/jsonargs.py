@@ -60,7 +60,7 @@ def decode(value: Any) -> Any:
         if len(value) != 1:
             raise ValueError(f"{wrappers[0]!r} must be the only key of its object")
         (key, inner), = value.items()
-        if key == "$float" and inner in _FLOAT_NAMES:
+        if key == "$float" and isinstance(inner, str) and inner in _FLOAT_NAMES:
             return _FLOAT_NAMES[inner]
         if key == "$tuple" and isinstance(inner, list):
             return tuple(decode(v) for v in inner)

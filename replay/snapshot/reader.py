@@ -72,6 +72,12 @@ class CallRecord:
         prefix = role + "/"
         return {k[len(prefix):]: t for k, t in self.tensors.items() if k.startswith(prefix)}
 
+    def header(self) -> dict[str, Any]:
+        """The call's description as a writer takes it (SnapshotWriter.write_tensors): all but its
+        index and tensors."""
+        return {"op": self.op, "variant": self.variant, "provider": self.provider, "args": self.args,
+                "launch": self.launch, "meta": self.meta, "returns_json": self.returns_json}
+
     def arguments(self) -> dict[str, Any]:
         """Arguments by name in call order: tensors (inputs and state) and decoded JSON."""
         return {a["name"]: (self.tensors[a["tensor"]] if "tensor" in a else jsonargs.decode(a["json"]))
@@ -81,15 +87,22 @@ class CallRecord:
 class Snapshot:
     """A snapshot directory opened for reading. Call files are read only on `load`."""
 
-    def __init__(self, path: str | Path, *, verify: bool = True, blob_cache_bytes: int = 1 << 30):
+    def __init__(self, path: str | Path, *, verify: bool = True, blob_cache_bytes: int = 1 << 30,
+                 strict: bool = True):
+        """Open the snapshot at `path`. With `strict` (the default) a damaged index line is a
+        SnapshotError; without, it is kept in `problems` (one line each) and the whole lines
+        around it are read, so that a caller can replay what is readable and say what is not."""
         self.path = Path(path)
         self.verify = verify
+        self.strict = strict
+        self.problems: list[str] = []
         self._blob_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._blob_cache_bytes = blob_cache_bytes
         self._blob_cache_size = 0  # bytes the cache holds
         try:
             if not self.path.is_dir():
-                raise SnapshotError(f"{self.path}: no such snapshot directory")
+                what = "a file, not a snapshot directory" if self.path.exists() else "no such snapshot directory"
+                raise SnapshotError(f"{self.path}: {what}")
             self._root = os.path.realpath(self.path)
         except (OSError, ValueError) as exc:  # a NUL byte or an unreachable path
             raise SnapshotError(f"{self.path}: not a readable directory: {_one_line(exc)}") from None
@@ -122,16 +135,18 @@ class Snapshot:
             return []
         raw = self._read_file(INDEX, limit=MAX_INDEX_BYTES)
         lines = raw.split(b"\n")
-        # A line without its newline was cut off mid-append: that call never finished.
-        complete = lines[:-1]
+        if lines[-1].strip():  # no newline after it: its write was cut short, its call never indexed
+            self._problem(f"{path}:{len(lines)}: the last line is cut short ({len(lines[-1])} bytes, no newline): "
+                          "its call is not indexed")
         entries = []
-        for number, line in enumerate(complete, start=1):
+        for number, line in enumerate(lines[:-1], start=1):
             if not line.strip():
                 continue
             try:
                 obj = schema.parse(line, "index_line")
             except schema.SchemaError as exc:
-                raise SnapshotError(f"{path}:{number}: malformed index line: {exc}") from None
+                self._problem(f"{path}:{number}: malformed index line: {exc}")
+                continue
             entries.append(CallEntry(obj["index"], obj["op"], obj["variant"], obj["file"], obj["sha256"],
                                      obj["bytes"], tuple(obj.get("blobs", ()))))
         entries.sort(key=lambda e: e.index)
@@ -139,6 +154,11 @@ class Snapshot:
             if before.index == after.index:
                 raise SnapshotError(f"{path}: call index {after.index} appears more than once")
         return entries
+
+    def _problem(self, message: str) -> None:
+        if self.strict:
+            raise SnapshotError(message)
+        self.problems.append(message)
 
     def __len__(self) -> int:
         return len(self.entries)

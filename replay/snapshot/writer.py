@@ -6,7 +6,7 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -14,7 +14,7 @@ from replay.errors import SnapshotError
 from replay.snapshot import callfile
 from replay.snapshot.files import create_exclusive, fsync_paths, safe_component, sha256_parts, write_atomic
 from replay.snapshot.manifest import CHUNKED_VERSION, new_manifest
-from replay.snapshot.tensors import Geometry
+from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 
 MANIFEST = "manifest.json"
 INDEX = "calls.jsonl"
@@ -174,6 +174,17 @@ class SnapshotWriter:
         line = self.write_call_file(index, header, spans, geometries, blobs, chunks)
         self.add_to_index(line)
         return self.path / line["file"]
+
+    def write_tensors(self, index: int, header: dict[str, Any], tensors: dict[str, torch.Tensor],
+                      blob_keys: Iterable[str] = ()) -> Path:
+        """Write and index call `index` holding `tensors` ('<role>/<name>' -> tensor, on any device):
+        each inline, or as a blob when its key is in `blob_keys`. For writers with the tensors at
+        hand; a recording goes through the capture pipeline's host copies instead."""
+        blob_keys = set(blob_keys)
+        geometries = {key: geometry_of(t) for key, t in tensors.items()}
+        spans = {key: storage_span(t.detach(), geometries[key]).cpu() for key, t in tensors.items()}
+        blobs = {key: self.put_blob(spans.pop(key)) for key in list(spans) if key in blob_keys}
+        return self.write_call(index, header, spans, geometries, blobs)
 
     def write_call_file(self, index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
                         geometries: dict[str, Geometry], blobs: dict[str, str],

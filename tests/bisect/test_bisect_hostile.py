@@ -232,8 +232,8 @@ def deep(levels: int) -> object:
 
 def for_every_commit(history, outcome: dict) -> bytes:
     """A cache whose entries, under the keys this bisect looks up, all hold `outcome`."""
-    keys = ProbeCache(history.path / "unused.json", "-", CHECK)
-    return json.dumps({"version": 1, "entries": {keys._key(sha): outcome for sha in history.shas}}).encode()
+    keys = ProbeCache(history.path / "unused.json", "-")
+    return json.dumps({"version": 1, "entries": {keys._key(sha, CHECK): outcome for sha in history.shas}}).encode()
 
 
 DAMAGED = {

@@ -43,6 +43,6 @@ def test_the_engine_probe_runs_this_harness_not_a_replay_package_in_the_worktree
     assert call.cwd == neutral
     assert call.env["PYTHONPATH"].split(":")[0] == str(HARNESS_ROOT)
     assert call.args[-4:] == ["--code", str(worktree), "--json", "-"]
-    outcome = ProbeRunner(command, timeout=120, neutral_dir=neutral).run(worktree, "0" * 40)
+    outcome = ProbeRunner(timeout=120, neutral_dir=neutral).run(command, worktree, "0" * 40)
     assert "POISON" not in outcome.output_tail
     assert outcome.exit_code not in (0, 1)  # the snapshot does not exist: never a verdict

@@ -6,9 +6,11 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 import toy_ops
+import replay
 from replay import registry
 from replay.cli import main
 
@@ -133,6 +135,7 @@ def test_diff_names_first_divergence(rowscale_snapshot: Path, tmp_path: Path,
 
 @pytest.mark.parametrize("make_bad, needle, exit_code", [
     (lambda p: shutil.rmtree(p), "no such snapshot directory", 2),
+    (lambda p: (shutil.rmtree(p), p.write_text("{}")), "a file, not a snapshot directory", 2),
     (lambda p: next((p / "calls").iterdir()).write_bytes(b"garbage"), "000000-toy_rowscale.safetensors", 2),
     (lambda p: (p / "calls.jsonl").write_text("{not json\n"), "calls.jsonl:1: malformed index line", 2),
 ])
@@ -143,11 +146,11 @@ def test_bad_input_one_line(rowscale_snapshot: Path, make_bad, needle: str, exit
     assert needle in stderr and stderr.count("\n") == 1
 
 
-def test_op_gone_from_provider_is_bad_input(rowscale_snapshot: Path) -> None:
+def test_op_gone_from_provider_is_untestable(rowscale_snapshot: Path) -> None:
     del registry._OPS["toy_rowscale"]  # as if the provider renamed the op since recording
-    code, _, stderr = run_cli("run", str(rowscale_snapshot))
-    assert code == 2
-    assert "unknown op 'toy_rowscale'" in stderr and "provider 'toy_ops'" in stderr
+    code, report, _ = run_cli("run", str(rowscale_snapshot), "--json", "-")
+    assert code == 125  # this code cannot make the recorded call: a bisect skips the commit
+    assert "op 'toy_rowscale' is not declared by provider 'toy_ops'" in report["untestable"]
 
 
 def test_unknown_variant_is_bad_input(rowscale_snapshot: Path) -> None:
@@ -175,3 +178,61 @@ def test_golden_data_from_another_environment_warns_once(rowscale_snapshot: Path
     warnings = [line for line in stderr.splitlines() if line.startswith("replay: warning:")]
     assert len(warnings) == 1 and "triton 0.0-elsewhere then" in warnings[0]
     assert report["warnings"] == [warnings[0].removeprefix("replay: warning: ")]
+
+
+def test_a_cut_index_line_is_said_and_the_whole_lines_replayed(rowscale_snapshot: Path) -> None:
+    with open(rowscale_snapshot / "calls.jsonl", "a") as index:
+        index.write('{"index": 3, "op": "toy_rows')  # a write cut short
+    code, report, stderr = run_cli("run", str(rowscale_snapshot), "--json", "-")
+    assert code == 2 and report["calls_checked"] == 3 and all(call["passed"] for call in report["calls"])
+    assert stderr.splitlines() == [f"replay: error: {rowscale_snapshot / 'calls.jsonl'}:4: the last line is cut short "
+                                   "(28 bytes, no newline): its call is not indexed"]
+
+
+def test_a_corrupt_call_file_is_named_and_the_other_calls_replayed(rowscale_snapshot: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    damaged = sorted((rowscale_snapshot / "calls").iterdir())[1]
+    damaged.write_bytes(damaged.read_bytes()[:-8] + b"\0" * 8)
+    monkeypatch.setenv("TOY_BUG", "rows")
+    code, report, stderr = run_cli("run", str(rowscale_snapshot), "--json", "-")
+    assert code == 2  # bad input outranks the divergence: the snapshot must be mended first
+    assert [call["index"] for call in report["calls"]] == [0, 2] and not report["passed"]
+    assert report["problems"] == [f"{damaged}: sha256 mismatch (corrupt or truncated file)"]
+    assert stderr.splitlines() == [f"replay: error: {damaged}: sha256 mismatch (corrupt or truncated file)"]
+
+
+def record_chain(path: Path, length: int = 3) -> None:
+    """Calls feeding each other (each takes the last one's output), then one on fresh inputs."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(16, generator=gen)
+    with replay.recording(path):
+        h = torch.randn(8, 16, generator=gen)
+        for _ in range(length):
+            h = toy_ops.rowscale_batched(h, w)
+        toy_ops.rowscale_batched(torch.randn(8, 16, generator=gen), w)
+
+
+def test_diff_lists_where_differences_start_and_counts_what_they_carry(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    record_chain(tmp_path / "clean")
+    monkeypatch.setenv("TOY_BUG", "rows")
+    record_chain(tmp_path / "buggy")
+    code, report, _ = run_cli("diff", str(tmp_path / "clean"), str(tmp_path / "buggy"), "--json", "-")
+    assert code == 1
+    assert [(call["position"], call["knock_on"]) for call in report["calls"]] == [(0, False), (1, True), (2, True),
+                                                                                 (3, False)]
+    code, shown, _ = run_cli("diff", str(tmp_path / "clean"), str(tmp_path / "buggy"))
+    rows = [line for line in shown.splitlines() if "tag/scaled" in line and line.startswith("│")]
+    assert [line.split()[1] for line in rows] == ["0", "3"]  # the fresh call diverges on its own: listed
+    assert "2 more calls differ only after their inputs did" in shown and "--all lists them" in shown
+    code, everything, _ = run_cli("diff", str(tmp_path / "clean"), str(tmp_path / "buggy"), "--all")
+    assert "more calls differ" not in everything and "in/x" in everything
+
+
+def test_golden_data_from_other_inputs_is_said(rowscale_snapshot: Path, tmp_path: Path) -> None:
+    record_chain(tmp_path / "other")  # the same op; after the first call, other inputs
+    code, report, stderr = run_cli("run", str(rowscale_snapshot), "--golden-data", str(tmp_path / "other"),
+                                   "--json", "-")
+    assert code == 1
+    warning = f"replay: warning: {tmp_path / 'other'}: the inputs of call(s) 1, 2 differ from {rowscale_snapshot}'s"
+    assert any(line.startswith(warning) for line in stderr.splitlines()), stderr

@@ -1,0 +1,14 @@
+"""Run the model on a small batch, recording every kernel call: python record.py SNAPSHOT_DIR"""
+import sys
+
+import torch
+
+import replay  # before triton: on a machine with no GPU the kernels then run in Triton's interpreter
+from mymodel import Block
+
+x = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+position_buf = torch.arange(4, dtype=torch.int32) + 3  # runtime state: where each token sits
+
+with replay.recording(sys.argv[1]):
+    out = Block().forward(x, position_buf)
+print(f"out[0, :4] = {out[0, :4].tolist()}")
