@@ -11,6 +11,7 @@ REPLAY_CAPTURE_STRICT=1: failures are reported once on stderr and in the manifes
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import contextvars
 import functools
@@ -33,7 +34,9 @@ from replay.capture_pipeline import (DEFAULT_QUEUE_DEPTH, SHARED_POOL, BlobRef, 
                                      PendingBatch, PendingCall, Ring, check_options)
 from replay.errors import CaptureError, ReplayError
 from replay.snapshot import SnapshotWriter
+from replay.snapshot.writer import MANIFEST
 from replay.snapshot import jsonargs
+from replay.snapshot.schema import check_name
 from replay.snapshot.tensors import UnsupportedTensor, geometry_of
 
 BLOB_THRESHOLD_BYTES = 64 * 1024
@@ -95,6 +98,11 @@ class CallSink:
     def add_tag(self, name: str, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):  # a recording reports it; a replay skips it
             self.rejected.append(f"tag '{name}' is a value of type {type(tensor).__name__}, not a tensor")
+            return
+        try:
+            check_name(name, "tag")
+        except ValueError as exc:  # no text: a snapshot could not hold it
+            self.rejected.append(str(exc))
             return
         key, n = name, 1
         while key in self.tags:
@@ -325,7 +333,8 @@ class Recording:
         self._blob_ids = _BlobIds()
         self._reported: set[str] = set()
         self._report_lock = threading.Lock()
-        self._dropped: list[str] = []  # calls not recorded for want of room in the queue
+        self._dropped: collections.Counter[tuple[int, str]] = collections.Counter()  # (after call, op): calls
+        # not recorded for want of room in the queue
         self._unrecorded_calls = 0  # captured into CUDA graphs the recording cannot follow
         self._unrecorded_replays = 0  # of graphs captured with no recording active
         self._replay_blobs: dict[int, tuple[list, list[BlobRef]]] = {}  # graph id: its weights' versions, blobs
@@ -353,26 +362,27 @@ class Recording:
         return count
 
     def close(self) -> None:
-        """Write every queued call, report the dropped ones, and flush the files to disk (a flight
+        """Report the dropped calls, write every queued call, and flush the files to disk (a flight
         recording's held calls are let go: it writes only when dumped)."""
         for pending in self.ring.take()[0] if self.ring is not None else []:
             self.calls.discard(pending)
-        try:
-            self.calls.close()
-        except OSError as exc:  # flushing to disk failed: the program goes on
-            self._report(f"flushing {self.path} to disk failed: {exc}", stop=True)
-        for blob in self._blob_ids.refs():  # copies no written call took (a flight recording's): reused
-            blob.let_go(self.calls.release)
         if self._unrecorded_calls or self._unrecorded_replays:
             self._report(f"CUDA graphs: {self._unrecorded_calls} calls captured where the recording cannot follow "
                          f"them (a capture begun before the recording began) and {self._unrecorded_replays} "
                          "replays of graphs captured with no recording active were not recorded; capture the "
                          "graph while recording", stop=False)
         if self._dropped:
-            names = "; ".join(self._dropped[:20]) + (f"; and {len(self._dropped) - 20} more"
-                                                     if len(self._dropped) > 20 else "")
-            self._report(f"{len(self._dropped)} calls not recorded: the capture queue was full "
-                         f"(when_full='drop'): {names}", stop=False)
+            self._report(f"{sum(self._dropped.values())} calls not recorded: the capture queue was full "
+                         f"(when_full='drop'): {_dropped_summary(self._dropped)}", stop=False)
+        try:
+            self.calls.close()  # the manifest is written again there if it missed an error
+        except OSError as exc:  # flushing to disk failed: the program goes on
+            self._report(f"flushing {self.path} to disk failed: {exc}", stop=True)
+        for blob in self._blob_ids.refs():  # copies no written call took (a flight recording's): reused
+            blob.let_go(self.calls.release)
+        if self.writer.unsaved_errors:
+            print(f"replay: capture: {self.path / MANIFEST} could not be written ({self.writer.unsaved_errors}): "
+                  "its capture_errors lack what is said above", file=sys.stderr)
 
     def _report(self, message: str, *, stop: bool) -> None:
         if self.strict:
@@ -388,7 +398,7 @@ class Recording:
         print(f"replay: capture: {message}", file=sys.stderr)
         try:
             self.writer.record_error(message)
-        except OSError:
+        except OSError:  # a full disk: tried again when the recording closes, and said then if it still fails
             pass
 
     def _write_failed(self, what: str, exc: BaseException) -> None:
@@ -429,7 +439,7 @@ class Recording:
             self._count_unrecorded(calls=1)
             return fn(*args, **kwargs)
         if self.calls.when_full == "drop" and self.calls.full():
-            self._dropped.append(f"{spec.op} after call {self.writer.next_index - 1}")
+            self._dropped[(self.writer.next_index - 1, spec.op)] += 1
             return fn(*args, **kwargs)
         try:
             bound = signature.bind(*args, **kwargs)
@@ -602,7 +612,7 @@ class Recording:
         if self.stopped or self.calls.failed or not tape.calls:
             return
         if self.ring is None and self.calls.when_full == "drop" and self.calls.full():
-            self._dropped.append(f"CUDA graph {tape.graph_id} replay {tape.replays} ({len(tape.calls)} calls)")
+            self._dropped[(self.writer.next_index - 1, f"calls of CUDA graph {tape.graph_id}")] += len(tape.calls)
             return
         copier = Copier(self.calls.pool)
         host: list[HostCopy] = []
@@ -698,6 +708,13 @@ def _mark_written(spec: CallSpec, arguments: Mapping[str, Any]) -> None:
         value = arguments.get(name)
         if isinstance(value, torch.Tensor) and not value.is_inference():
             torch.autograd.graph.increment_version(value)
+
+
+def _dropped_summary(dropped: collections.Counter[tuple[int, str]], shown: int = 20) -> str:
+    """'3 rope after call 21; 1 attention after call 40', the first `shown` of them."""
+    parts = [f"{count} {op} after call {index}" for (index, op), count in list(dropped.items())[:shown]]
+    rest = len(dropped) - shown
+    return "; ".join(parts) + (f"; and {rest} more" if rest > 0 else "")
 
 
 def _tag_level_from_env() -> int:
@@ -797,6 +814,13 @@ _FLIGHT_SIGNALS = tuple(s for s in (getattr(signal, "SIGUSR1", None), signal.SIG
 _previous_handlers: dict[int, Any] = {}
 
 
+class _Termination:
+    """Where a SIGTERM's dump stands: a second SIGTERM during it does not cut it short."""
+
+    dumping = False  # the dump thread runs
+    dumped = False  # it is done: the next SIGTERM (its own) goes to the handler there was before
+
+
 def _install_signal_handlers() -> None:
     """SIGUSR1 dumps a flight recording and goes on; SIGTERM dumps it, closes it and lets the
     signal do what it did before (by default, end the process). Only the main thread may set
@@ -816,23 +840,33 @@ def _restore_signal_handlers() -> None:
 def _on_signal(number: int, frame: Any) -> None:
     """Runs on the main thread between two bytecodes, maybe while it holds a lock the writer needs:
     it waits for nothing. The work happens on a thread of its own; for SIGTERM that thread sends
-    the signal again once the calls are on disk, to the handler there was before."""
+    the signal again once the calls are on disk, and this handler passes it on to the handler
+    there was before. A SIGTERM that comes while the dump is written is said, and waits for it."""
     rec = _recording
     if number == signal.SIGTERM:
-        previous = _previous_handlers.pop(number, signal.SIG_DFL)
-        signal.signal(number, previous if previous is not None else signal.SIG_DFL)
-    if rec is None or rec.ring is None:  # the recording ended where no handler could be put back
-        if number == signal.SIGTERM:
+        if _Termination.dumping and not _Termination.dumped:
+            os.write(2, b"replay: capture: SIGTERM again while the flight recording is written: it is finished "
+                        b"first, then the process ends\n")  # no print: the main thread may be inside one
+            return
+        if _Termination.dumped or rec is None or rec.ring is None:
+            previous = _previous_handlers.pop(number, signal.SIG_DFL)
+            signal.signal(number, previous if previous is not None else signal.SIG_DFL)
             os.kill(os.getpid(), number)
+            return
+        _Termination.dumping = True
+    elif rec is None or rec.ring is None:  # the recording ended where no handler could be put back
         return
     threading.Thread(target=_dump_on_signal, args=(rec, number), name="replay-flight-dump", daemon=True).start()
 
 
 def _dump_on_signal(rec: Recording, number: int) -> None:
-    rec.dump()
-    if number == signal.SIGTERM:
-        stop()
-        os.kill(os.getpid(), number)
+    try:
+        rec.dump()
+    finally:
+        if number == signal.SIGTERM:
+            stop()
+            _Termination.dumped = True
+            os.kill(os.getpid(), number)  # back to _on_signal on the main thread, which may set handlers
 
 
 @contextlib.contextmanager

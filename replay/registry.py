@@ -18,6 +18,7 @@ import torch
 from replay import recorder as _recorder
 from replay.errors import RegistryError
 from replay.kernel_rules import KernelRules
+from replay.snapshot.schema import check_name
 from replay.tolerance import DEFAULT, EXACT, Tolerance
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -78,6 +79,7 @@ class Op:
         recorded while a recording is active; the registered Variant is its `.variant`.
         A `single` variant refuses a call with more than one row.
         """
+        _printable(name, f"op '{self.name}' variant")
         backends = tuple(backends)
         unknown = [b for b in backends if b not in BACKENDS]
         if unknown:
@@ -228,6 +230,7 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
         @rmsnorm.batched
         def rmsnorm_batched(x, weight, eps=1e-6): ...
     """
+    _printable(name, "op")
     provider = provider or _caller_module(1)
     existing = _OPS.get(name)
     if existing is not None and existing.provider != provider:
@@ -275,6 +278,14 @@ def capture(op_name: str, variant: str = "default", *, state: Iterable[str] = ()
                                 f"state={state}, mutates={mutates}, outputs={outputs}")
         return found.variant(variant, backends=backends)(fn)
     return register
+
+
+def _printable(name: str, what: str) -> None:
+    """Names are recorded, then printed and made paths by the tools that read them: text only."""
+    try:
+        check_name(name, what)
+    except ValueError as exc:
+        raise RegistryError(str(exc)) from None
 
 
 def get_op(name: str) -> Op:

@@ -109,8 +109,17 @@ def test_hostile_chunk_lists_are_one_line_errors(tmp_path: Path) -> None:
     from replay.errors import SnapshotError
 
     repeated = hostile_chunked_call(tmp_path / "repeated", 2048, 1 << 20)  # 1 MiB on disk reading as 2 GiB
-    with pytest.raises(SnapshotError, match="its chunks join to 2147483648 bytes, more than the 134217728"):
+    with pytest.raises(SnapshotError, match="its chunks join to 2147483648 bytes in memory, more than the 268435456"):
         Snapshot(repeated).load(0)
+    # one 64 KiB piece listed 40 000 times: 1.3 MB on disk joining to 2.6 GB
+    entries = hostile_chunked_call(tmp_path / "entries", 40_000, 64 << 10)
+    with pytest.raises(SnapshotError, match="its chunks join to 2621440000 bytes in memory"):
+        Snapshot(entries).load(0)
+    # 100 entries join to 6.4 MB: within the floor by default, past 64 times the stored bytes below it
+    small = hostile_chunked_call(tmp_path / "small", 100, 64 << 10)
+    assert Snapshot(small).load(0).tensors["in/x"].numel() == 100 << 16
+    with pytest.raises(SnapshotError, match="more than the 4.* its 6.* distinct stored bytes allow"):
+        Snapshot(small, read_limit=1 << 20).load(0)
     empty = hostile_chunked_call(tmp_path / "empty", 0, 16)
     with pytest.raises(SnapshotError, match=r"its chunk list is not a \[pieces, 32\] table"):
         Snapshot(empty).load(0)
@@ -131,3 +140,21 @@ def test_a_large_blob_hashed_while_written_is_the_same_blob(tmp_path: Path, monk
     assert sorted(p.name for p in (tmp_path / "b" / "blobs").iterdir()) == [f"{expected}.safetensors"]
     assert (tmp_path / "b" / "blobs" / f"{expected}.safetensors").read_bytes() == \
         (tmp_path / "a" / "blobs" / f"{expected}.safetensors").read_bytes()
+
+
+def test_a_blob_named_by_many_tensors_counts_once_in_what_a_call_stores(tmp_path: Path) -> None:
+    from replay.errors import SnapshotError
+    from replay.snapshot import SnapshotWriter
+    from replay.snapshot.tensors import Geometry
+
+    writer = SnapshotWriter(tmp_path / "snap")
+    blob = writer.put_blob(torch.zeros(64 << 10, dtype=torch.uint8))
+    keys = [f"in/x{i}" for i in range(100)]  # 64 KiB on disk, copied 100 times: 6.4 MB in memory
+    writer.write_call(writer.reserve_index(), {"op": "x", "variant": "v", "provider": None, "returns_json": {},
+                                               "args": [{"name": k[3:], "tensor": k} for k in keys], "launch": [],
+                                               "meta": {}},
+                      {}, {k: Geometry("uint8", (64 << 10,), (1,), 0) for k in keys}, {k: blob for k in keys})
+    writer.close()
+    assert len(Snapshot(tmp_path / "snap").load(0).tensors) == 100
+    with pytest.raises(SnapshotError, match="its copy of blob .* brings it to .* bytes in memory"):
+        Snapshot(tmp_path / "snap", read_limit=1 << 20).load(0)

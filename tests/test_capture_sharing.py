@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import replay
+from replay.errors import RegistryError
 from replay.registry import capture
 from replay.snapshot import Snapshot
 
@@ -130,3 +131,9 @@ def test_unsafe_op_names_stay_inside_the_snapshot(tmp_path: Path) -> None:
         assert path.parent == root / "calls" and path.is_file()
         assert all(c.isprintable() for c in entry.file)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
+
+
+@pytest.mark.parametrize("name", ["\ud800", "half \udfff"])
+def test_names_no_snapshot_could_hold_are_refused_at_declaration(name: str) -> None:
+    with pytest.raises(RegistryError, match="a lone surrogate"):
+        capture(name)(lambda x: x)

@@ -55,7 +55,7 @@ RECORD = textwrap.dedent('''
     import toykern
 
     with replay.recording(sys.argv[1]):
-        toykern.double_rows(torch.ones(3, 8))
+        toykern.double_rows(torch.ones(3, 8, device="cuda" if torch.cuda.is_available() else "cpu"))
 ''')
 KV_MODEL = "from kernels.kv_adapter import tiny as make\n"
 

@@ -144,3 +144,45 @@ def test_a_signal_arriving_while_the_writer_is_locked_does_not_deadlock(tmp_path
     result = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_LOCKED, str(tmp_path / "snap")],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout == "done\n", result.stderr
+
+
+SLOW_DUMP = textwrap.dedent("""
+    import sys, time, torch, replay
+    from replay.snapshot import writer
+
+    @replay.capture("flight_step")
+    def step(x, n):
+        return x + n
+
+    real = writer.SnapshotWriter.write_call_file
+
+    def slowly(self, *args, **kwargs):  # a dump that takes a while: 40 calls, 20 ms each
+        time.sleep(0.02)
+        return real(self, *args, **kwargs)
+
+    writer.SnapshotWriter.write_call_file = slowly
+    with replay.recording(sys.argv[1], ring=40):
+        for n in range(40):
+            step(torch.zeros(4), n)
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.01)
+""")
+
+
+@pytest.mark.parametrize("gap", [0.05, 0.15, 0.3])  # the dump takes 0.8 s
+def test_a_second_sigterm_does_not_cut_the_dump_short(tmp_path: Path, gap: float) -> None:
+    snapshot = tmp_path / "snap"
+    child = subprocess.Popen([sys.executable, "-c", SLOW_DUMP, str(snapshot)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        child.send_signal(signal.SIGTERM)
+        time.sleep(gap)
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        child.kill()
+        child.wait()
+    assert steps_recorded(snapshot) == list(range(40))
+    assert "SIGTERM again while the flight recording is written: it is finished first" in child.stderr.read()

@@ -5,10 +5,9 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.text import Text
 
-from replay.cli.common import finish, json_option
+from replay.cli.common import SafeConsole, finish, json_option
 from replay.errors import EXIT_INTERRUPTED
 
 
@@ -74,7 +73,7 @@ def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | N
                             first_parent=first_parent, timeout=timeout, reuse_cache=not no_cache,
                             providers=providers, oracle=oracle)
     quiet = json_target == "-" or not sys.stderr.isatty()
-    progress = Console(stderr=True, highlight=False)
+    progress = SafeConsole(stderr=True, highlight=False)
     log = StepLog(log_path) if log_path else None
 
     def show(step: Step) -> None:

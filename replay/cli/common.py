@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, Callable, Iterable, NoReturn
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment
 
 from replay.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, ReplayError
 
@@ -23,13 +25,26 @@ class ReplayGroup(click.Group):
     Ctrl-C exits 130; any other exception is a bug in this tool, said so on one line, exit 70.
     Inside a git bisect, bad input and internal errors exit 255 instead (`for_git_bisect`)."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        """click's main, ending here rather than in click: a Ctrl-C while the arguments are parsed
+        is 130 (click's own ending would be 1, "bad" to git bisect run), and every exit code goes
+        through for_git_bisect."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
         try:
-            return super().main(*args, **kwargs)
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            exc.show()
+            code = exc.exit_code
+        except (click.Abort, KeyboardInterrupt):
+            click.echo("replay: interrupted", err=True)
+            code = EXIT_INTERRUPTED
         except SystemExit as exc:
-            if isinstance(exc.code, int):
-                raise SystemExit(for_git_bisect(exc.code)) from None
-            raise
+            if not isinstance(exc.code, int) and exc.code is not None:
+                raise
+            code = exc.code
+        raise SystemExit(for_git_bisect(code if isinstance(code, int) else 0))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -78,6 +93,22 @@ def _git_bisect_in_progress() -> bool:
     return found.returncode == 0 and Path(found.stdout.strip()).is_file()
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but tab and newline, DEL, C1
+
+
+class SafeConsole(Console):
+    """rich's Console, printing control characters as their escapes: text from a snapshot (an op
+    called "x\\x1b[2J") is shown as it is written and cannot drive the terminal. rich's own
+    styles and cursor moves are segments of their own, and pass."""
+
+    def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
+        for segment in super().render(renderable, options):
+            if segment.control is None and _CONTROL.search(segment.text):
+                segment = Segment(_CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), segment.text),
+                                  segment.style)
+            yield segment
+
+
 class ToleranceValue(click.ParamType):
     """A tolerance: a finite number >= 0 (NaN would make every comparison pass)."""
 
@@ -117,7 +148,7 @@ def finish(json_target: str | None, data: dict[str, Any], show: Callable[[Consol
     if json_target:
         write_json(json_target, data)
     if json_target != "-":
-        show(Console(highlight=False))
+        show(SafeConsole(highlight=False))
     sys.exit(exit_code)
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.text import Text
 
+from replay.cli.common import SafeConsole
 from replay.device import use_interpreter_without_gpu
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 
@@ -51,7 +51,7 @@ def command(directory: Path | None, jobs: int) -> None:
     from replay.bisect import Step, render
     from replay.demo import GOOD_TAG, run_demo
 
-    console = Console(highlight=False)
+    console = SafeConsole(highlight=False)
     started = time.monotonic()
 
     def say(message: str) -> None:

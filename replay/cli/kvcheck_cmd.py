@@ -8,7 +8,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from replay.cli.common import chosen_device, device_option, finish, json_option
+from replay.cli.common import SafeConsole, chosen_device, device_option, finish, json_option
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 from replay.kv.check import KvReport, check_snapshot
 from replay.snapshot import Snapshot
@@ -64,8 +64,9 @@ def command(snapshot: Path | None, model: str, prompt_len: int, chunks: str, dec
 
         from replay.kv.runs import RunPlan, check_model, parse_chunks
 
-        status = Console(stderr=True, quiet=json_target == "-")
-        report = check_model(load_factory(model, KernelCode(code_dir).module), device, RunPlan(prompt_len, parse_chunks(chunks), decode_steps),
+        status = SafeConsole(stderr=True, quiet=json_target == "-")
+        factory = load_factory(model, KernelCode(code_dir).module)
+        report = check_model(factory, device, RunPlan(prompt_len, parse_chunks(chunks), decode_steps),
                              keep_dir, lambda name: status.print(f"kv-check: {name} run"))
         kept = str(keep_dir) if keep_dir else None
     finish(json_target, {**report.to_json(), "recording": kept}, lambda console: _print(console, report, kept),

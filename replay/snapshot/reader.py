@@ -14,16 +14,19 @@ from replay.errors import SnapshotError
 from replay.snapshot import callfile, jsonargs, schema
 from replay.snapshot.files import sha256_bytes
 from replay.snapshot.manifest import FORMAT_VERSION
-from replay.snapshot.tensors import DTYPES, MAX_VIEW_RATIO, MIN_VIEW_LIMIT, Geometry, rebuild
+from replay.snapshot.tensors import DTYPES, Geometry, rebuild
 from replay.snapshot.writer import INDEX, MANIFEST, blob_relpath
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_INDEX_BYTES = 1 << 30
 MAX_BLOB_BYTES = 1 << 40
-# what a call's views may reach in all, over what its files store (see tensors.MAX_VIEW_RATIO)
+# What reading one call may cost in memory: the tensors it makes (blob copies, joined chunks) and
+# the views it hands out may each reach CALL_VIEW_RATIO times the distinct bytes the call stores on
+# disk (its file, and each blob or chunk it names, once however often it is named), or
+# CALL_READ_LIMIT bytes, whichever is larger (REPLAY_READ_LIMIT_MIB raises the latter, for a large
+# tensor stored as a few pieces: a KV cache still mostly zeros).
 CALL_VIEW_RATIO = 64
-CALL_VIEW_LIMIT = 64 << 20
-CHUNK_ENTRY_BYTES = 64 << 10  # what a chunk list entry may stand for on average, beyond 64x the distinct bytes
+CALL_READ_LIMIT = 256 << 20
 # a file whose size is mostly holes would cost memory its disk blocks do not: refused past this size
 SPARSE_SLACK = 1 << 20
 
@@ -88,7 +91,7 @@ class Snapshot:
     """A snapshot directory opened for reading. Call files are read only on `load`."""
 
     def __init__(self, path: str | Path, *, verify: bool = True, blob_cache_bytes: int = 1 << 30,
-                 strict: bool = True):
+                 strict: bool = True, read_limit: int | None = None):
         """Open the snapshot at `path`. With `strict` (the default) a damaged index line is a
         SnapshotError; without, it is kept in `problems` (one line each) and the whole lines
         around it are read, so that a caller can replay what is readable and say what is not."""
@@ -96,6 +99,7 @@ class Snapshot:
         self.verify = verify
         self.strict = strict
         self.problems: list[str] = []
+        self.read_limit = read_limit if read_limit is not None else _read_limit_from_env()
         self._blob_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._blob_cache_bytes = blob_cache_bytes
         self._blob_cache_size = 0  # bytes the cache holds
@@ -217,11 +221,13 @@ class Snapshot:
             raise SnapshotError(f"{path}: sha256 mismatch (corrupt or truncated file)")
         return data
 
-    def _blob(self, digest: str) -> torch.Tensor:
-        """The span stored in blob `digest`, a sha256 the schema checked (shared: callers must not modify it)."""
+    def _blob(self, digest: str, budget: _Budget) -> torch.Tensor:
+        """The span stored in blob `digest`, a sha256 the schema checked (shared: callers must not
+        modify it), counted once in `budget` as bytes the call stores."""
         cached = self._blob_cache.get(digest)
         if cached is not None:
             self._blob_cache.move_to_end(digest)
+            budget.stores(digest, _nbytes(cached))
             return cached
         rel = blob_relpath(digest)
         data = self._read_verified(rel, digest)
@@ -229,6 +235,7 @@ class Snapshot:
             span = callfile.read_spans(data)[callfile.BLOB_KEY]
         except Exception as exc:  # safetensors raises several types for bad data
             raise SnapshotError(f"{self.path / rel}: unreadable tensor data: {_one_line(exc)}") from None
+        budget.stores(digest, _nbytes(span))
         self._blob_cache[digest] = span
         self._blob_cache_size += _nbytes(span)
         while self._blob_cache_size > self._blob_cache_bytes and len(self._blob_cache) > 1:  # oldest first
@@ -236,27 +243,23 @@ class Snapshot:
             self._blob_cache_size -= _nbytes(evicted)
         return span
 
-    def _chunked(self, path: Path, key: str, geo: dict[str, Any]) -> torch.Tensor:
+    def _chunked(self, path: Path, key: str, geo: dict[str, Any], budget: _Budget) -> torch.Tensor:
         """A span stored as pieces of its bytes, each a blob, listed by a blob of their sha256s
-        (format 2), joined again."""
-        table = self._blob(geo["chunks"])
+        (format 2), joined again once the budget allows what they join to."""
+        table = self._blob(geo["chunks"], budget)
         if table.dtype != torch.uint8 or table.dim() != 2 or table.shape[1] != 32 or table.shape[0] == 0:
             raise SnapshotError(f"{path}: tensor {key!r}: its chunk list is not a [pieces, 32] table of sha256s")
         digests = [bytes(row.tolist()).hex() for row in table]
         sizes = {}
         for digest in dict.fromkeys(digests):
-            piece = self._blob(digest)
+            piece = self._blob(digest, budget)
             if piece.dtype != torch.uint8 or piece.dim() != 1:
                 raise SnapshotError(f"{path}: tensor {key!r}: a chunk is not a run of bytes")
             sizes[digest] = piece.numel()
-        joined_bytes, stored = sum(sizes[d] for d in digests), sum(sizes.values())
-        # pieces repeat (a cache of zero pages is one piece) but one large piece repeated must not
-        # blow memory up: at most 64 times the distinct bytes, or 64 KiB a list entry
-        limit = max(MAX_VIEW_RATIO * stored, CHUNK_ENTRY_BYTES * len(digests), MIN_VIEW_LIMIT)
-        if joined_bytes > limit:
-            raise SnapshotError(f"{path}: tensor {key!r}: its chunks join to {joined_bytes} bytes, more than the "
-                                f"{limit} its {len(digests)} entries and {stored} distinct bytes allow; refused")
-        joined = torch.cat([self._blob(d) for d in digests])
+        # pieces repeat (a cache of zero pages is one piece), but a piece listed many times must not
+        # blow memory up: the join is paid for from the call's budget before it is made
+        budget.spend(sum(sizes[d] for d in digests), f"tensor {key!r}: its chunks join to")
+        joined = torch.cat([self._blob(d, budget) for d in digests])
         itemsize = torch.empty(0, dtype=DTYPES[geo["dtype"]]).element_size()
         if joined.numel() % itemsize:
             raise SnapshotError(f"{path}: tensor {key!r}: its chunks hold {joined.numel()} bytes, not a whole "
@@ -278,12 +281,14 @@ class Snapshot:
         except Exception as exc:  # safetensors raises several types for a bad payload
             raise SnapshotError(f"{path}: unreadable call file: {_one_line(exc)}") from None
         tensors: dict[str, torch.Tensor] = {}
-        stored, viewed = len(data), 0
+        budget = _Budget(path, len(data), self.read_limit)
         for key, geo in header["tensors"].items():
             if "blob" in geo:
-                span = self._blob(geo["blob"]).clone()  # a blob is shared by many calls: each gets its own copy
+                span = self._blob(geo["blob"], budget)
+                budget.spend(_nbytes(span), f"tensor {key!r}: its copy of blob {geo['blob'][:12]} brings it to")
+                span = span.clone()  # a blob is shared by many calls and tensors: each gets its own copy
             elif "chunks" in geo:
-                span = self._chunked(path, key, geo)
+                span = self._chunked(path, key, geo, budget)
             else:
                 span = spans.get(key)
             if span is None:
@@ -292,11 +297,7 @@ class Snapshot:
                 tensors[key] = rebuild(span, Geometry.from_json(geo))
             except ValueError as exc:
                 raise SnapshotError(f"{path}: tensor {key!r}: {_one_line(exc)}") from None
-            stored += span.numel() * span.element_size() if "blob" in geo or "chunks" in geo else 0
-            viewed += tensors[key].numel() * tensors[key].element_size()
-            if viewed > max(CALL_VIEW_RATIO * stored, CALL_VIEW_LIMIT):
-                raise SnapshotError(f"{path}: its views reach {viewed} bytes by tensor {key!r}, more than "
-                                    f"{CALL_VIEW_RATIO} times the {stored} bytes it stores; refused")
+            budget.view(_nbytes(tensors[key]), key)
         return CallRecord(index=entry.index, op=header["op"], variant=header["variant"],
                           provider=header.get("provider"), args=header["args"],
                           tensors=tensors, launch=header.get("launch", []),
@@ -307,6 +308,49 @@ class Snapshot:
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _read_limit_from_env() -> int:
+    raw = os.environ.get("REPLAY_READ_LIMIT_MIB")
+    if raw is None:
+        return CALL_READ_LIMIT
+    if not raw.strip().isdigit():
+        raise SnapshotError(f"REPLAY_READ_LIMIT_MIB={raw!r}: a whole number of MiB")
+    return int(raw) << 20
+
+
+class _Budget:
+    """What reading one call may cost in memory (CALL_VIEW_RATIO): what it makes, and what its
+    views reach, each at most CALL_VIEW_RATIO times the distinct bytes it stores, or `floor`."""
+
+    def __init__(self, path: Path, file_bytes: int, floor: int):
+        self.path, self.floor = path, floor
+        self.stored, self.made, self.viewed = file_bytes, 0, 0
+        self._seen: set[str] = set()
+
+    @property
+    def limit(self) -> int:
+        return max(CALL_VIEW_RATIO * self.stored, self.floor)
+
+    def stores(self, digest: str, nbytes: int) -> None:
+        """Blob `digest` is read for this call: its bytes count once, however often it is named."""
+        if digest not in self._seen:
+            self._seen.add(digest)
+            self.stored += nbytes
+
+    def spend(self, nbytes: int, what: str) -> None:
+        """Memory about to be made for the call (`what` ends 'brings it to' or 'joins to')."""
+        self.made += nbytes
+        if self.made > self.limit:
+            raise SnapshotError(f"{self.path}: {what} {self.made} bytes in memory, more than the {self.limit} its "
+                                f"{self.stored} distinct stored bytes allow ({CALL_VIEW_RATIO} times, or "
+                                f"REPLAY_READ_LIMIT_MIB); refused")
+
+    def view(self, nbytes: int, key: str) -> None:
+        self.viewed += nbytes
+        if self.viewed > self.limit:
+            raise SnapshotError(f"{self.path}: its views reach {self.viewed} bytes by tensor {key!r}, more than "
+                                f"the {self.limit} its {self.stored} distinct stored bytes allow; refused")
 
 
 def _check_header(path: Path, header: dict[str, Any]) -> None:

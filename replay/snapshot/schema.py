@@ -1,8 +1,9 @@
 """The JSON shapes of the format (format.schema.json beside this file), checked before use.
 
 Everything JSON in a snapshot (manifest, index lines, call metadata) goes through `parse`:
-no NaN or Infinity literals, at most MAX_DEPTH levels of nesting, and the shape its schema
-definition gives, so that a hostile file is one SnapshotError naming it, never an
+no NaN or Infinity literals, at most MAX_DEPTH levels of nesting, strings that are text (a
+JSON escape of a lone surrogate, "\\ud800", is no character: it could not be printed or made a
+path), and the shape its schema definition gives, so that a hostile file is one SnapshotError naming it, never an
 OverflowError, RecursionError or TypeError deep in the code that reads it. The validator
 covers the subset of JSON Schema the file uses.
 """
@@ -52,20 +53,47 @@ def parse(text: str | bytes, definition: str) -> Any:
         raise
     except (ValueError, UnicodeDecodeError) as exc:
         raise SchemaError(f"not JSON: {' '.join(str(exc).split())}") from None
-    check_depth(value)
+    check_structure(value)
     validate(value, definition)
     return value
 
 
-def check_depth(value: Any) -> None:
-    """Refuse JSON nested deeper than MAX_DEPTH (walked without recursion)."""
+def check_structure(value: Any) -> None:
+    """Refuse JSON nested deeper than MAX_DEPTH, and strings (keys too) that are not text (walked
+    without recursion)."""
     pending = [(value, 1)]
     while pending:
         item, depth = pending.pop()
         if depth > MAX_DEPTH:
             raise SchemaError(f"nested more than {MAX_DEPTH} levels deep")
+        if isinstance(item, str):
+            _check_text(item)
+        elif isinstance(item, dict):
+            for key in item:
+                _check_text(key)
         children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
         pending.extend((child, depth + 1) for child in children)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise SchemaError(f"a string holds {text[exc.start]!a}, a lone surrogate: no character") from None
+
+
+def as_text(text: str) -> str:
+    """`text` with any lone surrogate written as its escape: free text (notes, error messages) as a
+    snapshot may hold it."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_name(name: str, what: str) -> None:
+    """A ValueError unless `name` (an op's, a variant's, a tag's) is text a snapshot may hold."""
+    try:
+        _check_text(name)
+    except SchemaError as exc:
+        raise ValueError(f"{what} {name!a}: {exc}") from None
 
 
 def validate(value: Any, definition: str) -> None:

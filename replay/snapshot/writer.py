@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import errno
 import json
 import os
 import threading
@@ -11,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from replay.errors import SnapshotError
-from replay.snapshot import callfile
+from replay.snapshot import callfile, schema
 from replay.snapshot.files import create_exclusive, fsync_paths, safe_component, sha256_parts, write_atomic
 from replay.snapshot.manifest import CHUNKED_VERSION, new_manifest
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
@@ -23,6 +25,17 @@ BLOBS_DIR = "blobs"
 DURABILITY = ("close", "call")
 CHUNK_BYTES = 64 * 1024  # a large tensor is stored as blobs of this many bytes (format 2)
 HASH_WHILE_WRITING_BYTES = 16 << 20  # blobs this large are hashed on a thread of their own as they are written
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until every byte is written: a short count carries on where it stopped, a count of
+    none is a full disk."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, "no room to write the index line", None)
+        view = view[written:]
 
 
 def blob_relpath(digest: str) -> str:
@@ -66,8 +79,11 @@ class SnapshotWriter:
         self._lock = threading.Lock()
         self._next_index = 0
         self._index_fd: int | None = None
+        self._index_size = 0  # bytes of whole lines in the index: where a failed append is cut back to
+        self._manifest_stale = False  # an error recorded in memory that the manifest does not hold yet
+        self.unsaved_errors: OSError | None = None  # why, after close(), the manifest still does not
         self._known_blobs: set[str] = set()
-        self.manifest = new_manifest(notes, source_dir)
+        self.manifest = new_manifest(schema.as_text(notes), source_dir)
         try:
             (self.path / CALLS_DIR).mkdir(parents=True, exist_ok=True)
             (self.path / BLOBS_DIR).mkdir(exist_ok=True)
@@ -206,22 +222,39 @@ class SnapshotWriter:
                 "blobs": sorted({*blobs.values(), *chunks.values()})}
 
     def add_to_index(self, line: dict[str, Any]) -> None:
-        """Append a written call's line to the index (one write, on a file kept open)."""
+        """Append a written call's line to the index, on a file kept open: whole, or not at all.
+
+        A write the kernel cuts short (a disk with a page left) is carried on where it stopped;
+        if the rest cannot be written, the index is cut back to its last whole line and the
+        OSError raised, so that no later line is ever glued to a partial one."""
         data = json.dumps(line).encode() + b"\n"
         with self._lock:
             if self._index_fd is None:
                 self._index_fd = os.open(self.path / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-            os.write(self._index_fd, data)
+                self._index_size = os.fstat(self._index_fd).st_size
+            try:
+                _write_all(self._index_fd, data)
+            except OSError:
+                with contextlib.suppress(OSError):  # a cut line left behind is what a reader reports
+                    os.ftruncate(self._index_fd, self._index_size)
+                raise
+            self._index_size += len(data)
             if self._sync:
                 os.fsync(self._index_fd)
 
     def close(self) -> None:
-        """Flush what durability "close" left in the page cache to disk (index last), and close
-        the index."""
+        """Write the manifest again if it missed an error, flush what durability "close" left in
+        the page cache to disk (index last), and close the index."""
         with self._lock:
             pending, self._unsynced = self._unsynced, []
             fd, self._index_fd = self._index_fd, None
+            stale = self._manifest_stale
         try:
+            if stale:
+                try:
+                    self._write_recorded_errors()
+                except OSError as exc:
+                    self.unsaved_errors = exc
             if pending:
                 fsync_paths(pending + [self.path / INDEX])
         finally:
@@ -229,6 +262,14 @@ class SnapshotWriter:
                 os.close(fd)
 
     def record_error(self, message: str) -> None:
+        """Keep `message` in the manifest's capture_errors. Where the manifest cannot be written (a
+        full disk), it is tried again at close(), and the OSError raised for the caller to say it."""
         with self._lock:
-            self.manifest["capture_errors"].append(message)
+            self.manifest["capture_errors"].append(schema.as_text(message))
+            self._manifest_stale = True
+        self._write_recorded_errors()
+
+    def _write_recorded_errors(self) -> None:
+        with self._lock:
             self._write_manifest()
+            self._manifest_stale = False

@@ -136,6 +136,7 @@ def test_diff_names_first_divergence(rowscale_snapshot: Path, tmp_path: Path,
 @pytest.mark.parametrize("make_bad, needle, exit_code", [
     (lambda p: shutil.rmtree(p), "no such snapshot directory", 2),
     (lambda p: (shutil.rmtree(p), p.write_text("{}")), "a file, not a snapshot directory", 2),
+    (lambda p: (p / "calls.jsonl").unlink(), ": no calls recorded", 2),  # killed before its first call
     (lambda p: next((p / "calls").iterdir()).write_bytes(b"garbage"), "000000-toy_rowscale.safetensors", 2),
     (lambda p: (p / "calls.jsonl").write_text("{not json\n"), "calls.jsonl:1: malformed index line", 2),
 ])

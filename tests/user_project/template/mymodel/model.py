@@ -5,9 +5,9 @@ from mymodel.ops import norm_rows, rotary_rows, scaled_add_rows, softcap
 
 
 class Block:
-    def __init__(self, hidden: int = 16, seed: int = 0):
+    def __init__(self, hidden: int = 16, seed: int = 0, device: str = "cpu"):
         generator = torch.Generator().manual_seed(seed)
-        self.weight = torch.rand(hidden, generator=generator) + 0.5
+        self.weight = (torch.rand(hidden, generator=generator) + 0.5).to(device)
         self.eps = 1e-6
 
     def forward(self, x: torch.Tensor, position_buf: torch.Tensor) -> torch.Tensor:

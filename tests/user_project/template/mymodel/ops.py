@@ -59,7 +59,7 @@ def rotary_rows(x, position_buf, theta=10000.0):
 @rotary.reference
 def rotary_reference(x, position_buf, theta=10000.0):
     half = x.shape[1] // 2
-    inv = theta ** (-2.0 * torch.arange(half, dtype=torch.float64) / (2 * half))
+    inv = theta ** (-2.0 * torch.arange(half, dtype=torch.float64, device=x.device) / (2 * half))
     angle = position_buf.double()[:, None] * inv[None, :]
     x1, x2 = x[:, :half].double(), x[:, half:].double()
     replay.tag("angle0", position_buf.float())

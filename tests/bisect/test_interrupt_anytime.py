@@ -1,0 +1,29 @@
+"""Ctrl-C at any moment of a command, while the harness still imports torch too: exit 130 and one
+line on stderr, never a traceback (and never 1, which git bisect run reads as a bad commit)."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPLAY = str(Path(sys.executable).with_name("replay"))
+
+
+@pytest.mark.parametrize("delay", [0.15, 0.5, 1.0, 1.6, 4.0])  # the imports take a second or two here
+def test_ctrl_c_at_any_moment_is_exit_130_and_one_line(make_linear, delay: float) -> None:
+    history = make_linear(8, bug_at=5)
+    child = subprocess.Popen([REPLAY, "bisect", "--good", history.shas[0], "--bad", "HEAD", "--run", "sleep 60"],
+                             cwd=history.path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    child.send_signal(signal.SIGINT)
+    try:
+        _, stderr = child.communicate(timeout=60)
+    finally:
+        child.kill()
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert child.returncode == 130, stderr
+    assert len(lines) == 1 and lines[0].startswith("replay: interrupted") and "Traceback" not in stderr, stderr
