@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 
 import kernels  # noqa: F401 (registers the ops)
 import replay
+from replay import registry
 from replay.cli import main
 from replay.registry import get_op
 
@@ -85,7 +87,7 @@ def _rotate(x: torch.Tensor, position_buf: torch.Tensor) -> torch.Tensor:
 
 
 def _causal_softmax(scores: torch.Tensor, kv_cache_lengths: torch.Tensor) -> torch.Tensor:
-    keys = torch.arange(scores.shape[1])[None, :]
+    keys = torch.arange(scores.shape[1], device=scores.device)[None, :]
     return torch.softmax(scores.masked_fill(keys >= kv_cache_lengths[:, None], float("-inf")), dim=-1)
 
 
@@ -94,34 +96,55 @@ def _per_row(*names: str):
     return lambda args, r: {k: v[r:r + 1] if k in names else v for k, v in args.items()}
 
 
-rope_split = replay.op("inv_rope_split_row", batch_axes={"x": 0, "out": 0}, split_row=_per_row("x", "position_buf"))
-rope_split.batched(_rotate)
-rope_split.example()(lambda rows, dtype, device: {"x": torch.randn(rows, 8, dtype=dtype, device=device),
-                                                  "position_buf": torch.arange(rows, device=device) + 5})
-softmax_split = replay.op("inv_causal_softmax", batch_axes={"scores": 0, "out": 0},
-                          split_row=_per_row("scores", "kv_cache_lengths"))
-softmax_split.batched(_causal_softmax)
-softmax_split.example()(lambda rows, dtype, device: {"scores": torch.randn(rows, 16, dtype=dtype, device=device),
-                                                     "kv_cache_lengths": torch.arange(rows, device=device) % 16 + 1})
+@pytest.fixture
+def split_row_ops() -> Iterator[None]:
+    """Two ops whose single calls cut per-row state by split_row, registered for the test only (a
+    command run with no op named takes every op with examples)."""
+    saved = dict(registry._OPS)
+    rope = replay.op("inv_rope_split_row", batch_axes={"x": 0, "out": 0}, split_row=_per_row("x", "position_buf"))
+    rope.batched(_rotate)
+    rope.example()(lambda rows, dtype, device: {"x": torch.randn(rows, 8, dtype=dtype, device=device),
+                                                "position_buf": torch.arange(rows, device=device) + 5})
+    softmax = replay.op("inv_causal_softmax", batch_axes={"scores": 0, "out": 0},
+                        split_row=_per_row("scores", "kv_cache_lengths"))
+    softmax.batched(_causal_softmax)
+    softmax.example()(lambda rows, dtype, device: {"scores": torch.randn(rows, 16, dtype=dtype, device=device),
+                                                   "kv_cache_lengths": torch.arange(rows, device=device) % 16 + 1})
+    yield
+    registry._OPS.clear()
+    registry._OPS.update(saved)
 
 
-def test_rows_are_cut_as_single_cuts_them_so_per_row_state_is_no_false_alarm() -> None:
+def test_rows_are_cut_as_single_cuts_them_so_per_row_state_is_no_false_alarm(split_row_ops: None) -> None:
     code, report = invariance("inv_rope_split_row", "inv_causal_softmax", "--batch-sizes", "1,3,8", "--chunks", "3",
                               "--pad", "2")
     assert code == 0, report
     assert len(verdicts(report)) == 5 and all(verdicts(report).values())
 
 
-def test_a_recorded_op_with_no_batch_axis_is_not_applicable(tmp_path: Path) -> None:
-    @replay.capture("inv_no_batch_axis")
-    def total(x: torch.Tensor) -> torch.Tensor:
-        return x.sum()
+@pytest.fixture
+def no_batch_axis() -> Iterator[object]:
+    """An op declared with no batch axis, for the test only."""
+    saved = dict(registry._OPS)
+    yield replay.capture("inv_no_batch_axis")(lambda x: x.sum())
+    registry._OPS.clear()
+    registry._OPS.update(saved)
 
+
+def test_a_recorded_op_with_no_batch_axis_is_not_applicable(tmp_path: Path, device: str, no_batch_axis) -> None:
     with replay.recording(tmp_path / "snap"):
-        total(torch.ones(4))
-        get_op("rmsnorm").variants["batched"](torch.randn(3, 32), torch.ones(32), 1e-6)
+        no_batch_axis(torch.ones(4, device=device))
+        get_op("rmsnorm").variants["batched"](torch.randn(3, 32, device=device), torch.ones(32, device=device), 1e-6)
     code, report = invariance("--snapshot", str(tmp_path / "snap"), "--batch-sizes", "1,3", "--chunks", "3",
                               "--pad", "1", "--provider", __name__)
     assert code == 0, report
     skipped = {op["op"]: op["skipped"] for op in report["ops"]}
     assert skipped == {"inv_no_batch_axis": "it declares no batch axis: batch invariance is about rows", "rmsnorm": None}
+
+
+def test_a_variant_failing_on_its_example_is_one_line_naming_it(split_row_ops: None) -> None:
+    with get_op("inv_causal_softmax").replacing("batched", lambda scores, kv_cache_lengths: scores[99]):
+        result = CliRunner().invoke(main, ["invariance", "inv_causal_softmax"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("replay: error: op 'inv_causal_softmax' batched, example 'default' on ")
+    assert "IndexError" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -202,9 +202,15 @@ def check_op(op: Op, variant: str, example: str, plan: Plan, dtype: torch.dtype,
         raise ReplayError(f"op '{op.name}' has no example '{example}' (it has: {', '.join(op.examples) or 'none'})")
     rows = max((*plan.batch_sizes, *plan.chunks, 1))
     make = op.examples[example]
-    pool = make(rows, dtype, device) if not op.serial_rows else {}
-    extra = make(max((*plan.pads, 1)), dtype, device) if not op.serial_rows else {}
-    return check_rows(op, variant, example, pool, extra, plan, device)
+    try:
+        pool = make(rows, dtype, device) if not op.serial_rows else {}
+        extra = make(max((*plan.pads, 1)), dtype, device) if not op.serial_rows else {}
+        return check_rows(op, variant, example, pool, extra, plan, device)
+    except ReplayError:
+        raise
+    except Exception as exc:  # the code under test failing on its own example: said of it, in one line
+        raise ReplayError(f"op '{op.name}' {variant}, example '{example}' on {device}: {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:300]}") from None
 
 
 def check_rows(op: Op, variant: str, label: str, pool: dict[str, Any], extra: dict[str, Any], plan: Plan,
