@@ -18,8 +18,7 @@ Triton kernels defined after it run in Triton's interpreter on CPU tensors.
 """
 from __future__ import annotations
 
-import os
-
+from replay import settings
 from replay.device import use_interpreter_without_gpu
 
 use_interpreter_without_gpu(warn_if_late=True)
@@ -33,11 +32,11 @@ from replay.verify import verify
 __all__ = ["KernelRules", "Op", "Tolerance", "capture", "dump", "flush", "get_op", "op", "record_launch", "recording",
            "scope", "tag", "verify"]
 
-if os.environ.get("REPLAY_CAPTURE"):
+if settings.CAPTURE.is_set:
     from replay.recorder import start_from_env
 
     start_from_env()
-if os.environ.get("REPLAY_VERIFY"):
+if settings.VERIFY.is_set:
     from replay.verify import from_env
 
     from_env()

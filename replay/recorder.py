@@ -32,7 +32,9 @@ import torch
 from replay import graph_capture
 from replay.capture_pipeline import (DEFAULT_QUEUE_DEPTH, SHARED_POOL, BlobRef, CallWriter, Copier, HostCopy,
                                      PendingBatch, PendingCall, Ring, check_options)
+from replay import settings
 from replay.errors import CaptureError, ReplayError
+from replay.settings import SettingError
 from replay.snapshot import SnapshotWriter
 from replay.snapshot.writer import MANIFEST
 from replay.snapshot import jsonargs
@@ -46,8 +48,6 @@ DEFAULT_RING_BYTES = 1 << 30
 # only when it changed; a smaller one is staged (bytes in the graph's batched copy cost less than a
 # copy issued from the host)
 GRAPH_WEIGHT_BYTES = 16 * 1024
-DEFAULT_TAG_LEVEL = 1
-TAG_LEVELS = (0, 1, 2)
 
 _recording: "Recording | None" = None
 # op name -> the verifier's hook for its calls (replay.verify): (spec, call, signature, args, kwargs) -> result
@@ -318,7 +318,7 @@ class Recording:
                  chunk_threshold: int = CHUNK_THRESHOLD_BYTES, asynchronous: bool = True,
                  queue_depth: int = DEFAULT_QUEUE_DEPTH, when_full: str = "block", durability: str = "close",
                  ring: int | None = None, ring_bytes: int = DEFAULT_RING_BYTES):
-        self.strict = strict if strict is not None else os.environ.get("REPLAY_CAPTURE_STRICT") == "1"
+        self.strict = strict if strict is not None else settings.CAPTURE_STRICT.get()
         self.tag_level = tag_level if tag_level is not None else _tag_level_from_env()
         self.blob_threshold, self.chunk_threshold = blob_threshold, chunk_threshold
         check_options(queue_depth, when_full)
@@ -718,10 +718,10 @@ def _dropped_summary(dropped: collections.Counter[tuple[int, str]], shown: int =
 
 
 def _tag_level_from_env() -> int:
-    raw = os.environ.get("REPLAY_TAGS", str(DEFAULT_TAG_LEVEL))
-    if raw.strip() not in {str(level) for level in TAG_LEVELS}:
-        raise CaptureError(f"REPLAY_TAGS={raw!r}: must be 0 (off), 1 (tagged) or 2 (everything)")
-    return int(raw)
+    try:
+        return settings.TAGS.get()
+    except SettingError as exc:  # met as a recording starts: a capture error like any other
+        raise CaptureError(str(exc)) from None
 
 
 def active() -> Recording | None:
@@ -937,14 +937,14 @@ def recording(path: str | Path, *, notes: str = "", tag_level: int | None = None
 
 def start_from_env() -> None:
     """Honour REPLAY_CAPTURE=path: record the whole process into that snapshot, written out at exit."""
-    path = os.environ.get("REPLAY_CAPTURE")
+    path = settings.CAPTURE.get()
     if not path or _recording is not None:
         return
     try:
         start(path)
         atexit.register(stop)
     except (ReplayError, OSError) as exc:  # an existing snapshot, an unwritable path, a bad setting
-        if os.environ.get("REPLAY_CAPTURE_STRICT") == "1":
+        if settings.CAPTURE_STRICT.get():
             raise
         print(f"replay: capture: {exc}; not recording", file=sys.stderr)
 

@@ -135,3 +135,13 @@ def test_provider_module_moved_inside_its_package_still_provides(tmp_path, monke
     assert replay.get_op("reg_moved_op").provider == "reg_moved_pkg.merged"
     with pytest.raises(ProviderImportError, match="'reg_missing_pkg.module' failed to import"):
         code.import_provider("reg_missing_pkg.module", "here")
+
+
+def test_the_readme_lists_every_setting_as_declared() -> None:
+    from pathlib import Path
+
+    from replay import settings
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for setting in settings.ALL:
+        row = next((line for line in readme.splitlines() if line.startswith(f"| `{setting.name}` |")), None)
+        assert row is not None and setting.takes in row and setting.help in row, setting.name

@@ -16,7 +16,9 @@ import click
 from rich.console import Console, ConsoleOptions, RenderableType
 from rich.segment import Segment
 
+from replay import settings
 from replay.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, ReplayError
+from replay.settings import SettingError
 
 
 class ReplayGroup(click.Group):
@@ -58,7 +60,7 @@ class ReplayGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
         except Exception as exc:
-            if os.environ.get("REPLAY_TRACEBACK") == "1":
+            if _wants_traceback():
                 traceback.print_exc()
             click.echo(f"replay: internal error (a bug in kernel-replay, please report it): {type(exc).__name__}: "
                        f"{one_line(str(exc))} (REPLAY_TRACEBACK=1 prints the traceback)", err=True)
@@ -107,6 +109,13 @@ class SafeConsole(Console):
                 segment = Segment(_CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), segment.text),
                                   segment.style)
             yield segment
+
+
+def _wants_traceback() -> bool:
+    try:
+        return settings.TRACEBACK.get()
+    except SettingError:  # a bug is being reported: a malformed setting does not hide it
+        return False
 
 
 class ToleranceValue(click.ParamType):

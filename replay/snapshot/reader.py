@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import torch
 
+from replay import settings
 from replay.errors import SnapshotError
 from replay.snapshot import callfile, jsonargs, schema
 from replay.snapshot.files import sha256_bytes
@@ -23,10 +24,9 @@ MAX_BLOB_BYTES = 1 << 40
 # What reading one call may cost in memory: the tensors it makes (blob copies, joined chunks) and
 # the views it hands out may each reach CALL_VIEW_RATIO times the distinct bytes the call stores on
 # disk (its file, and each blob or chunk it names, once however often it is named), or
-# CALL_READ_LIMIT bytes, whichever is larger (REPLAY_READ_LIMIT_MIB raises the latter, for a large
-# tensor stored as a few pieces: a KV cache still mostly zeros).
+# settings.READ_LIMIT_MIB, whichever is larger (raised for a large tensor stored as a few pieces:
+# a KV cache still mostly zeros).
 CALL_VIEW_RATIO = 64
-CALL_READ_LIMIT = 256 << 20
 # a file whose size is mostly holes would cost memory its disk blocks do not: refused past this size
 SPARSE_SLACK = 1 << 20
 
@@ -311,12 +311,7 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _read_limit_from_env() -> int:
-    raw = os.environ.get("REPLAY_READ_LIMIT_MIB")
-    if raw is None:
-        return CALL_READ_LIMIT
-    if not raw.strip().isdigit():
-        raise SnapshotError(f"REPLAY_READ_LIMIT_MIB={raw!r}: a whole number of MiB")
-    return int(raw) << 20
+    return settings.READ_LIMIT_MIB.get() << 20
 
 
 class _Budget:

@@ -12,12 +12,11 @@ where it stays out of the way (torch.compile, CUDA graph capture, threads, shutd
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from replay import recorder
+from replay import recorder, settings
 from replay.errors import ReplayError
 from replay.registry import Op, all_ops, get_op, op as declare_op
 from replay.tolerance import Tolerance
@@ -134,7 +133,7 @@ def from_env() -> None:
     """REPLAY_VERIFY=op1,op2@0.05: verify those registered ops (0.01 where no rate is given);
     ops registered later are picked up at their first call. A malformed entry is reported on
     stderr and skipped: the program runs."""
-    for entry in filter(None, (e.strip() for e in os.environ.get("REPLAY_VERIFY", "").split(","))):
+    for entry in filter(None, (e.strip() for e in settings.VERIFY.get().split(","))):
         name, _, rate = entry.partition("@")
         try:
             sample = float(rate) if rate else 0.01

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from replay import recorder
+from replay import recorder, settings
 from replay.compare import compare, row_ranges
 from replay.errors import ReplayError
 from replay.recorder import CallSpec, returned_values
@@ -41,7 +41,7 @@ COUNTERS = ("calls", "checked", "flagged", "skipped", "dropped", "failed", "snap
 @dataclass
 class Settings:
     enabled: bool = True
-    directory: Path = field(default_factory=lambda: Path(os.environ.get("REPLAY_VERIFY_DIR", "replay-verify")))
+    directory: Path = field(default_factory=lambda: Path(settings.VERIFY_DIR.get()))
     max_snapshots: int = 3  # per op: later mismatches are counted, not written
     compile: str = "break"  # under torch.compile: a graph break around the check, or skip and count
     queue_depth: int = 64
@@ -323,7 +323,7 @@ recorder.before_graph_capture(VERIFIER.drain)  # the worker's CUDA calls would b
 
 def _report_at_exit() -> None:
     VERIFIER.drain()
-    if os.environ.get("REPLAY_VERIFY_REPORT") == "1" and VERIFIER.counters["calls"]:
+    if settings.VERIFY_REPORT.get() and VERIFIER.counters["calls"]:
         print("replay.verify: " + ", ".join(f"{k} {v}" for k, v in VERIFIER.counters.items()), file=sys.stderr)
 
 
