@@ -51,7 +51,7 @@ def run(kernel: Any, grid: Sequence[int], *args: Any, path: str | None = None, *
     it again takes: its module, signature and constexprs) into the call."""
     grid = tuple(int(g) for g in grid)
     compiled = kernel[grid](*args, **meta)
-    if not replay.recorder.launches_wanted():
+    if not replay.launches_wanted():
         return compiled
     info = {k: v for k, v in meta.items() if isinstance(v, (bool, int, str))}
     if path is not None:

@@ -30,7 +30,6 @@ import torch
 import replay
 from kernels import OPS, ggml_quant
 from kernels.rope import rope_tables
-from replay import graph_capture, recorder
 from replay.registry import get_op
 
 
@@ -190,9 +189,9 @@ class TinyLlama:
         self.seq_len_buf.fill_(1)
         if not self.use_cuda_graph:
             logits = self._decode_forward()
-        elif self._graph is None or (recorder.active() is None) != (graph_capture.tape_of(self._graph) is None):
+        elif self._graph is None or replay.recapture_needed(self._graph):
             # runs the step for real and compiles every kernel; captured again when a recording starts
-            # (so that it follows the graph: replay/graph_capture.py) or has ended (its copies go)
+            # (so that it follows the graph: replay/recorder/graphs.py) or has ended (its copies go)
             logits = self._decode_forward()
             self._capture()
         else:

@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 import torch
 
-from replay import recorder as _recorder
+from replay.recorder import intercept
+from replay.recorder.staging import CallSpec
 from replay.errors import RegistryError
 from replay.kernel_rules import KernelRules
 from replay.snapshot.schema import check_name
@@ -86,8 +87,8 @@ class Op:
             raise RegistryError(f"op '{self.name}' variant '{name}': unknown backend(s) {unknown}; known: {list(BACKENDS)}")
 
         def register(fn: F) -> F:
-            spec = _recorder.CallSpec(self.name, name, self.provider, self.state, self.mutates, self.outputs)
-            captured = _recorder.wrap(spec, fn, self._row_limit(fn) if name == SINGLE else None)
+            spec = CallSpec(self.name, name, self.provider, self.state, self.mutates, self.outputs)
+            captured = intercept.wrap(spec, fn, self._row_limit(fn) if name == SINGLE else None)
             captured.variant = self.variants[name] = Variant(self, name, fn, backends, captured)
             self._keep_canonical_order()
             return captured
@@ -120,11 +121,11 @@ class Op:
         self.single(fn)
         return self.batched(fn)
 
-    def _row_limit(self, fn: Callable[..., Any]) -> _recorder.RowLimit | None:
+    def _row_limit(self, fn: Callable[..., Any]) -> intercept.RowLimit | None:
         """The guard of a single variant: its first parameter with a batch axis holds one row."""
         parameters = inspect.signature(fn).parameters
         name = next((n for n in self.batch_axes if n in parameters), None)
-        return _recorder.RowLimit(self.name, name, self.batch_axes[name]) if name is not None else None
+        return intercept.RowLimit(self.name, name, self.batch_axes[name]) if name is not None else None
 
     def rows(self, arguments: Mapping[str, Any]) -> int | None:
         """Rows in a call: the extent of the first argument with a batch axis, if any."""

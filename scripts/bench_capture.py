@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 import replay
-from replay.capture_pipeline import WRITER_THREADS
+from replay.recorder.pipeline import WRITER_THREADS
 from replay.snapshot import Snapshot
 from replay.snapshot.files import fsync_paths, write_atomic
 
@@ -285,7 +285,7 @@ def steady_decode(model: TinyLlama, steps: int, ring: Path | None) -> tuple[floa
     (recorded into a flight recording when `ring` is given); seconds a replay of its graph alone
     (nothing recorded, back to back: the graph's own cost, staging copies included); the bytes a
     replay stages."""
-    from replay import graph_capture
+    from replay.recorder import graphs, lifecycle
 
     with replay.recording(ring, ring=64) if ring else contextlib.nullcontext():
         model.reset()
@@ -298,8 +298,8 @@ def steady_decode(model: TinyLlama, steps: int, ring: Path | None) -> tuple[floa
             model.decode_step(token)
         torch.cuda.synchronize()
         seconds = (time.perf_counter() - started) / steps
-        graph, tape = model._graph, graph_capture.tape_of(model._graph)
-        replay_only = graph_capture._originals.get("replay", torch.cuda.CUDAGraph.replay)  # not recorded
+        graph, tape = model._graph, graphs.tape_of(model._graph)
+        replay_only = lifecycle._graph_methods.get("replay", torch.cuda.CUDAGraph.replay)  # not recorded
         started = time.perf_counter()
         for _ in range(steps):
             replay_only(graph)

@@ -28,7 +28,7 @@ import torch
 
 import replay
 from replay import recorder
-from replay.recorder import CallSpec
+from replay.recorder.staging import CallSpec
 from replay.registry import get_op
 from replay.verify.gate import features
 from replay.tolerance import REDUCTION

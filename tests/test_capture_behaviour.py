@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import replay
-from replay import recorder
+from replay import context, recorder
 from replay.errors import CaptureError, SnapshotError
 from replay.snapshot import Snapshot, writer
 
@@ -216,7 +216,7 @@ def test_tag_of_a_non_tensor_raises_in_strict_mode(tmp_path: Path) -> None:
 def test_tag_of_a_non_tensor_outside_a_recording_or_in_a_replay_is_ignored() -> None:
     assert replay.tag("loose", None) is None and replay.tag("loose", [1]) == [1]
     assert torch.equal(tags_told(torch.zeros(2), "None"), torch.ones(2))
-    with recorder.collecting() as sink:  # how replay runs a variant
+    with context.collecting() as sink:  # how replay runs a variant
         tags_told(torch.zeros(2), "float")
         replay.tag("kept", torch.ones(1))
     assert list(sink.tags) == ["kept"]
@@ -292,7 +292,7 @@ def test_a_launch_names_the_call_argument_each_pointer_points_into(tmp_path: Pat
     (launch,) = Snapshot(tmp_path / "snap").load(0).launch
     # a view into position_buf is position_buf; a tensor made inside the call is no argument
     assert launch["binds"] == {"x_ptr": "x", "pos_ptr": "position_buf"}
-    with recorder.collecting(arguments={"buf": (buf := torch.zeros(8))}) as sink:  # how a replay names them
+    with context.collecting(arguments={"buf": (buf := torch.zeros(8))}) as sink:  # how a replay names them
         replay.record_launch("k", (1,), pointers={"p": buf[4:]})
     assert sink.launches[0]["binds"] == {"p": "buf"}
 

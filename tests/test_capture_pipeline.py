@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import replay
-from replay.capture_pipeline import PinnedPool
+from replay.recorder.pipeline import PinnedPool
 from replay.snapshot import Snapshot, files
 from replay.snapshot.writer import SnapshotWriter
 

@@ -86,7 +86,7 @@ def test_an_error_the_manifest_cannot_take_at_once_reaches_it_at_close(tmp_path:
         real(path, data, **kwargs)
     monkeypatch.setattr(writer, "write_atomic", write_atomic)
     with replay.recording(tmp_path / "snap", queue_depth=1, when_full="drop") as rec:
-        rec._report("a capture error met on a full disk", stop=False)
+        rec.report("a capture error met on a full disk", stop=False)
     assert json.loads((tmp_path / "snap" / "manifest.json").read_text())["capture_errors"] == [
         "a capture error met on a full disk"]
 
@@ -104,7 +104,7 @@ def test_a_manifest_that_stays_unwritable_is_said(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(writer, "write_atomic", write_atomic)
     with replay.recording(tmp_path / "snap") as rec:
         full.append(True)
-        rec._report("a capture error met on a full disk", stop=False)
+        rec.report("a capture error met on a full disk", stop=False)
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0] == "replay: capture: a capture error met on a full disk"
     assert err[1].startswith(f"replay: capture: {tmp_path / 'snap' / 'manifest.json'} could not be written")

@@ -13,11 +13,13 @@ import torch
 from click.testing import CliRunner
 
 import replay
-from replay import graph_capture, recorder
+from replay.recorder import graphs
+from replay.recorder.session import Recording
+from replay.recorder.staging import CallSpec, Tensor
 from replay.cli import main
 from replay.snapshot import Snapshot
 from replay.snapshot.writer import SnapshotWriter
-from replay.snapshot.tensors import storage_span
+from replay.snapshot.tensors import geometry_of, storage_span
 
 
 @replay.capture("graph_linear")
@@ -30,6 +32,11 @@ def scale_(y: torch.Tensor, factor: float) -> None:
     y.mul_(factor)
 
 
+def tensor(key: str, what: str, value: torch.Tensor) -> Tensor:
+    """A tensor of a call, as the recorder's walk over it hands it on."""
+    return Tensor(key, what, value, geometry_of(value))
+
+
 def manifest_errors(path: Path) -> list[str]:
     return json.loads((path / "manifest.json").read_text())["capture_errors"]
 
@@ -39,24 +46,24 @@ def replays_cleanly(path: Path) -> None:
     assert result.exit_code == 0, result.output
 
 
-def linear_tape(x: torch.Tensor, weight: torch.Tensor) -> tuple[graph_capture.Tape, graph_capture.Staged,
-                                                                 graph_capture.Staged]:
+def linear_tape(x: torch.Tensor, weight: torch.Tensor) -> tuple[graphs.Tape, graphs.Staged,
+                                                                 graphs.Staged]:
     """What capturing `linear(x, weight)` into graph 7 leaves: a tape of one call, the staging spans
     of x and of the output (views into the tape's slabs), and the weight, read in place."""
-    spec = recorder.CallSpec("graph_linear", "default", __name__)
-    tape = graph_capture.Tape(graph_id=7)
-    inputs = tape.stage("in/x", "argument 'x'", x)
-    out = tape.stage("out/out", "output 'out'", linear(x, weight))
+    spec = CallSpec("graph_linear", "default", __name__)
+    tape = graphs.Tape(graph_id=7)
+    inputs = tape.stage(tensor("in/x", "argument 'x'", x))
+    out = tape.stage(tensor("out/out", "output 'out'", linear(x, weight)))
     header = {"op": "graph_linear", "variant": "default", "provider": __name__,
               "args": [{"name": "x", "tensor": "in/x"}, {"name": "weight", "tensor": "in/weight"}],
               "returns_json": {}, "launch": [], "meta": {"thread": "MainThread", "scope": {"step": 0}, "graph": 7}}
-    tape.calls.append(graph_capture.CapturedCall(spec, header, [
-        inputs, tape.weight("in/weight", "argument 'weight'", weight), out]))
+    tape.calls.append(graphs.CapturedCall(spec, header, [
+        inputs, tape.weight(tensor("in/weight", "argument 'weight'", weight)), out]))
     return tape, inputs, out
 
 
-def replay_tape(rec: recorder.Recording, tape: graph_capture.Tape, inputs: graph_capture.Staged,
-                out: graph_capture.Staged, x: torch.Tensor, weight: torch.Tensor, step: int) -> None:
+def replay_tape(rec: Recording, tape: graphs.Tape, inputs: graphs.Staged,
+                out: graphs.Staged, x: torch.Tensor, weight: torch.Tensor, step: int) -> None:
     """What a replay of the graph does to its staging spans, then what the recording does after it."""
     inputs.tensor.copy_(storage_span(x))
     out.tensor.copy_(storage_span(x @ weight.t()))
@@ -211,20 +218,20 @@ def test_a_capture_stages_a_tensor_once_and_copies_it_before_a_write_or_at_the_e
     """An output read unchanged by the next call is one staging span; its copy is put off until a
     call declares it writes that storage, or to the end of the graph; another view, or a version
     moved by a write through torch, is staged anew; a write the recorder did not see is reported."""
-    monkeypatch.setattr(graph_capture, "_default_pool_ranges", lambda: [])  # no CUDA allocator here
-    capture = graph_capture.Capture()
+    monkeypatch.setattr(graphs, "_default_pool_ranges", lambda: [])  # no CUDA allocator here
+    capture = graphs.Capture()
     out = torch.arange(64.0)
-    produced = capture.stage("f", "out/out", "output 'out'", out)
-    read = capture.stage("g", "in/x", "argument 'x'", out)
+    produced = capture.stage("f", tensor("out/out", "output 'out'", out))
+    read = capture.stage("g", tensor("in/x", "argument 'x'", out))
     assert (read.slab, read.offset, read.key) == (produced.slab, produced.offset, "in/x")
-    assert capture.stage("g", "in/x", "argument 'x'", out[:32]).offset != produced.offset  # another view
+    assert capture.stage("g", tensor("in/x", "argument 'x'", out[:32])).offset != produced.offset  # another view
     capture.before_write([out[:8]])  # a call about to write the storage: its spans are copied first
     assert torch.equal(produced.tensor, torch.arange(64.0))
     out.add_(1)
-    changed = capture.stage("h", "in/x", "argument 'x'", out)
+    changed = capture.stage("h", tensor("in/x", "argument 'x'", out))
     assert changed.offset != produced.offset
     other = torch.zeros(4)
-    unseen = capture.stage("h", "in/y", "argument 'y'", other)
+    unseen = capture.stage("h", tensor("in/y", "argument 'y'", other))
     other.fill_(3)  # written in place where no declared write warned the capture
     capture.finish()
     assert torch.equal(changed.tensor, torch.arange(64.0) + 1) and torch.equal(unseen.tensor, torch.full((4,), 3.0))
@@ -237,14 +244,14 @@ def test_calls_made_during_a_capture_are_taped_with_their_values_at_the_call(tmp
     """The CPU twin of capturing: the recorder's path for calls inside a capture, run as if one
     were under way. An op's input is staged before the op that writes it, its output after, and
     the output the next call reads is the same staging span."""
-    monkeypatch.setattr(graph_capture, "_default_pool_ranges", lambda: [])
+    monkeypatch.setattr(graphs, "_default_pool_ranges", lambda: [])
     gen = torch.Generator().manual_seed(2)
     x, weight = torch.randn(8, 16, generator=gen), torch.randn(4, 16, generator=gen)
     with replay.recording(tmp_path / "snap") as rec:
-        capture = graph_capture.Capture()
-        monkeypatch.setattr(graph_capture._local, "capture", capture, raising=False)
+        capture = graphs.Capture()
+        monkeypatch.setattr(graphs._local, "capture", capture, raising=False)
         scale_(linear(x, weight), 2.0)
-        monkeypatch.setattr(graph_capture._local, "capture", None)
+        monkeypatch.setattr(graphs._local, "capture", None)
         capture.finish()
         rec.record_replay(capture.tape)  # on the CPU nothing runs again: the values of the capture
     linear_call, scale_call = Snapshot(tmp_path / "snap")
@@ -268,13 +275,13 @@ def test_a_call_left_off_the_tape_still_has_what_it_writes_copied_first(tmp_path
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A mutating call that cannot be taped (an argument that is not JSON) runs with the copies
     put off of what it writes made before it: the call before keeps the value it returned."""
-    monkeypatch.setattr(graph_capture, "_default_pool_ranges", lambda: [])
+    monkeypatch.setattr(graphs, "_default_pool_ranges", lambda: [])
     x, weight = torch.randn(4, 8), torch.randn(3, 8)
     with replay.recording(tmp_path / "snap") as rec:
-        capture = graph_capture.Capture()
-        monkeypatch.setattr(graph_capture._local, "capture", capture, raising=False)
+        capture = graphs.Capture()
+        monkeypatch.setattr(graphs._local, "capture", capture, raising=False)
         scale_by_(linear(x, weight), _NotJson())
-        monkeypatch.setattr(graph_capture._local, "capture", None)
+        monkeypatch.setattr(graphs._local, "capture", None)
         capture.finish()
         rec.record_replay(capture.tape)
     (record,) = Snapshot(tmp_path / "snap")
@@ -283,9 +290,9 @@ def test_a_call_left_off_the_tape_still_has_what_it_writes_copied_first(tmp_path
 
 def test_slabs_stay_near_what_is_staged() -> None:
     """A large span gets a slab of its own; small spans after it go on filling the open slab."""
-    tape = graph_capture.Tape(graph_id=1)
-    small = tape.stage("in/a", "argument 'a'", torch.zeros(16))
-    large = tape.stage("in/b", "argument 'b'", torch.zeros(graph_capture.SLAB_BYTES))  # 4 MiB of floats
-    after = tape.stage("in/c", "argument 'c'", torch.zeros(16))
-    assert [slab.numel() for slab in tape.slabs] == [graph_capture.SLAB_BYTES, 4 * graph_capture.SLAB_BYTES]
+    tape = graphs.Tape(graph_id=1)
+    small = tape.stage(tensor("in/a", "argument 'a'", torch.zeros(16)))
+    large = tape.stage(tensor("in/b", "argument 'b'", torch.zeros(graphs.SLAB_BYTES)))  # 4 MiB of floats
+    after = tape.stage(tensor("in/c", "argument 'c'", torch.zeros(16)))
+    assert [slab.numel() for slab in tape.slabs] == [graphs.SLAB_BYTES, 4 * graphs.SLAB_BYTES]
     assert (small.slab, large.slab, after.slab) == (0, 1, 0) and after.offset == 64

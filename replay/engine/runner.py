@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from replay import recorder
+from replay.context import CallSink, collecting, returned_values
 from replay.registry import SINGLE, Op, Variant
 from replay.snapshot.tensors import geometry_of
 
@@ -42,7 +42,7 @@ def fresh_copy(value: Any, device: str) -> Any:
 
 
 def _named_outputs(op: Op, result: Any, args: dict[str, Any]) -> dict[str, torch.Tensor]:
-    outputs = recorder.returned_values(result, op.outputs)
+    outputs = returned_values(result, op.outputs)
     outputs.update({name: args[name] for name in op.mutates if isinstance(args.get(name), torch.Tensor)})
     return {name: value for name, value in outputs.items() if isinstance(value, torch.Tensor)}
 
@@ -51,8 +51,8 @@ def _is_build_failure(exc: Exception) -> bool:
     return type(exc).__name__ in {"CompilationError", "CompileTimeAssertionFailure", "OutOfResources"}
 
 
-def _invoke(variant: Variant, args: dict[str, Any], tag_level: int) -> tuple[Any, recorder.CallSink]:
-    with recorder.collecting(tag_level, args) as sink:
+def _invoke(variant: Variant, args: dict[str, Any], tag_level: int) -> tuple[Any, CallSink]:
+    with collecting(tag_level, args) as sink:
         result = variant.fn(**args)
     return result, sink
 

@@ -28,7 +28,7 @@ import torch
 
 from replay.compare import compare, row_ranges
 from replay.errors import ReplayError
-from replay.recorder import returned_values
+from replay.context import returned_values
 from replay.registry import Op
 
 

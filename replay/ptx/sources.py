@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from replay import recorder
+from replay.context import collecting
 from replay.errors import RegistryError, ReplayError
 from replay.kernel_rules import KernelRules
 from replay.ptx.compile import CompileJob, compile_jobs
@@ -116,7 +116,7 @@ def _example_arguments(op: Op, variant: str, example: str, make: Any, dtype: tor
 
 def _launches_of(op: Op, variant: str, example: str, arguments: dict[str, Any]) -> list[Mapping[str, Any]]:
     try:
-        with recorder.collecting(0, arguments) as sink:
+        with collecting(0, arguments) as sink:
             op.get(variant).fn(**arguments)
     except ReplayError:
         raise

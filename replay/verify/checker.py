@@ -28,7 +28,8 @@ import torch
 from replay import recorder, settings
 from replay.compare import compare, row_ranges
 from replay.errors import ReplayError
-from replay.recorder import CallSpec, returned_values
+from replay.recorder.staging import CallSpec
+from replay.context import returned_values, tag
 from replay.registry import Op
 from replay.snapshot.files import safe_component
 from replay.verify.gate import OutlierGate, features
@@ -305,11 +306,11 @@ def _write_snapshot(path: Path, check: _Check, expected: dict[str, Any]) -> None
                 bound.arguments[name].copy_(after[name])  # as the kernel left it
         for name, value in expected.items():
             if isinstance(value, torch.Tensor):
-                recorder.tag(f"reference/{name}", value)
+                tag(f"reference/{name}", value)
         return _as_returned(check.result, after, check.policy.op.outputs)
 
     notes = f"replay.verify: call {check.number} of {spec.op} ({spec.variant}) differed from the reference"
-    rec = recorder.Recording(path, notes=notes, asynchronous=False, tag_level=2, strict=True)
+    rec = recorder.Recording(path, recorder.RecordingOptions(notes=notes, asynchronous=False, tag_level=2, strict=True))
     try:
         bound = inspect.BoundArguments(check.signature, {n: _copy(v) for n, v in check.inputs.items()})  # type: ignore[arg-type]
         rec.record(spec, replayed, check.signature, bound.args, bound.kwargs)

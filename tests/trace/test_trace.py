@@ -122,8 +122,8 @@ def test_scope_labels_must_be_finite_and_a_missing_pointer_is_no_error(tmp_path:
     with pytest.raises(ValueError, match="finite"):
         with replay.scope("step", float("nan")):
             pass
-    from replay import recorder
+    from replay import context
 
-    with recorder.collecting(arguments={"x": torch.zeros(2)}) as sink:
+    with context.collecting(arguments={"x": torch.zeros(2)}) as sink:
         replay.record_launch("k", (1,), pointers={"x_ptr": None, "y_ptr": torch.zeros(1)})
     assert "binds" not in sink.launches[0]

@@ -120,12 +120,12 @@ class Copier:
         self.pool = pool
         self._devices: set[torch.device] = set()
 
-    def copy(self, t: torch.Tensor, landed: bool = False, recorded: Geometry | None = None) -> HostCopy:
-        """A host copy of `t`'s storage span (or, given the `recorded` view's geometry, of `t`, a
-        copy of that view's span); with `landed`, one that carries an event of its own (a blob:
-        other calls, on other streams, may be written before the one that took it)."""
-        geometry = recorded or geometry_of(t)
-        span = t.detach() if recorded is not None else storage_span(t.detach(), geometry)
+    def copy(self, t: torch.Tensor, landed: bool = False, geometry: Geometry | None = None) -> HostCopy:
+        """A host copy of `t`'s storage span (`geometry`: `t`'s, where the caller has it already);
+        with `landed`, one that carries an event of its own (a blob: other calls, on other
+        streams, may be written before the one that took it)."""
+        geometry = geometry or geometry_of(t)
+        span = storage_span(t.detach(), geometry)
         if span.device.type != "cuda":
             return HostCopy(span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone(), geometry)
         nbytes = span.numel() * span.element_size()

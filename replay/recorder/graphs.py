@@ -1,15 +1,15 @@
-"""Recording the calls inside CUDA graphs, at every replay.
+"""Staging the calls inside CUDA graphs, so that every replay of a graph can be recorded.
 
 A call captured into a CUDA graph runs again at each `graph.replay()` with no Python around it,
 so a recorder that copies at the call sees it once, at capture, when nothing has run yet. While
-a recording is active this module wraps `torch.cuda.CUDAGraph`'s capture_begin, capture_end and
-replay. At a captured call it adds to the graph a device-to-device copy of each tensor the call
-reads (before it) and writes (after it) into staging slabs of the graph's own memory pool, so
-every replay refreshes them, and keeps the call's description as a tape of the graph. After each
-replay the recording copies the slabs to pinned host memory (one copy a slab, on the replay's
-stream) and hands them over whole; the calls are described from the tape on the writer threads
-(or when a flight recording is dumped), each marked with the replay it came from
-(`meta.graph_replay`).
+calls are intercepted, replay/recorder/lifecycle.py wraps `torch.cuda.CUDAGraph`'s capture_begin,
+capture_end and replay, and makes a Capture for each capture it follows. At a captured call the
+Capture adds to the graph a device-to-device copy of each tensor the call reads (before it) and
+writes (after it) into staging slabs of the graph's own memory pool, so every replay refreshes
+them; the call's description goes on the graph's Tape. After each replay the recording copies
+the slabs to pinned host memory (one copy a slab, on the replay's stream) and hands them over
+whole (replay/recorder/graph_recording.py). This module holds the data and the staging; it calls
+nothing above it.
 
 Weights are not staged: an input the call does not write, in memory allocated outside any graph's
 pool and written by no earlier call of the same graph (a weight, a buffer the host fills between
@@ -26,19 +26,17 @@ import bisect
 import dataclasses
 import functools
 import itertools
-import sys
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from replay.snapshot.tensors import Geometry, geometry_of, storage_span
+from replay.recorder import staging
+from replay.snapshot.tensors import Geometry, storage_span
 
-_originals: dict[str, Callable[..., Any]] = {}
 _tapes: "weakref.WeakKeyDictionary[Any, Tape]" = weakref.WeakKeyDictionary()
 _local = threading.local()  # .capture: the Capture under way on this thread, if any
-_install_lock = threading.Lock()
 
 
 @dataclasses.dataclass
@@ -62,7 +60,7 @@ class Staged:
 
 @dataclasses.dataclass
 class CapturedCall:
-    spec: Any  # recorder.CallSpec
+    spec: staging.CallSpec
     header: dict[str, Any]  # op, variant, provider, args, returns_json, launch, meta
     tensors: list[Staged]
 
@@ -90,23 +88,24 @@ class Tape:
         """The weights of every call, in tape order (asked for after the capture has ended)."""
         return [s for call in self.calls for s in call.tensors if s.weight]
 
-    def stage(self, key: str, what: str, t: torch.Tensor, persistent: bool = False) -> Staged:
-        """Copy `t`'s storage span into the tape's slabs now (inside a graph: each replay copies it again)."""
-        staged, source = self.reserve(key, what, t, persistent)
+    def stage(self, tensor: staging.Tensor) -> Staged:
+        """Copy the tensor's storage span into the tape's slabs now (inside a graph: each replay copies
+        it again)."""
+        staged, source = self.reserve(tensor)
         staged.tensor.copy_(source)
         return staged
 
-    def reserve(self, key: str, what: str, t: torch.Tensor, persistent: bool = False) -> tuple[Staged, torch.Tensor]:
-        """Room in the tape's slabs for `t`'s storage span, and that span (to be copied in)."""
-        geometry = geometry_of(t)
-        span = storage_span(t.detach(), geometry)
+    def reserve(self, tensor: staging.Tensor) -> tuple[Staged, torch.Tensor]:
+        """Room in the tape's slabs for the tensor's storage span, and that span (to be copied in)."""
+        span = storage_span(tensor.value.detach(), tensor.geometry)
         nbytes = span.numel() * span.element_size()
         slab, offset = self._room(nbytes, span.device)
-        staging = self.slabs[slab][offset:offset + nbytes].view(span.dtype)
-        return Staged(key, what, staging, geometry, persistent=persistent, slab=slab, offset=offset), span
+        room = self.slabs[slab][offset:offset + nbytes].view(span.dtype)
+        return Staged(tensor.key, tensor.what, room, tensor.geometry, persistent=tensor.persistent, slab=slab,
+                      offset=offset), span
 
-    def weight(self, key: str, what: str, t: torch.Tensor) -> Staged:
-        return Staged(key, what, t, geometry_of(t), weight=True)
+    def weight(self, tensor: staging.Tensor) -> Staged:
+        return Staged(tensor.key, tensor.what, tensor.value, tensor.geometry, weight=True)
 
     def _room(self, nbytes: int, device: torch.device) -> tuple[int, int]:
         """Where `nbytes` go: a slab of their own when large; else the end of the device's open
@@ -161,18 +160,20 @@ class Capture:
         self._deferred: list[_Deferred] = []
         self._held: list[torch.Tensor] = []  # every tensor staged, alive until the capture ends
 
-    def stage(self, op: str, key: str, what: str, t: torch.Tensor, persistent: bool = False) -> Staged:
-        """`t`, passed to or returned by `op`, staged: its copy made now (an inference tensor) or put off."""
+    def stage(self, op: str, tensor: staging.Tensor) -> Staged:
+        """A tensor passed to or returned by `op`, staged: its copy made now (an inference tensor) or
+        put off."""
+        t = tensor.value
         if t.is_inference():
-            return self.tape.stage(key, what, t, persistent)
-        ident = (t.untyped_storage().data_ptr(), geometry_of(t), t._version)
+            return self.tape.stage(tensor)
+        ident = (t.untyped_storage().data_ptr(), tensor.geometry, t._version)
         same = self._staged.get(ident)
         if same is not None:
-            return dataclasses.replace(same, key=key, what=what, persistent=persistent)
-        staged, span = self.tape.reserve(key, what, t, persistent)
+            return dataclasses.replace(same, key=tensor.key, what=tensor.what, persistent=tensor.persistent)
+        staged, span = self.tape.reserve(tensor)
         self._staged[ident] = staged
         self._held.append(t)
-        self._deferred.append(_Deferred(staged.tensor, span, t, t._version, f"op '{op}' {what}"))
+        self._deferred.append(_Deferred(staged.tensor, span, t, t._version, f"op '{op}' {tensor.what}"))
         return staged
 
     def outside(self, t: torch.Tensor) -> bool:
@@ -228,52 +229,17 @@ def tape_of(graph: Any) -> Tape | None:
     return _tapes.get(graph)
 
 
-def install(on_replay: Callable[[Tape | None], None], before_capture: Callable[[], bool]) -> None:
-    """Wrap CUDAGraph's capture and replay. `before_capture()` runs before a capture begins (work
-    on other threads must stop: a CUDA call there breaks a capture in the default, global mode) and
-    says whether to follow it; `on_replay(tape)` runs after each replay (tape None for a graph
-    captured where none was followed)."""
-    if not torch.cuda.is_available():
-        return
-    with _install_lock:
-        if _originals:
-            return
-        graph_class = torch.cuda.CUDAGraph
-        begin, end, replay = graph_class.capture_begin, graph_class.capture_end, graph_class.replay
-        _originals.update(capture_begin=begin, capture_end=end, replay=replay)
-
-        def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
-            # before it begins: reading the allocator's segments is not capturable
-            _local.capture = Capture() if before_capture() else None
-            try:
-                begin(self, *args, **kwargs)
-            except BaseException:
-                _local.capture = None
-                raise
-
-        def capture_end(self: Any) -> None:
-            capture, _local.capture = current_capture(), None
-            try:
-                if capture is not None:
-                    capture.finish()  # the last copies go into the graph before it closes
-            except Exception as exc:  # the program's capture must still end; its replays go unrecorded
-                print(f"replay: capture: CUDA graph {capture.tape.graph_id}: staging failed: {exc}; "
-                      "its replays are not recorded", file=sys.stderr)
-                capture = None
-            end(self)
-            if capture is not None:
-                _tapes[self] = capture.tape
-
-        def replay_and_record(self: Any) -> None:
-            replay(self)
-            on_replay(_tapes.get(self))
-
-        graph_class.capture_begin, graph_class.capture_end, graph_class.replay = \
-            capture_begin, capture_end, replay_and_record
+def begin(follow: bool) -> None:
+    """A capture is about to begin on this thread: followed (a Capture made) or not."""
+    _local.capture = Capture() if follow else None
 
 
-def uninstall() -> None:
-    with _install_lock:
-        for name, original in _originals.items():
-            setattr(torch.cuda.CUDAGraph, name, original)
-        _originals.clear()
+def end() -> Capture | None:
+    """The capture on this thread has ended (or failed to begin): the Capture that followed it."""
+    capture, _local.capture = current_capture(), None
+    return capture
+
+
+def keep(graph: Any, tape: Tape) -> None:
+    """`graph`'s capture was followed: its replays are recorded from `tape`."""
+    _tapes[graph] = tape

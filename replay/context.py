@@ -1,0 +1,205 @@
+"""What a running call reports besides its result: its tags, the launches it made, the scope it runs in.
+
+A kernel calls `replay.tag(...)` and `replay.record_launch(...)` wherever it runs; what collects
+them is a CallSink set for the call by whoever runs it (a recording, a replay, `replay ptx`,
+`replay invariance`, the verifier): `collecting(...)`. With none set, both cost one context
+variable read. `replay.scope(...)` labels the calls made inside a block. Nothing here records
+anything: the recording machinery (replay/recorder/) is one user of it among others.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import torch
+
+from replay.snapshot import jsonargs
+from replay.snapshot.schema import check_name
+
+_sink: contextvars.ContextVar["CallSink | None"] = contextvars.ContextVar("replay_sink", default=None)
+_scope: contextvars.ContextVar[tuple[tuple[str, Any], ...]] = contextvars.ContextVar("replay_scope", default=())
+
+
+@dataclass
+class CallSink:
+    """Collects the tags and launch records of one running call."""
+
+    level: int
+    arguments: Mapping[str, Any] = field(default_factory=dict)  # the call's, to name what a kernel is handed
+    tags: dict[str, torch.Tensor] = field(default_factory=dict)
+    launches: list[dict[str, Any]] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)  # tags that were not tensors, described
+
+    def argument_holding(self, pointer: torch.Tensor) -> str | None:
+        """The call argument a kernel's tensor argument is, or is a view into: the same address
+        first, else the argument whose storage holds it."""
+        tensors = [(n, t) for n, t in self.arguments.items() if isinstance(t, torch.Tensor)]
+        for name, tensor in tensors:
+            if tensor.data_ptr() == pointer.data_ptr() and tensor.device == pointer.device:
+                return name
+        address = pointer.data_ptr()
+        for name, tensor in tensors:
+            storage = tensor.untyped_storage()
+            if tensor.device == pointer.device and storage.data_ptr() <= address < storage.data_ptr() + storage.nbytes():
+                return name
+        return None
+
+    def add_tag(self, name: str, tensor: torch.Tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):  # a recording reports it; a replay skips it
+            self.rejected.append(f"tag '{name}' is a value of type {type(tensor).__name__}, not a tensor")
+            return
+        try:
+            check_name(name, "tag")
+        except ValueError as exc:  # no text: a snapshot could not hold it
+            self.rejected.append(str(exc))
+            return
+        key, n = name, 1
+        while key in self.tags:
+            key, n = f"{name}.{n}", n + 1
+        self.tags[key] = tensor.detach().clone()
+
+
+@contextlib.contextmanager
+def collecting(level: int = 2, arguments: Mapping[str, Any] | None = None) -> Iterator[CallSink]:
+    """Collect tags (up to `level`) and launch records of the code run inside; `arguments`, the
+    call's, name the tensors its kernels are handed (a launch record's `binds`)."""
+    sink = CallSink(level, dict(arguments or {}))
+    token = _sink.set(sink)
+    try:
+        yield sink
+    finally:
+        _sink.reset(token)
+
+
+def tag(name: str, tensor: torch.Tensor, level: int = 1) -> torch.Tensor:
+    """Record an intermediate of the running call under `name`, for replay to compare.
+
+    Replay compares tags in the order they were recorded and names the first that
+    diverges, so tag what explains a wrong output (positions written, rstd, lse). With
+    no recording or replay running this is one context-variable read.
+
+    Args:
+        name: the tag's name; a repeated name within one call gets `.1`, `.2`, ...
+        tensor: the value (copied now; later writes to it do not change the tag). Anything
+            but a tensor is a capture error: that call is not recorded (replay skips it).
+        level: 1 (recorded by default) or 2 (only with REPLAY_TAGS=2: costly or verbose).
+
+    Returns:
+        `tensor` itself, so a tag can wrap an expression.
+
+    Example:
+        rstd = replay.tag("rstd", 1.0 / torch.sqrt(ms + eps))
+    """
+    sink = _sink.get()
+    if sink is not None and level <= sink.level:
+        sink.add_tag(name, tensor)
+    return tensor
+
+
+@contextlib.contextmanager
+def scope(name: str, value: int | float | str | bool) -> Iterator[None]:
+    """Label the calls made inside the block: each recorded call keeps the labels of the scopes
+    around it (`{"step": 2, "layer": 3}`), which `replay trace` draws as nested slices and
+    `replay kv-check` uses to find a layer's cache. Costs one context-variable set with no
+    recording active.
+
+    Args:
+        name: what is being labelled: "step" and "layer" are drawn as the timeline's levels,
+            "run" separates the runs `replay kv-check SNAPSHOT` compares; any other is kept as is.
+        value: its value (a number or a short string).
+
+    Example:
+        for i, layer in enumerate(layers):
+            with replay.scope("layer", i):
+                h = layer(h)
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"replay.scope: the name must be a non-empty string, got {name!r}")
+    if not isinstance(value, (int, float, str, bool)) or (isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"replay.scope({name!r}): the value must be a finite number or a string, got {value!r}")
+    token = _scope.set((*_scope.get(), (name, value)))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def current_scope() -> dict[str, Any]:
+    """The labels of the scopes around the running code, outermost first."""
+    return dict(_scope.get())
+
+
+def launches_wanted() -> bool:
+    """Whether a call is being recorded or replayed now, so that launch records are kept (a kernel
+    library may skip working out what it would record otherwise)."""
+    return _sink.get() is not None
+
+
+def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None,
+                  pointers: Mapping[str, torch.Tensor] | None = None, **info: Any) -> None:
+    """Record a kernel launch into the running call's launch records (a no-op outside one).
+
+    Args:
+        kernel: the kernel's name.
+        grid: the launch grid (any sequence of ints).
+        compiled: the object a Triton launch returns; its warps, stages, shared memory,
+            registers and hash (of the compiled kernel) are recorded when the backend reports
+            them (a GPU does; the interpreter does not).
+        pointers: the kernel's tensor arguments by its parameter names; recorded as `binds`,
+            parameter -> the call's argument it points into (`src_pos_ptr` -> `position_buf`).
+        **info: anything else worth keeping, JSON or kept as its repr: block sizes,
+            `path="indirect"` for which of two code paths ran.
+
+    Returns:
+        None.
+
+    Example:
+        compiled = kernel[grid](x, out, n, BLOCK=block)
+        replay.record_launch("rmsnorm_kernel", grid, compiled=compiled, BLOCK=block, path="direct")
+    """
+    sink = _sink.get()
+    if sink is None:
+        return
+    entry: dict[str, Any] = {"kernel": kernel, "grid": list(grid) if grid is not None else None}
+    meta = getattr(compiled, "metadata", None)
+    for attr in ("num_warps", "num_stages", "shared", "hash"):
+        if meta is not None and hasattr(meta, attr):
+            entry[attr] = getattr(meta, attr)
+    if getattr(compiled, "n_regs", None) is not None:
+        entry["registers"] = compiled.n_regs
+    try:
+        binds = {param: sink.argument_holding(tensor) for param, tensor in (pointers or {}).items()
+                 if isinstance(tensor, torch.Tensor)}
+    except RuntimeError:  # a tensor without storage (sparse, meta): informational, never fatal
+        binds = {}
+    if any(binds.values()):
+        entry["binds"] = {param: name for param, name in binds.items() if name is not None}
+    entry.update(info)
+    sink.launches.append({key: _json_or_repr(value) for key, value in entry.items()})
+
+
+def _json_or_repr(value: Any) -> Any:
+    """Launch details are informational: keep what JSON cannot hold as its repr."""
+    try:
+        return jsonargs.encode(value)
+    except jsonargs.NotJSONRepresentable:
+        try:
+            return repr(value)
+        except Exception:  # a failing __repr__, an int too long to print: never crash the program
+            return f"<{type(value).__name__}>"
+
+
+def returned_values(result: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    if result is None:
+        return {}
+    if isinstance(result, dict):
+        return dict(result)
+    values = result if isinstance(result, (tuple, list)) else (result,)
+    default = ("out",) if len(values) == 1 else tuple(f"out{i}" for i in range(len(values)))
+    chosen = names if len(names) == len(values) else default
+    return dict(zip(chosen, values))
+
+

@@ -1,0 +1,168 @@
+"""A recording's path for calls inside CUDA graphs: staged at capture, written at every replay.
+
+A call captured into a graph has its tensors staged inside the graph (replay/recorder/graphs.py)
+and its description kept on the graph's tape; nothing is written until the graph is replayed.
+After each replay the tape's slabs are copied to pinned host memory, one copy a slab, with the
+weights that changed since the last replay, and handed over as one PendingBatch whose calls are
+described from the tape by whoever writes them. Recording (replay/recorder/session.py) takes
+these methods; they use its writer, queue, ring, blobs and report.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from replay.recorder import graphs, staging
+from replay.recorder.pipeline import BlobRef, Copier, HostCopy, PendingBatch, PendingCall
+from replay.context import collecting, current_scope
+from replay.errors import CaptureError
+
+if TYPE_CHECKING:
+    from replay.recorder.session import Recording
+
+# Inside a CUDA graph a read-only input from outside it this large is a weight, copied after a replay
+# only when it changed; a smaller one is staged (bytes in the graph's batched copy cost less than a
+# copy issued from the host)
+GRAPH_WEIGHT_BYTES = 16 * 1024
+
+
+class GraphRecording:
+    """The CUDA-graph half of a Recording."""
+
+    def __init__(self) -> None:
+        self._replay_blobs: dict[int, tuple[list, list[BlobRef]]] = {}  # graph id: its weights' versions, blobs
+
+    def record_captured(self: Recording, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature,
+                        args: tuple, kwargs: dict) -> Any:
+        """A call being captured into a CUDA graph: stage its tensors inside the graph and keep its
+        description on the graph's tape; nothing is written until the graph is replayed."""
+        capture = graphs.current_capture()
+        assert capture is not None
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:  # the call itself is wrong: let the function raise its own error
+            return fn(*args, **kwargs)
+        bound.apply_defaults()
+        mutated = [value for name, value in bound.arguments.items()
+                   if name in spec.mutates and isinstance(value, torch.Tensor)]
+        staged: list[graphs.Staged] = []
+
+        def stage_argument(tensor: staging.Tensor) -> None:
+            t = tensor.value
+            weight = (tensor.reusable and t.is_cuda and t.numel() * t.element_size() >= GRAPH_WEIGHT_BYTES
+                      and capture.outside(t) and t.untyped_storage().data_ptr() not in capture.written)
+            staged.append(capture.tape.weight(tensor) if weight else capture.stage(spec.op, tensor))
+        try:
+            described = staging.arguments(spec, bound.arguments, stage_argument)
+        except CaptureError as exc:  # the call goes without a place on the tape: its writes are still staged first
+            self.report(str(exc), stop=False)
+            capture.before_write(mutated)
+            result = fn(*args, **kwargs)
+            staging.mark_written(spec, bound.arguments)
+            return result
+        capture.before_write(mutated)
+        with collecting(self.tag_level, bound.arguments) as sink:
+            result = fn(*args, **kwargs)
+        staging.mark_written(spec, bound.arguments)  # before the outputs are staged: a later reader finds them
+        _note_weights_written(spec, capture, bound.arguments)
+        try:
+            returned_json = staging.outputs(spec, bound.arguments, result, sink,
+                                            lambda tensor: staged.append(capture.stage(spec.op, tensor)))
+        except CaptureError as exc:
+            self.report(str(exc), stop=False)
+            return result
+        header = staging.header(spec, described, returned_json, sink.launches, {})
+        header["meta"]["graph"] = capture.tape.graph_id
+        capture.tape.calls.append(graphs.CapturedCall(spec, header, staged))
+        return result
+
+    def record_replay(self: Recording, tape: graphs.Tape | None) -> None:
+        """After a replay of a CUDA graph: copy its tape's slabs to the host (and the weights that
+        changed since the last replay) and hand them over; the calls are described when written."""
+        if tape is None:
+            self.count_unrecorded(replays=1)
+            return
+        if tape.written_later and not tape.replays:
+            self.report(f"CUDA graph {tape.graph_id}: {'; '.join(sorted(set(tape.written_later)))} "
+                        "written later in the same graph: recorded as it is at the end of each replay", stop=False)
+        tape.replays += 1
+        if self.stopped or self.calls.failed or not tape.calls:
+            return
+        if self.ring is None and self.calls.when_full == "drop" and self.calls.full():
+            self._dropped[(self.writer.next_index - 1, f"calls of CUDA graph {tape.graph_id}")] += len(tape.calls)
+            return
+        copier = Copier(self.calls.pool)
+        host: list[HostCopy] = []
+        try:
+            for slab, used in zip(tape.slabs, tape.used):
+                host.append(copier.copy(slab[:used]))
+            weights = self._replay_weights(tape, copier)
+        except (OSError, TypeError, RuntimeError) as exc:
+            copier.mark()()
+            for copy in host:
+                self.calls.release(copy)
+            self.report(f"CUDA graph {tape.graph_id}: copying a replay failed: {exc}; capture stopped", stop=True)
+            return
+        first = self.writer.reserve_index(len(tape.calls))
+        # labels of the scopes around the replay (the step it runs), over those seen at capture
+        replay = {"scope": current_scope(), "start_s": time.perf_counter() - self.started,
+                  "graph_replay": tape.replays}
+        batch = PendingBatch(len(tape.calls), host, copier.mark(),
+                             functools.partial(self._replay_calls, tape, first, host, weights, replay))
+        if self.ring is not None:
+            self.ring.add(batch)
+        else:
+            self.calls.submit(batch)
+
+    def _replay_weights(self: Recording, tape: graphs.Tape, copier: Copier) -> list[BlobRef]:
+        """The blobs of the tape's weights, in tape order: a weight whose version has not moved
+        since the last replay keeps its blob (a check, not a lookup); inference tensors have no
+        version: taken at every replay, stored once by content."""
+        versions = [None if s.tensor.is_inference() else s.tensor._version for s in tape.weights]
+        last, blobs = self._replay_blobs.get(tape.graph_id, ([None] * len(versions), [None] * len(versions)))
+        if versions == last and None not in versions:
+            return blobs
+        blobs = list(blobs)  # a new list: the replays held keep theirs
+        for n, (staged, version) in enumerate(zip(tape.weights, versions)):
+            if version is None or version != last[n]:
+                blobs[n] = self.blob(staged.tensor, copier, staged.geometry)
+        self._replay_blobs[tape.graph_id] = (versions, blobs)
+        return blobs
+
+    def _replay_calls(self: Recording, tape: graphs.Tape, first: int, host: list[HostCopy], weights: list[BlobRef],
+                      replay: dict[str, Any], skip: int) -> list[PendingCall]:
+        """The calls of one replay from the `skip`-th on, their tensors views into the host slabs."""
+        calls = []
+        blobs = iter(weights)
+        for n, captured in enumerate(tape.calls):
+            call_blobs = {s.key: (next(blobs), s.geometry) for s in captured.tensors if s.weight}
+            if n < skip:
+                continue
+            meta = captured.header["meta"]
+            call = PendingCall(first + n, dict(captured.header, meta={**meta, **replay,
+                                                                      "scope": {**meta["scope"], **replay["scope"]}}),
+                               blobs=call_blobs)
+            for s in captured.tensors:
+                if not s.weight:
+                    span = host[s.slab].span[s.offset:s.offset + s.nbytes].view(s.tensor.dtype)
+                    copy = call.copies[s.key] = HostCopy(span, s.geometry)
+                    copy.chunked = s.persistent and copy.nbytes >= max(self.options.chunk_threshold, 1)
+            calls.append(call)
+        return calls
+
+
+def _note_weights_written(spec: staging.CallSpec, capture: graphs.Capture, bound: dict[str, Any]) -> None:
+    """A tensor this call mutates is no weight for the calls after it in the graph; one that an
+    earlier call of the graph read as a weight is recorded as the graph's end leaves it (said once)."""
+    for name in spec.mutates:
+        value = bound.get(name)
+        if isinstance(value, torch.Tensor):
+            address = value.untyped_storage().data_ptr()
+            capture.written.add(address)
+            capture.tape.written_later += [
+                f"op '{call.spec.op}' {s.what}" for call in capture.tape.calls for s in call.tensors
+                if s.weight and s.tensor.untyped_storage().data_ptr() == address]

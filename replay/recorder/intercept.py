@@ -1,0 +1,140 @@
+"""Interception: what a recorded function does when called, decided by one flag read.
+
+`wrap(spec, fn)` returns a function with `fn`'s own parameters (compiled, so that nothing is packed
+on the way) that calls `fn` while nothing intercepts calls, and otherwise routes the call to the
+op's verifier (replay.verify) or to the active recording. A single-vector variant also checks that
+it was handed one row (RowLimit). The route is set by replay/recorder/lifecycle.py (`route`); this
+module calls nothing above it but the recording and verifier it was handed.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from replay.recorder.staging import CallSpec
+
+_intercepting = False  # a recording is active or an op is verified: captured calls take the slow path
+_recording: Any = None  # the active recording (replay.capture.session.Recording), if any
+# op name -> the verifier's hook for its calls (replay.verify): (spec, call, signature, args, kwargs) -> result
+_verifiers: dict[str, Callable[..., Any]] = {}
+
+
+def route(recording: Any, verifiers: dict[str, Callable[..., Any]]) -> None:
+    """Where intercepted calls go from now on: the recording (or None) and each verified op's hook."""
+    global _intercepting, _recording, _verifiers
+    _recording, _verifiers = recording, dict(verifiers)
+    _intercepting = recording is not None or bool(verifiers)
+
+
+@dataclass(frozen=True)
+class RowLimit:
+    """A single-vector variant's guard: its parameter `name` holds one row along `axis`."""
+
+    op: str
+    name: str
+    axis: int
+
+    def check(self, value: Any) -> None:
+        if isinstance(value, torch.Tensor) and value.dim() > self.axis and value.shape[self.axis] != 1:
+            raise ValueError(f"{self.op} single: takes one row, got {value.shape[self.axis]}; use the batched variant")
+
+
+def wrap(spec: CallSpec, fn: Callable, row_limit: RowLimit | None = None) -> Callable:
+    """Wrap `fn` so calls are recorded while a recording is active (and verified while its op is),
+    and, with `row_limit`, refused when they pass more than one row.
+
+    With neither the wrapper costs one global read and a call (and the row check, one shape
+    read): it is compiled with `fn`'s own parameters, so that nothing is packed into *args and
+    **kwargs on the way."""
+    signature = inspect.signature(fn)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        rec = _recording  # read again: another thread may have stopped the recording meanwhile
+        if rec is None:
+            return fn(*args, **kwargs)
+        return rec.record(spec, fn, signature, args, kwargs)
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        verifier = _verifiers.get(spec.op)
+        if verifier is not None and spec.variant != "reference":
+            return verifier(spec, run, signature, args, kwargs)
+        return run(*args, **kwargs)
+
+    captured = functools.wraps(fn)(_fast_path(fn, signature, record, row_limit) or _limited(record, signature,
+                                                                                          row_limit))
+    captured.__replay_spec__ = spec
+    return captured
+
+
+def _limited(record: Callable, signature: inspect.Signature, row_limit: RowLimit | None) -> Callable:
+    """`record` with the row check done on its bound arguments, where no wrapper could be compiled."""
+    if row_limit is None:
+        return record
+
+    def limited(*args: Any, **kwargs: Any) -> Any:
+        try:
+            row_limit.check(signature.bind(*args, **kwargs).arguments.get(row_limit.name))
+        except TypeError:  # the call itself is wrong: let the function raise its own error
+            pass
+        return record(*args, **kwargs)
+    return limited
+
+
+_FAST_PREFIX = "_replay_"
+_replay_Tensor = torch.Tensor  # what a compiled row check tests against (read from this module's globals)
+
+
+def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable,
+               row_limit: RowLimit | None = None) -> Callable | None:
+    """A function with `fn`'s parameters that calls `fn` while nothing intercepts calls and
+    `record` otherwise, checking `row_limit` first (inline: a shape read); None where the
+    parameters cannot be written out again, or may not be what `fn` takes (a decorated function:
+    its signature is its wrapped one's; a partial; an object)."""
+    if not inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
+        return None
+    params, passed, defaults = [], [], {}
+    kinds = inspect.Parameter
+    for i, p in enumerate(signature.parameters.values()):
+        if p.name.startswith(_FAST_PREFIX) or p.name == "_intercepting" or not p.name.isidentifier():
+            return None  # the names the compiled wrapper reads itself
+        text = {kinds.VAR_POSITIONAL: f"*{p.name}", kinds.VAR_KEYWORD: f"**{p.name}"}.get(p.kind, p.name)
+        if p.default is not p.empty:
+            defaults[f"{_FAST_PREFIX}d{i}"] = p.default
+            text += f"={_FAST_PREFIX}d{i}"
+        if p.kind == kinds.KEYWORD_ONLY and not any(q.startswith("*") for q in params):
+            params.append("*")
+        params.append(text)
+        if p.kind == kinds.POSITIONAL_ONLY and (i + 1 == len(signature.parameters) or
+                                                list(signature.parameters.values())[i + 1].kind != p.kind):
+            params.append("/")
+        passed.append({kinds.VAR_POSITIONAL: f"*{p.name}", kinds.VAR_KEYWORD: f"**{p.name}",
+                       kinds.KEYWORD_ONLY: f"{p.name}={p.name}"}.get(p.kind, p.name))
+    arguments, call = ", ".join(params), ", ".join(passed)
+    factory = ", ".join([f"{_FAST_PREFIX}fn", f"{_FAST_PREFIX}record", f"{_FAST_PREFIX}limit", *defaults])
+    guard = ""
+    if row_limit is not None:
+        if row_limit.name not in signature.parameters:
+            return None
+        value, axis = row_limit.name, row_limit.axis
+        guard = (f"        if isinstance({value}, {_FAST_PREFIX}Tensor) and {value}.dim() > {axis} "
+                 f"and {value}.shape[{axis}] != 1:\n"
+                 f"            {_FAST_PREFIX}limit.check({value})\n")
+    source = (f"def {_FAST_PREFIX}make({factory}):\n"
+              f"    def captured({arguments}):\n"
+              f"{guard}"
+              f"        if not _intercepting:\n"
+              f"            return {_FAST_PREFIX}fn({call})\n"
+              f"        return {_FAST_PREFIX}record({call})\n"
+              f"    return captured\n")
+    made: dict[str, Any] = {}
+    exec(compile(source, f"<replay capture of {fn.__qualname__}>", "exec"), globals(), made)  # reads _intercepting live
+    captured = made[f"{_FAST_PREFIX}make"](fn, record, row_limit, *defaults.values())
+    # a wrong call's TypeError names the function, as the function itself would (co_qualname: 3.11 on)
+    names = {"co_name": fn.__name__, **({"co_qualname": fn.__qualname__} if sys.version_info >= (3, 11) else {})}
+    captured.__code__ = captured.__code__.replace(**names)
+    return captured

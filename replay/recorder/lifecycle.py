@@ -1,0 +1,273 @@
+"""A recording's life: started, routed to, flushed, dumped, stopped; signals; REPLAY_CAPTURE.
+
+One recording is active at a time (`start`, `stop`, or `recording(...)` as a block). While a
+recording is active or an op is verified (replay.verify), recorded calls are intercepted
+(replay/recorder/intercept.py) and CUDA graphs' capture and replay are wrapped here, so that a
+graph captured while recording is staged (replay/recorder/graphs.py) and recorded at each replay.
+A flight recording also answers SIGUSR1 and SIGTERM. Everything here calls down: the recording,
+the interception, the graph staging.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+
+from replay import settings
+from replay.recorder import graphs, intercept
+from replay.recorder.options import RecordingOptions
+from replay.recorder.session import Recording
+from replay.errors import CaptureError, ReplayError
+
+_recording: Recording | None = None
+_verifiers: dict[str, Callable[..., Any]] = {}  # op name -> replay.verify's hook for its calls
+_capture_hooks: list[Callable[[], object]] = []  # run before a CUDA graph capture begins (before_graph_capture)
+_lock = threading.Lock()  # two threads starting recordings at once: one wins
+
+
+def active() -> Recording | None:
+    return _recording
+
+
+def start(path: str | Path, options: RecordingOptions = RecordingOptions()) -> Recording:
+    """Start recording every recorded call into a new snapshot at `path`."""
+    global _recording
+    with _lock:
+        if _recording is not None:
+            raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
+        _recording = Recording(path, options)
+        _route()
+        if _recording.ring is not None:
+            _install_signal_handlers()
+        return _recording
+
+
+def stop() -> Recording | None:
+    """Stop the active recording, if any: write what is queued, flush it to disk, and return it."""
+    global _recording
+    with _lock:
+        rec, _recording = _recording, None
+        _route()
+    if rec is not None:
+        _restore_signal_handlers()
+        rec.close()
+    return rec
+
+
+def set_verifier(op: str, hook: Callable[..., Any] | None) -> None:
+    """Route the recorded calls of `op` through `hook` (replay.verify), or no longer (None)."""
+    with _lock:
+        if hook is None:
+            _verifiers.pop(op, None)
+        else:
+            _verifiers[op] = hook
+        _route()
+
+
+def _route() -> None:
+    intercept.route(_recording, _verifiers)
+    if _recording is not None or _verifiers:
+        _wrap_graphs()
+    else:
+        _unwrap_graphs()
+
+
+def before_graph_capture(hook: Callable[[], object]) -> None:
+    """Run `hook` before a CUDA graph capture begins while calls are intercepted (the verifier
+    drains its checks: a CUDA call on its worker thread would break the capture)."""
+    _capture_hooks.append(hook)
+
+
+def flush() -> None:
+    """Return once every call the active recording has captured so far is written (no-op without one)."""
+    rec = _recording
+    if rec is not None:
+        rec.flush()
+
+
+def dump() -> int:
+    """A flight recording (`recording(path, ring=N)`): write the last calls it holds now, and go on
+    recording; returns how many were written. Any other recording writes every call anyway:
+    this flushes it and returns 0."""
+    rec = _recording
+    return rec.dump() if rec is not None else 0
+
+
+@contextlib.contextmanager
+def recording(path: str | Path, **options: Any) -> Iterator[Recording]:
+    """Record every call of a registered or captured function made inside the block.
+
+    A call's inputs are copied before it runs and its outputs, tags and launch records after
+    (on a GPU, stream-ordered into pinned host memory); writer threads turn the copies into
+    files, so the program pays for issuing copies, not for writing. Leaving the block, by an
+    exception too, writes every call made in it. Capture errors are reported once on stderr
+    and in the manifest, and never stop the program unless `strict`.
+
+    Args:
+        path: a new or empty directory for the snapshot. A directory that already holds
+            a snapshot (or one being recorded) or calls of one, a regular file, or an
+            unwritable place raises SnapshotError.
+        **options: those of RecordingOptions (replay/recorder/options.py, each explained there):
+            notes, tag_level, strict, blob_threshold, chunk_threshold, asynchronous, queue_depth,
+            when_full ("block" or "drop"), durability ("close" or "call"), ring (a flight
+            recording of the last N calls), ring_bytes.
+
+    Returns:
+        A context manager yielding the Recording (`.path`, `.calls_written`, `.flush()`).
+
+    Example:
+        with replay.recording("snapshots/prefill_001", notes="8-token prefill") as rec:
+            model.prefill(tokens)
+        print(rec.calls_written, "calls in", rec.path)
+    """
+    rec = start(path, RecordingOptions(**options))
+    try:
+        yield rec
+    except BaseException:
+        rec.dump()  # a flight recording writes the calls that led here; any other has them already
+        raise
+    finally:
+        stop()
+
+
+def start_from_env() -> None:
+    """Honour REPLAY_CAPTURE=path: record the whole process into that snapshot, written out at exit."""
+    if _recording is not None:
+        return
+    try:
+        path = settings.CAPTURE.get()
+        if not path:
+            return
+        start(path)
+        atexit.register(stop)
+    except (ReplayError, OSError) as exc:  # an existing snapshot, an unwritable path, a bad setting
+        if settings.CAPTURE_STRICT.get():
+            raise
+        print(f"replay: capture: {exc}; not recording", file=sys.stderr)
+
+
+# CUDA graphs ------------------------------------------------------------------------------------
+
+_graph_methods: dict[str, Callable[..., Any]] = {}  # CUDAGraph's own, while wrapped
+
+
+def _wrap_graphs() -> None:
+    """Wrap CUDAGraph's capture and replay: a capture is followed while a recording is active
+    (background CUDA work is stopped first: a CUDA call on another thread breaks a capture in the
+    default, global mode), and each replay of a followed graph is recorded."""
+    if _graph_methods or not torch.cuda.is_available():
+        return
+    graph_class = torch.cuda.CUDAGraph
+    begin, end, replay = graph_class.capture_begin, graph_class.capture_end, graph_class.replay
+    _graph_methods.update(capture_begin=begin, capture_end=end, replay=replay)
+
+    def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
+        rec = _recording
+        if rec is not None:
+            rec.flush()
+        for hook in _capture_hooks:
+            hook()
+        graphs.begin(follow=rec is not None)  # before it begins: reading the allocator's segments is not capturable
+        try:
+            begin(self, *args, **kwargs)
+        except BaseException:
+            graphs.end()
+            raise
+
+    def capture_end(self: Any) -> None:
+        capture = graphs.end()
+        try:
+            if capture is not None:
+                capture.finish()  # the last copies go into the graph before it closes
+        except Exception as exc:  # the program's capture must still end; its replays go unrecorded
+            print(f"replay: capture: CUDA graph {capture.tape.graph_id}: staging failed: {exc}; "
+                  "its replays are not recorded", file=sys.stderr)
+            capture = None
+        end(self)
+        if capture is not None:
+            graphs.keep(self, capture.tape)
+
+    def replay_and_record(self: Any) -> None:
+        replay(self)
+        rec = _recording
+        if rec is not None:
+            rec.record_replay(graphs.tape_of(self))
+
+    graph_class.capture_begin, graph_class.capture_end, graph_class.replay = \
+        capture_begin, capture_end, replay_and_record
+
+
+def _unwrap_graphs() -> None:
+    for name, original in _graph_methods.items():
+        setattr(torch.cuda.CUDAGraph, name, original)
+    _graph_methods.clear()
+
+
+# signals of a flight recording -------------------------------------------------------------------
+
+_FLIGHT_SIGNALS = tuple(s for s in (getattr(signal, "SIGUSR1", None), signal.SIGTERM) if s is not None)
+_previous_handlers: dict[int, Any] = {}
+
+
+class _Termination:
+    """Where a SIGTERM's dump stands: a second SIGTERM during it does not cut it short."""
+
+    dumping = False  # the dump thread runs
+    dumped = False  # it is done: the next SIGTERM (its own) goes to the handler there was before
+
+
+def _install_signal_handlers() -> None:
+    """SIGUSR1 dumps a flight recording and goes on; SIGTERM dumps it, closes it and lets the
+    signal do what it did before (by default, end the process). Only the main thread may set
+    handlers: elsewhere dump() and an exception leaving the block still write."""
+    if threading.current_thread() is threading.main_thread():
+        for number in _FLIGHT_SIGNALS:
+            _previous_handlers[number] = signal.signal(number, _on_signal)
+
+
+def _restore_signal_handlers() -> None:
+    if threading.current_thread() is threading.main_thread():
+        while _previous_handlers:
+            number, previous = _previous_handlers.popitem()
+            signal.signal(number, previous if previous is not None else signal.SIG_DFL)
+
+
+def _on_signal(number: int, frame: Any) -> None:
+    """Runs on the main thread between two bytecodes, maybe while it holds a lock the writer needs:
+    it waits for nothing. The work happens on a thread of its own; for SIGTERM that thread sends
+    the signal again once the calls are on disk, and this handler passes it on to the handler
+    there was before. A SIGTERM that comes while the dump is written is said, and waits for it."""
+    rec = _recording
+    if number == signal.SIGTERM:
+        if _Termination.dumping and not _Termination.dumped:
+            os.write(2, b"replay: capture: SIGTERM again while the flight recording is written: it is finished "
+                        b"first, then the process ends\n")  # no print: the main thread may be inside one
+            return
+        if _Termination.dumped or rec is None or rec.ring is None:
+            previous = _previous_handlers.pop(number, signal.SIG_DFL)
+            signal.signal(number, previous if previous is not None else signal.SIG_DFL)
+            os.kill(os.getpid(), number)
+            return
+        _Termination.dumping = True
+    elif rec is None or rec.ring is None:  # the recording ended where no handler could be put back
+        return
+    threading.Thread(target=_dump_on_signal, args=(rec, number), name="replay-flight-dump", daemon=True).start()
+
+
+def _dump_on_signal(rec: Recording, number: int) -> None:
+    try:
+        rec.dump()
+    finally:
+        if number == signal.SIGTERM:
+            stop()
+            _Termination.dumped = True
+            os.kill(os.getpid(), number)  # back to _on_signal on the main thread, which may set handlers
+
+

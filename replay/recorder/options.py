@@ -1,0 +1,60 @@
+"""What a recording is asked to do: one options object, each option said once (RecordingOptions)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replay.recorder.pipeline import DEFAULT_QUEUE_DEPTH, check_options
+
+BLOB_THRESHOLD_BYTES = 64 * 1024
+CHUNK_THRESHOLD_BYTES = 1 << 20
+DEFAULT_RING_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class RecordingOptions:
+    """How a recording keeps what it sees (`replay.recording(path, **options)` takes these).
+
+    Attributes:
+        notes: free text kept in the manifest.
+        tag_level: 0 (no tags), 1 (level-1 tags) or 2 (all); default REPLAY_TAGS, else 1.
+        strict: raise CaptureError on a capture failure, in the call that met it (strict capture
+            writes on the calling thread); default REPLAY_CAPTURE_STRICT.
+        blob_threshold: read-only tensors of at least this many bytes (weights) are stored once
+            in blobs/, by content, and shared between calls.
+        chunk_threshold: state and arguments the op mutates (a KV cache) of at least this many
+            bytes are stored as 64 KiB pieces in blobs/, by content: a piece already stored
+            (unchanged since the last call, or zeros) costs nothing. Snapshot format 2; a snapshot
+            with no such tensor stays format 1.
+        asynchronous: write on threads of the recording's own (default); False writes each call
+            before the program goes on.
+        queue_depth: calls copied but not yet written, at most.
+        when_full: with the queue full, "block" (the program waits; nothing is lost) or "drop"
+            (the call is not recorded; the manifest's capture_errors counts and names the drops).
+        durability: "close" flushes the files to disk once, when the recording closes (a killed
+            process loses nothing: the page cache outlives it); "call" flushes each call's files
+            as they are written, for runs that may lose power.
+        ring: a flight recording: keep only the last `ring` calls, in host memory, and write them
+            when an exception leaves the block, on SIGUSR1 (and go on), on SIGTERM (and exit; a
+            second SIGTERM while they are written waits for them) or on `replay.dump()`; a block
+            left normally writes none.
+        ring_bytes: the flight recording's budget of host memory for the calls it holds. A
+            read-only input of `blob_threshold` bytes or more (inside a CUDA graph: one of 16 KiB
+            or more from outside the graph) is held once as a blob, for every call that reads it,
+            outside the budget: weights cost their size once, but a fresh large input at every
+            call is not bounded by it.
+    """
+
+    notes: str = ""
+    tag_level: int | None = None
+    strict: bool | None = None
+    blob_threshold: int = BLOB_THRESHOLD_BYTES
+    chunk_threshold: int = CHUNK_THRESHOLD_BYTES
+    asynchronous: bool = True
+    queue_depth: int = DEFAULT_QUEUE_DEPTH
+    when_full: str = "block"
+    durability: str = "close"
+    ring: int | None = None
+    ring_bytes: int = DEFAULT_RING_BYTES
+
+    def __post_init__(self) -> None:
+        check_options(self.queue_depth, self.when_full)

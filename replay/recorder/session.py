@@ -1,0 +1,283 @@
+"""A recording into one snapshot: each call's tensors copied as it runs, handed to the writers.
+
+While a recording is active, a recorded call's inputs are copied before it runs (so an in-place
+kernel still replays from its true inputs), its outputs and mutated arguments after, with any
+tags and launch records the call made (replay/recorder/staging.py walks the call; the copies are
+issued here, replay/recorder/pipeline.py writes them on threads of their own). A call captured
+into a CUDA graph is recorded at each replay of the graph (replay/recorder/graph_recording.py).
+Capture never crashes the program it records unless `strict`: failures are reported once on
+stderr and in the manifest.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import inspect
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from replay import settings
+from replay.recorder import graphs, staging
+from replay.recorder.graph_recording import GraphRecording
+from replay.recorder.options import RecordingOptions
+from replay.recorder.pipeline import SHARED_POOL, BlobRef, CallWriter, Copier, PendingCall, Ring
+from replay.context import collecting
+from replay.errors import CaptureError
+from replay.settings import SettingError
+from replay.snapshot import SnapshotWriter
+from replay.snapshot.tensors import Geometry
+from replay.snapshot.writer import MANIFEST
+
+
+class _BlobIds:
+    """Remembers which blob holds an unchanged tensor so weights are copied and hashed once.
+
+    The key includes the version counter, so a weight modified in place is stored
+    again. Inference-mode tensors have no version counter: they are hashed each call
+    (content addressing still writes them once).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: dict[tuple, tuple[weakref.ref, BlobRef]] = {}
+
+    @staticmethod
+    def _key(t: torch.Tensor) -> tuple[tuple, torch.Tensor] | None:
+        if t.is_inference():
+            return None
+        base = t._base if t._base is not None else t
+        key = (id(base), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, str(t.device), t._version)
+        return key, base
+
+    def get(self, t: torch.Tensor) -> BlobRef | None:
+        keyed = self._key(t)
+        if keyed is None:
+            return None
+        key, base = keyed
+        with self._lock:
+            hit = self._ids.get(key)
+        return hit[1] if hit is not None and hit[0]() is base else None
+
+    def refs(self) -> list[BlobRef]:
+        with self._lock:
+            return [blob for _, blob in self._ids.values()]
+
+    def put(self, t: torch.Tensor, blob: BlobRef) -> None:
+        keyed = self._key(t)
+        if keyed is None:
+            return
+        key, base = keyed
+        # Drop the entry when the tensor dies, so a long recording does not accumulate them.
+        alive = weakref.ref(base, lambda dead, key=key: self._forget(key, dead))
+        with self._lock:
+            self._ids[key] = (alive, blob)
+
+    def _forget(self, key: tuple, dead: weakref.ref) -> None:
+        # Runs from the garbage collector, possibly while this thread holds the lock:
+        # a single dict operation under the GIL needs no lock.
+        if self._ids.get(key, (None,))[0] is dead:
+            self._ids.pop(key, None)
+
+
+class Recording(GraphRecording):
+    """An active recording into one snapshot directory."""
+
+    def __init__(self, path: str | Path, options: RecordingOptions = RecordingOptions()):
+        self.options = options
+        self.strict = options.strict if options.strict is not None else settings.CAPTURE_STRICT.get()
+        self.tag_level = options.tag_level if options.tag_level is not None else _tag_level_from_env()
+        # a flight recording; its options are checked before anything is made on disk
+        self.ring = (Ring(options.ring, options.ring_bytes, lambda pending: self.calls.discard(pending))
+                     if options.ring is not None else None)
+        self.writer = SnapshotWriter(path, notes=options.notes, durability=options.durability)
+        # strict capture writes on the calling thread, so that a failure raises in the call that met it
+        self.calls = CallWriter(self.writer, SHARED_POOL, asynchronous=options.asynchronous and not self.strict,
+                                depth=options.queue_depth, when_full=options.when_full, on_error=self._write_failed)
+        self.started = time.perf_counter()  # calls record their start from here
+        self.stopped = False
+        self._blob_ids = _BlobIds()
+        self._reported: set[str] = set()
+        self._report_lock = threading.Lock()
+        # (after call, op): calls not recorded for want of room in the queue
+        self._dropped: collections.Counter[tuple[int, str]] = collections.Counter()
+        self._unrecorded_calls = 0  # captured into CUDA graphs the recording cannot follow
+        self._unrecorded_replays = 0  # of graphs captured with no recording active
+        GraphRecording.__init__(self)
+
+    @property
+    def path(self) -> Path:
+        return self.writer.path
+
+    @property
+    def calls_written(self) -> int:
+        """Calls on disk so far (after flush() or close(), every call made before it)."""
+        return self.calls.written
+
+    def flush(self) -> None:
+        """Return once every call made so far is written."""
+        self.calls.flush()
+
+    def dump(self) -> int:
+        """A flight recording: write the calls it holds now and return how many (the ring is then
+        empty; later calls fill it again). Otherwise: flush, and 0 (every call is written anyway)."""
+        held, count = self.ring.take() if self.ring is not None else ([], 0)
+        for pending in held:
+            self.calls.submit(pending)
+        self.calls.flush()
+        return count
+
+    def close(self) -> None:
+        """Report the dropped calls, write every queued call, and flush the files to disk (a flight
+        recording's held calls are let go: it writes only when dumped)."""
+        for pending in self.ring.take()[0] if self.ring is not None else []:
+            self.calls.discard(pending)
+        if self._unrecorded_calls or self._unrecorded_replays:
+            self.report(f"CUDA graphs: {self._unrecorded_calls} calls captured where the recording cannot follow "
+                        f"them (a capture begun before the recording began) and {self._unrecorded_replays} "
+                        "replays of graphs captured with no recording active were not recorded; capture the "
+                        "graph while recording", stop=False)
+        if self._dropped:
+            self.report(f"{sum(self._dropped.values())} calls not recorded: the capture queue was full "
+                        f"(when_full='drop'): {_dropped_summary(self._dropped)}", stop=False)
+        try:
+            self.calls.close()  # the manifest is written again there if it missed an error
+        except OSError as exc:  # flushing to disk failed: the program goes on
+            self.report(f"flushing {self.path} to disk failed: {exc}", stop=True)
+        for blob in self._blob_ids.refs():  # copies no written call took (a flight recording's): reused
+            blob.let_go(self.calls.release)
+        if self.writer.unsaved_errors:
+            print(f"replay: capture: {self.path / MANIFEST} could not be written ({self.writer.unsaved_errors}): "
+                  "its capture_errors lack what is said above", file=sys.stderr)
+
+    def report(self, message: str, *, stop: bool) -> None:
+        """Say a capture error once, on stderr and in the manifest (raise it, when strict); with
+        `stop`, capture ends (the program goes on)."""
+        if self.strict:
+            raise CaptureError(message)
+        with self._report_lock:
+            if stop:
+                if self.stopped:  # another thread's failure already stopped capture
+                    return
+                self.stopped = True
+            if message in self._reported:
+                return
+            self._reported.add(message)
+        print(f"replay: capture: {message}", file=sys.stderr)
+        try:
+            self.writer.record_error(message)
+        except OSError:  # a full disk: tried again when the recording closes, and said then if it still fails
+            pass
+
+    def _write_failed(self, what: str, exc: BaseException) -> None:
+        self.report(f"{what} failed: {exc}; capture stopped", stop=True)
+
+    def _store(self, copier: Copier, call: PendingCall, tensor: staging.Tensor) -> None:
+        """Copy a tensor now into `call`: inline; large and read-only (`reusable`), as a blob,
+        copied and hashed once however many calls pass it (a flight recording holds it once for
+        all the calls that pass it); large state that calls write in place (`persistent`: a KV
+        cache), in content-addressed chunks, so that a call which changed a few pages stores those
+        pages. A fresh output gains nothing from chunks: it is inline."""
+        t = tensor.value
+        if tensor.reusable and t.numel() * t.element_size() >= self.options.blob_threshold:
+            call.blobs[tensor.key] = (self.blob(t, copier, tensor.geometry), tensor.geometry)
+        else:
+            copy = call.copies[tensor.key] = copier.copy(t, geometry=tensor.geometry)
+            copy.chunked = tensor.persistent and copy.nbytes >= max(self.options.chunk_threshold, 1)
+
+    def blob(self, t: torch.Tensor, copier: Copier, geometry: Geometry | None = None) -> BlobRef:
+        """The blob of a read-only tensor: the one taken already, while its version is the same."""
+        blob = self._blob_ids.get(t)
+        if blob is None:
+            blob = BlobRef(copier.copy(t, landed=True, geometry=geometry))
+            self._blob_ids.put(t, blob)
+        return blob
+
+    def record(self, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature,
+               args: tuple, kwargs: dict) -> Any:
+        """Run `fn` and record the call (intercept.wrap routes calls here)."""
+        if self.stopped or self.calls.failed:
+            return fn(*args, **kwargs)
+        if graphs.current_capture() is not None:
+            return self.record_captured(spec, fn, signature, args, kwargs)
+        if graphs.capturing_untracked():  # nothing may be issued into a graph the recorder does not follow
+            self.count_unrecorded(calls=1)
+            return fn(*args, **kwargs)
+        if self.calls.when_full == "drop" and self.calls.full():
+            self._dropped[(self.writer.next_index - 1, spec.op)] += 1
+            return fn(*args, **kwargs)
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError:  # the call itself is wrong: let the function raise its own error
+            return fn(*args, **kwargs)
+        bound.apply_defaults()
+        call = PendingCall(self.writer.reserve_index(), {})
+        copier = Copier(self.calls.pool)
+        store = functools.partial(self._store, copier, call)
+        try:
+            described = staging.arguments(spec, bound.arguments, store)
+        except CaptureError as exc:
+            self._abandon(call, copier)
+            self.report(str(exc), stop=False)
+            return fn(*args, **kwargs)
+        except (OSError, TypeError, RuntimeError) as exc:
+            self._abandon(call, copier)
+            self.report(f"op '{spec.op}': could not copy inputs: {exc}; capture stopped", stop=True)
+            return fn(*args, **kwargs)
+        with collecting(self.tag_level, bound.arguments) as sink:
+            started = time.perf_counter()
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException:
+                self._abandon(call, copier)
+                raise
+        timing = {"start_s": started - self.started, "duration_s": time.perf_counter() - started}
+        staging.mark_written(spec, bound.arguments)
+        try:
+            returned_json = staging.outputs(spec, bound.arguments, result, sink, store)
+            self._hand_over(call, copier, staging.header(spec, described, returned_json, sink.launches, timing))
+        except CaptureError as exc:
+            self._abandon(call, copier)
+            self.report(str(exc), stop=False)
+        except (OSError, TypeError, RuntimeError, ValueError) as exc:
+            self._abandon(call, copier)
+            self.report(f"op '{spec.op}': copying call {call.index} failed: {exc}; capture stopped", stop=True)
+        return result
+
+    def _hand_over(self, call: PendingCall, copier: Copier, header: dict[str, Any]) -> None:
+        """A call whose copies are all issued goes to the ring or the writers."""
+        call.header = header
+        call.ready = copier.mark()
+        if self.ring is not None:
+            self.ring.add(call)
+        else:
+            self.calls.submit(call)
+
+    def count_unrecorded(self, *, calls: int = 0, replays: int = 0) -> None:
+        with self._report_lock:
+            self._unrecorded_calls += calls
+            self._unrecorded_replays += replays
+
+    def _abandon(self, call: PendingCall, copier: Copier) -> None:
+        """A call that failed before it was complete."""
+        call.ready = copier.mark()
+        self.calls.discard(call)
+
+
+def _dropped_summary(dropped: collections.Counter[tuple[int, str]], shown: int = 20) -> str:
+    """'3 rope after call 21; 1 attention after call 40', the first `shown` of them."""
+    parts = [f"{count} {op} after call {index}" for (index, op), count in list(dropped.items())[:shown]]
+    rest = len(dropped) - shown
+    return "; ".join(parts) + (f"; and {rest} more" if rest > 0 else "")
+
+
+def _tag_level_from_env() -> int:
+    try:
+        return settings.TAGS.get()
+    except SettingError as exc:  # met as a recording starts: a capture error like any other
+        raise CaptureError(str(exc)) from None
