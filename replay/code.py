@@ -3,8 +3,8 @@
 A user's code reaches a command three ways, each of them trusted by the user, never by a
 snapshot (replay/trust.py):
 
-- `--code DIR`: DIR goes first on the import path; its top-level packages and loose modules
-  are trusted (a bisect probe gives its worktree this way);
+- `--code DIR`: DIR goes first on the import path; its top-level packages, and its loose
+  modules that declare ops, are trusted (a bisect probe gives its worktree this way);
 - `--provider MOD`: MOD is trusted, and found on the import path or, failing that, in the
   current directory (the console script does not put the current directory on the path);
 - an installed package declaring a `replay.providers` entry point.
@@ -87,7 +87,8 @@ class KernelCode:
         for path in sorted(self.code_dir.iterdir()):
             if path.is_dir() and path.name.isidentifier() and (path / "__init__.py").is_file():
                 found.append(path.name)
-            elif path.suffix == ".py" and path.stem.isidentifier() and _mentions(path, needles):
+            elif path.suffix == ".py" and path.stem.isidentifier() and self.trust.allows(path.stem) \
+                    and _mentions(path, needles):
                 found.append(path.stem)
         return found
 

@@ -122,10 +122,10 @@ class Op:
         return self.batched(fn)
 
     def _row_limit(self, fn: Callable[..., Any]) -> intercept.RowLimit | None:
-        """The guard of a single variant: its first parameter with a batch axis holds one row."""
+        """The guard of a single variant: its parameters with a batch axis hold one row (as rows() counts)."""
         parameters = inspect.signature(fn).parameters
-        name = next((n for n in self.batch_axes if n in parameters), None)
-        return intercept.RowLimit(self.name, name, self.batch_axes[name]) if name is not None else None
+        axes = tuple((name, axis) for name, axis in self.batch_axes.items() if name in parameters)
+        return intercept.RowLimit(self.name, axes) if axes else None
 
     def rows(self, arguments: Mapping[str, Any]) -> int | None:
         """Rows in a call: the extent of the first argument with a batch axis, if any."""

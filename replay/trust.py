@@ -7,9 +7,10 @@ chooses the code on its own: a provider is imported only if the user trusts it, 
 - an installed package declares it in the `replay.providers` entry-point group (this
   project's `kernels` does, in pyproject.toml);
 - the user names it, `--provider MOD` (a module, or a package and its submodules);
-- it is a package (a directory with __init__.py) or a loose module (a .py file) at the top
-  of the tree the user gave with `--code DIR` (`replay bisect` gives its worktrees): giving a
-  tree trusts the code in it.
+- it is a package (a directory with __init__.py) at the top of the tree the user gave with
+  `--code DIR` (`replay bisect` gives its worktrees), or a loose module (a .py file) there
+  whose text declares ops (`replay.op(`, `replay.capture(`): a tree's other scripts (setup.py,
+  a deployment script, the script that recorded) are not a snapshot's to run.
 
 The harness itself (`replay`) is never a provider. Anything else is refused before any
 import, with a line saying how to trust it. `python -m replay` drops the working directory
@@ -17,6 +18,7 @@ from sys.path, so a trusted name cannot be found in whatever directory replay ru
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -52,7 +54,7 @@ class ProviderTrust:
         if any(module == m or module.startswith(m + ".") for m in self.modules):
             return True
         return self.code_dir is not None and ((self.code_dir / top / "__init__.py").is_file()
-                                              or (self.code_dir / f"{top}.py").is_file())
+                                              or declares_ops(self.code_dir / f"{top}.py"))
 
     def check(self, module: str, where: str) -> None:
         """Raise UntrustedProviderError (exit 2) unless `module` may be imported."""
@@ -63,9 +65,20 @@ class ProviderTrust:
                 f"package that declares it in the '{ENTRY_POINT_GROUP}' entry-point group")
 
 
+_DECLARES_OPS = re.compile(r"\breplay\.(op|capture)\(")
+
+
+def declares_ops(path: Path) -> bool:
+    """Whether `path` is a loose module whose text declares ops (it calls replay.op or replay.capture)."""
+    try:
+        return path.is_file() and _DECLARES_OPS.search(path.read_text(errors="replace")) is not None
+    except OSError:
+        return False
+
+
 def _advice(top: str) -> str:
     """How to trust `top`: `--code .` when it sits in the current directory, else the general forms."""
     here = Path.cwd()
-    if (here / top / "__init__.py").is_file() or (here / f"{top}.py").is_file():
+    if (here / top / "__init__.py").is_file() or declares_ops(here / f"{top}.py"):
         return f"--code . (it is in the current directory) or --provider {top}"
     return f"--provider {top}, or with --code DIR for a tree holding it"

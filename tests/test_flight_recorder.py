@@ -186,3 +186,33 @@ def test_a_second_sigterm_does_not_cut_the_dump_short(tmp_path: Path, gap: float
         child.wait()
     assert steps_recorded(snapshot) == list(range(40))
     assert "SIGTERM again while the flight recording is written: it is finished first" in child.stderr.read()
+
+
+TWO_FLIGHTS = textwrap.dedent("""
+    import os, signal, sys, time, torch, replay
+
+    handled = []
+    signal.signal(signal.SIGTERM, lambda number, frame: handled.append(number))  # the program's own
+
+    @replay.capture("flight_step")
+    def step(x, n):
+        return x + n
+
+    for k, path in enumerate(sys.argv[1:]):
+        with replay.recording(path, ring=3):
+            for n in range(3):
+                step(torch.zeros(4), n)
+            os.kill(os.getpid(), signal.SIGTERM)  # dumped, then passed on to the program's handler
+            deadline = time.monotonic() + 30
+            while len(handled) <= k and time.monotonic() < deadline:
+                time.sleep(0.01)
+    print(len(handled), flush=True)
+""")
+
+
+def test_each_flight_recording_of_a_process_is_dumped_on_sigterm(tmp_path: Path) -> None:
+    paths = [tmp_path / "first", tmp_path / "second"]
+    done = subprocess.run([sys.executable, "-c", TWO_FLIGHTS, *map(str, paths)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout == "2\n", done.stderr
+    assert [steps_recorded(path) for path in paths] == [[0, 1, 2], [0, 1, 2]]

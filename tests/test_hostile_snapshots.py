@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import resource
 import shutil
 import subprocess
@@ -196,20 +197,23 @@ def test_interrupts_and_bugs_have_exit_codes_of_their_own(raised: BaseException,
     assert result.stderr.startswith(says) and "Traceback" not in result.output
 
 
-def test_the_harness_is_never_a_provider_and_code_under_code_is_trusted(snapshot: Path, tmp_path: Path) -> None:
+def test_the_code_a_tree_holds_is_trusted_but_not_its_scripts(snapshot: Path, tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "pkg").mkdir(parents=True)
     (tree / "pkg" / "__init__.py").write_text("")
-    (tree / "setup.py").write_text("raise SystemExit('setup.py ran')\n")
-    hostile.edit_call(lambda call: call.update(provider="replay.__main__"))(snapshot)
-    result = replay("run", str(snapshot), "--code", str(tree))
-    assert_one_line_error(result, snapshot, "provider module 'replay.__main__' is not trusted")
-    for provider in ("pkg", "setup"):  # giving a tree trusts its packages and loose modules alike
+    (tree / "ops.py").write_text("import replay\nreplay.op('tree_op')\nraise SystemExit('ops.py ran')\n")
+    (tree / "deploy.py").write_text(f"open({str(tmp_path / 'DEPLOYED')!r}, 'w')\n")
+    for provider in ("replay.__main__", "deploy"):  # the harness; a script that declares no op
+        hostile.edit_call(lambda call: call.update(provider=provider))(snapshot)
+        result = replay("run", str(snapshot), "--code", str(tree))
+        assert_one_line_error(result, snapshot, f"provider module '{provider}' is not trusted")
+    assert not (tmp_path / "DEPLOYED").exists()
+    for provider in ("pkg", "ops"):  # a package; a loose module declaring ops
         hostile.edit_call(lambda call: call.update(provider=provider))(snapshot)
         result = replay("run", str(snapshot), "--code", str(tree), "--call", "0")
         assert "is not trusted" not in result.stderr
     # a module that exits as it is imported is code that cannot be tested, not the end of replay
-    assert result.exit_code == 125 and "provider module 'setup' failed to import: SystemExit: setup.py ran" in \
+    assert result.exit_code == 125 and "provider module 'ops' failed to import: SystemExit: ops.py ran" in \
         result.stderr
 
 
@@ -233,3 +237,28 @@ def test_an_escape_sequence_in_a_name_is_printed_as_its_escape(snapshot: Path) -
         result = replay(*command)
         assert "\x1b" not in result.output and "\x07" not in result.output, result.output
         assert "x\\x1b[2J" in result.output, result.output  # shown as it is written
+
+
+def test_the_progress_bar_shows_a_name_as_it_is_written(snapshot: Path) -> None:
+    """On a terminal the progress bar names each call: an escape sequence in the name is printed as
+    its escape, and brackets in it are no markup."""
+    for name in ("x\x1b]0;owned\x07", "[/bold] x"):
+        hostile.edit_call(lambda call: call.update(op=name))(snapshot)
+        hostile.edit_index(lambda entry: entry.update(op=name))(snapshot)
+        leader, follower = pty.openpty()
+        child = subprocess.Popen([sys.executable, "-m", "replay", "run", str(snapshot), "--provider", hostile.PROVIDER,
+                                  "--call", "0"], stdin=follower, stdout=follower, stderr=follower,
+                                 env={**os.environ, "PYTHONPATH": str(Path(hostile.__file__).parent)})
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 1 << 16)
+            except OSError:  # the child is gone and its side of the terminal closed
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(leader)
+        assert child.wait(timeout=60) == 125, shown  # the op is no longer the provider's: untestable
+        assert b"\x1b]0;owned" not in shown and b"internal error" not in shown, shown

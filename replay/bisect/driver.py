@@ -19,6 +19,7 @@ from replay.bisect.result import BisectResult
 from replay.bisect.search import BisectSearch, CommitGraph
 from replay.bisect.steps import Step, StepHandler
 from replay.bisect.worktrees import remove_stale
+from replay.snapshot import Snapshot
 from replay.snapshot.writer import MANIFEST
 
 
@@ -70,8 +71,12 @@ def _run(options: BisectOptions, emit: StepHandler) -> BisectResult:
     try:
         with interrupts.deferred():  # a Prober made is a Prober closed: it owns a temporary root
             prober = Prober(repo, cache, emit, options.jobs, options.timeout, options.reuse_cache)
-        oracle = choose(options.oracle, prober, snapshot, options.providers, options.run, good, bad, emit)
-        return _bisect(repo, graph, good, bad, prober, oracle, options.jobs, emit, started)
+        damage = _damage(options, snapshot, emit)
+        flags = tuple(arg for p in options.providers for arg in ("--provider", p)) + (("--readable",) if damage else ())
+        oracle = choose(options.oracle, prober, snapshot, flags, options.run, good, bad, emit)
+        result = _bisect(repo, graph, good, bad, prober, oracle, options.jobs, emit, started)
+        result.warnings[:0] = damage
+        return result
     finally:
         if prober is not None:
             with interrupts.deferred():
@@ -87,6 +92,16 @@ def _one_at_a_time(on_step: StepHandler | None) -> StepHandler:
             with lock:
                 on_step(step)
     return emit
+
+
+def _damage(options: BisectOptions, snapshot: Path | None, emit: StepHandler) -> list[str]:
+    """What of the snapshot cannot be read (a cut last index line: a recording killed mid-write),
+    said once here: the probes then replay the calls that can be read (`replay run --readable`)."""
+    problems = Snapshot(snapshot, strict=False).problems if snapshot is not None and options.run is None else []
+    said = [f"{problem}; the probes replay the calls that can be read" for problem in problems]
+    for line in said:
+        emit(Step("warning", line))
+    return said
 
 
 def _resolve_snapshot(snapshot: Path | None) -> Path | None:

@@ -40,7 +40,7 @@ class Oracle:
     note: str  # said in the report
 
 
-def choose(requested: str, prober: Prober, snapshot: Path | None, providers: tuple[str, ...], shell: str | None,
+def choose(requested: str, prober: Prober, snapshot: Path | None, options: tuple[str, ...], shell: str | None,
            good: str, bad: str, emit: StepHandler) -> Oracle:
     """Probe the ends and return the oracle that tells them apart; BisectError when none does."""
     if shell is not None:
@@ -54,13 +54,13 @@ def choose(requested: str, prober: Prober, snapshot: Path | None, providers: tup
     if requested not in ORACLES:
         raise BisectError(f"--oracle {requested}: one of {', '.join(ORACLES)}")
     if requested == "recorded":
-        command = ProbeCommand.engine(snapshot, providers, ("--golden-data",))
+        command = ProbeCommand.engine(snapshot, options, ("--golden-data",))
         oracle = Oracle("recorded", command, "the outputs recorded in the snapshot, bit for bit")
         return _held(oracle, prober.probe([good, bad], "endpoint", 0, command), good, bad)
-    reference = Oracle("reference", ProbeCommand.engine(snapshot, providers, REFERENCE_OPTIONS),
+    reference = Oracle("reference", ProbeCommand.engine(snapshot, options, REFERENCE_OPTIONS),
                        "the op's reference, single against batched, and the contracts (not the recorded outputs)")
     outputs = prober.scratch / "good-end-outputs"
-    keeping = ProbeCommand.engine(snapshot, providers, (*REFERENCE_OPTIONS, "--save-outputs", str(outputs)),
+    keeping = ProbeCommand.engine(snapshot, options, (*REFERENCE_OPTIONS, "--save-outputs", str(outputs)),
                                   oracle_identity=" ".join(("",) + REFERENCE_OPTIONS))
     ends = prober.probe_each({good: keeping, bad: reference.command}, "endpoint", 0, fresh=frozenset({good}))
     both_pass = all(ends[sha].outcome.verdict == GOOD for sha in (good, bad))
@@ -70,18 +70,18 @@ def choose(requested: str, prober: Prober, snapshot: Path | None, providers: tup
         chosen = _held(reference, ends, good, bad, hint=" (--oracle good-end compares with the good end's outputs)")
         emit(Step("oracle", f"probes hold each commit to {chosen.note}"))
         return chosen
-    chosen = _good_end(prober, snapshot, providers, outputs, good, bad, requested)
+    chosen = _good_end(prober, snapshot, options, outputs, good, bad, requested)
     emit(Step("oracle", f"probes hold each commit to {chosen.note}"))
     return chosen
 
 
-def _good_end(prober: Prober, snapshot: Path, providers: tuple[str, ...], outputs: Path, good: str, bad: str,
+def _good_end(prober: Prober, snapshot: Path, options: tuple[str, ...], outputs: Path, good: str, bad: str,
               requested: str) -> Oracle:
     """The good end's outputs as the oracle: bit for bit where a second run there gives the same bits."""
     if not outputs.is_dir():
         raise BisectError(f"--good {good[:10]}: its probe kept no outputs to compare with")
     identity = f" --golden-data <outputs of {good}>"
-    exact = ProbeCommand.engine(snapshot, providers, ("--golden-data", str(outputs)), oracle_identity=identity)
+    exact = ProbeCommand.engine(snapshot, options, ("--golden-data", str(outputs)), oracle_identity=identity)
     again = prober.probe_each({good: exact}, "endpoint", 0, fresh=frozenset({good}))[good]
     why = "both ends pass the reference checks: " if requested == "auto" else ""
     if again.outcome.verdict == GOOD:
@@ -89,15 +89,28 @@ def _good_end(prober: Prober, snapshot: Path, providers: tuple[str, ...], output
                                            "bit for bit (it gives the same bits twice)")
     else:
         _testable(again, "--good")
+        _only_golden_comparisons_failed(again)
         spread = _largest_difference(again.outcome.report)
         atol = f"{SPREAD_FACTOR * spread:.3g}"
-        command = ProbeCommand.engine(snapshot, providers, ("--golden-data", str(outputs), "--atol", atol),
+        command = ProbeCommand.engine(snapshot, options, ("--golden-data", str(outputs), "--atol", atol),
                                       oracle_identity=f"{identity} --atol {atol}")
         oracle = Oracle("good-end", command, f"{why}the outputs of the good end {good[:10]} on the recorded inputs, "
                                              f"within atol {atol}: it is not deterministic run to run (two runs "
                                              f"there differ by up to {spread:.3g})")
     return _held(oracle, {good: again, **prober.probe([bad], "endpoint", 0, oracle.command)}, good, bad,
                  good_checked=False)
+
+
+def _only_golden_comparisons_failed(record: ProbeRecord) -> None:
+    """A second run at the good end that differs from its first only in values is nondeterminism;
+    anything else (an error, a contract, a missing output) is a failure of the good end itself."""
+    failed = [check for call in (record.outcome.report or {}).get("calls", []) for check in call.get("checks", [])
+              if not check.get("passed")]
+    other = next((c for c in failed if c.get("kind") not in ("vs-golden", "tag") or "comparison" not in c), None)
+    if other is not None or not failed:
+        raise BisectError(f"--good {record.sha[:10]} fails when run again on the recorded inputs "
+                          f"({other.get('description') if other else record.outcome.reason}); pick another good "
+                          "commit, or --oracle reference")
 
 
 def _largest_difference(report: dict[str, Any] | None) -> float:

@@ -40,19 +40,19 @@ class ProbeCommand:
     label: str  # shown in logs
     snapshot: Path | None = None
     shell_line: str | None = None
-    providers: tuple[str, ...] = ()  # the provider modules the user trusts, passed on to each probe
+    options: tuple[str, ...] = ()  # `replay run` options every probe takes (--provider MOD, --readable)
     oracle: tuple[str, ...] = ()  # `replay run`'s options that say what a commit is checked against
     # what the oracle options mean, for the cache: a path of this run's own (a good end's outputs)
     # is said by what it holds, so that a later run finds the same key
     oracle_identity: str = ""
 
     @classmethod
-    def engine(cls, snapshot: Path, providers: tuple[str, ...] = (), oracle: tuple[str, ...] = (),
+    def engine(cls, snapshot: Path, options: tuple[str, ...] = (), oracle: tuple[str, ...] = (),
                oracle_identity: str | None = None) -> ProbeCommand:
-        options = "".join(f" {o}" for o in oracle)
-        return cls(label=f"replay run {snapshot} --code WORKTREE{options}{_trust_flags(providers)} --json -",
-                   snapshot=snapshot, providers=providers, oracle=oracle,
-                   oracle_identity=options if oracle_identity is None else oracle_identity)
+        said = _flags(oracle)
+        return cls(label=f"replay run {snapshot} --code WORKTREE{said}{_flags(options)} --json -",
+                   snapshot=snapshot, options=options, oracle=oracle,
+                   oracle_identity=said if oracle_identity is None else oracle_identity)
 
     @classmethod
     def shell(cls, line: str, snapshot: Path | None = None) -> ProbeCommand:
@@ -63,20 +63,20 @@ class ProbeCommand:
         """What the cache keys on: the shell line, or the engine (its snapshot is keyed by digest)."""
         if self.shell_line is not None:
             return self.shell_line
-        return f"replay run --json{self.oracle_identity}{_trust_flags(self.providers)}"
+        return f"replay run --json{self.oracle_identity}{_flags(self.options)}"
 
     def invocation(self, worktree: Path, neutral_dir: Path) -> Invocation:
         if self.shell_line is not None:
             return Invocation(self.shell_line, worktree, {})
         assert self.snapshot is not None
         pythonpath = os.pathsep.join(p for p in (str(HARNESS_ROOT), os.environ.get("PYTHONPATH")) if p)
-        argv = [sys.executable, "-m", "replay", "run", str(self.snapshot), *self.oracle,
-                *(arg for p in self.providers for arg in ("--provider", p)), "--code", str(worktree), "--json", "-"]
+        argv = [sys.executable, "-m", "replay", "run", str(self.snapshot), *self.oracle, *self.options,
+                "--code", str(worktree), "--json", "-"]
         return Invocation(argv, neutral_dir, {"PYTHONPATH": pythonpath})
 
 
-def _trust_flags(providers: tuple[str, ...]) -> str:
-    return "".join(f" --provider {p}" for p in providers)
+def _flags(options: tuple[str, ...]) -> str:
+    return "".join(f" {o}" for o in options)
 
 
 @dataclass(frozen=True)

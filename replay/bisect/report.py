@@ -42,7 +42,7 @@ def _side_by_side(first_bad: ProbeRecord | None, parent: ProbeRecord | None) -> 
         heading = f"{title} {record.sha[:10]}: {record.outcome.verdict} ({record.outcome.reason})" if record \
             else f"{title}: not probed"
         table.add_column(heading, ratio=1, overflow="fold")
-    table.add_row(*(probe_summary(r) if r else "" for r in (first_bad, parent)))
+    table.add_row(*(Text(probe_summary(r)) if r else "" for r in (first_bad, parent)))
     return table
 
 
@@ -77,7 +77,7 @@ def _candidates(result: BisectResult) -> Table:
         table.add_column(column)
     reasons = {r.sha: f"{r.outcome.verdict}: {r.outcome.reason}" for r in result.probes}
     for commit in result.candidates:
-        table.add_row(commit.short, commit.subject, reasons.get(commit.sha, ""))
+        table.add_row(commit.short, Text(commit.subject), Text(reasons.get(commit.sha, "")))
     return table
 
 
@@ -98,6 +98,6 @@ def _probe_log(result: BisectResult) -> Table:
         o = record.outcome
         time = "cached" if record.cached else f"{o.seconds:.2f} s"
         where = f" GPU {record.device}" if record.device is not None else ""
-        table.add_row(str(n), record.sha[:10], record.purpose, str(record.round or ""), o.verdict, o.reason,
+        table.add_row(str(n), record.sha[:10], record.purpose, str(record.round or ""), o.verdict, Text(o.reason),
                       time + where)
     return table

@@ -5,7 +5,10 @@ import contextlib
 import sys
 from typing import Any, Callable, Iterator
 
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from replay.cli.common import SafeConsole
 
 
 @contextlib.contextmanager
@@ -15,10 +18,10 @@ def call_progress(quiet: bool = False) -> Iterator[Callable[[int, int, Any], Non
         yield None
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), transient=True) as bar:
+                  TimeElapsedColumn(), transient=True, console=SafeConsole(stderr=True)) as bar:
         task = bar.add_task("replaying", total=None)
 
         def advance(done: int, total: int, item: Any) -> None:
             label = f"call {getattr(item, 'index', '')} {getattr(item, 'op', '')}".strip()
-            bar.update(task, completed=done, total=total, description=label)
+            bar.update(task, completed=done, total=total, description=escape(label))  # an op name is no markup
         yield advance

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from replay.compare import Comparison, row_ranges
@@ -45,15 +46,15 @@ def print_run_report(console: Console, report: RunReport, verbose: bool = False)
         failures = call.failures
         verdict = ("[yellow]untestable[/]" if call.untestable else
                    "[green]pass[/]" if call.passed else "[red]DIVERGED[/]")
-        table.add_row(str(call.index), call.op, call.recorded_variant, str(len(call.checks)), verdict,
-                      failures[0].describe() if failures else (call.untestable or ""))
+        table.add_row(str(call.index), escape(call.op), escape(call.recorded_variant), str(len(call.checks)), verdict,
+                      escape(failures[0].describe() if failures else (call.untestable or "")))
     console.print(table)
     summary = report.summary()
     failed = sum(not c.passed for c in report.calls)
     untestable = next((c for c in report.calls if c.untestable), None)
     if untestable is not None:
-        console.print(f"[yellow]call {untestable.index} ({untestable.op}) cannot be made by this code[/], so it is "
-                      "not tested here:")
+        console.print(f"[yellow]call {untestable.index} ({escape(untestable.op)}) cannot be made by this code[/], "
+                      "so it is not tested here:")
         console.print(f"  {untestable.untestable}", markup=False, highlight=False)
         return
     if summary is None:
@@ -62,13 +63,14 @@ def print_run_report(console: Console, report: RunReport, verbose: bool = False)
                       f"(load {report.load_seconds:.2f}s of {report.total_seconds:.2f}s)")
         return
     console.print(f"[red]{failed} of {len(report.calls)} calls diverged.[/] First: call {summary['call']} "
-                  f"op [bold]{summary['op']}[/], variant [bold]{summary['variant']}[/] ({summary['kind']})")
+                  f"op [bold]{escape(summary['op'])}[/], variant [bold]{escape(str(summary['variant']))}[/] "
+                  f"({summary['kind']})")
     console.print(f"  {summary['description']}", markup=False, highlight=False)
     sentence = _rows_sentence(summary["rows"], summary["rows_total"])
     if sentence:
         console.print(f"  {sentence}  {row_heatmap(summary['rows'], summary['rows_total'])}", markup=False)
     if summary["tag"]:
-        console.print(f"  first diverging tag: [bold]{summary['tag']}[/]")
+        console.print(f"  first diverging tag: [bold]{escape(summary['tag'])}[/]")
         console.print(f"    {summary['tag_description']}", markup=False, highlight=False)
     first = report.first_failure
     for check in (first.failures[1:6] if first else []):
@@ -80,14 +82,14 @@ def print_diff_report(console: Console, report: DiffReport, show_all: bool = Fal
         console.print(f"[green]identical[/]: {report.calls_compared} calls, every tensor bitwise equal")
         return
     for line in report.structural:
-        console.print(f"[red]structure:[/] {line}")
+        console.print(f"[red]structure:[/] {escape(line)}")
     shown = report.calls if show_all else report.origins()
     table = Table(title=f"diff {report.a} {report.b}", title_justify="left")
     for column in ("#", "op", "tensor", "difference"):
         table.add_column(column, overflow="fold")
     for call in shown[:50]:
         for d in call.differences[:5]:
-            table.add_row(str(call.position), call.op, d["tensor"], _describe_difference(d))
+            table.add_row(str(call.position), escape(call.op), escape(d["tensor"]), escape(_describe_difference(d)))
     console.print(table)
     if len(shown) < len(report.calls):
         console.print(f"{len(report.calls) - len(shown)} more calls differ only after their inputs did (knock-on "

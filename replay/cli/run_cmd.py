@@ -25,6 +25,9 @@ from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTA
 @click.option("--save-outputs", type=click.Path(path_type=Path), metavar="DIR",
               help="Also write a new snapshot at DIR: the recorded inputs with the outputs and tags this code's rerun "
                    "of each recorded variant made, to compare against later with --golden-data DIR.")
+@click.option("--readable", is_flag=True,
+              help="Replay the calls that can be read and warn of what cannot (a cut index line, a corrupt call "
+                   "file), exiting as those calls do; without it, damage is bad input (exit 2) once they are reported.")
 @click.option("--repeat", type=click.IntRange(1), default=1, show_default=True,
               help="Run each variant N times; any bit difference between runs is reported as nondeterminism.")
 @click.option("--op", "ops", multiple=True, help="Only calls of this op (repeatable).")
@@ -41,7 +44,7 @@ from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTA
 @click.option("-v", "--verbose", is_flag=True, help="List every call, not just the failing ones, for long runs.")
 @json_option
 def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, oracle: str,
-            save_outputs: Path | None, repeat: int,
+            save_outputs: Path | None, readable: bool, repeat: int,
             ops: tuple[str, ...], calls: tuple[int, ...], variants: tuple[str, ...], fail_fast: bool,
             device: str | None, code_dir: Path | None, providers: tuple[str, ...], verbose: bool,
             json_target: str | None) -> None:
@@ -76,7 +79,7 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         ops=frozenset(ops) or None, calls=frozenset(calls) or None, variants=frozenset(variants) or None,
         golden=golden is not None, golden_dir=Path(golden) if golden else None,
         atol=atol, rtol=rtol, repeat=repeat, fail_fast=fail_fast, providers=frozenset(providers),
-        compare_recorded=oracle == "all", save_outputs=save_outputs)
+        compare_recorded=oracle == "all", save_outputs=save_outputs, readable=readable)
     if (atol is not None or rtol is not None) and golden is None:
         raise click.BadParameter("only applies with --golden-data", param_hint="--atol/--rtol")
     if oracle != "all" and golden is not None:

@@ -33,15 +33,21 @@ def route(recording: Any, verifiers: dict[str, Callable[..., Any]]) -> None:
 
 @dataclass(frozen=True)
 class RowLimit:
-    """A single-vector variant's guard: its parameter `name` holds one row along `axis`."""
+    """A single-vector variant's guard: it is handed one row. Its rows are counted as Op.rows counts
+    them: along the axis of the first of its batch-axis parameters (`axes`, in the op's order)
+    given a tensor that has that axis."""
 
     op: str
-    name: str
-    axis: int
+    axes: tuple[tuple[str, int], ...]
 
-    def check(self, value: Any) -> None:
-        if isinstance(value, torch.Tensor) and value.dim() > self.axis and value.shape[self.axis] != 1:
-            raise ValueError(f"{self.op} single: takes one row, got {value.shape[self.axis]}; use the batched variant")
+    def check(self, *values: Any) -> None:
+        """Refuse the call if the values of the batch-axis parameters, in order, hold other than one row."""
+        for value, (_, axis) in zip(values, self.axes):
+            if isinstance(value, torch.Tensor) and value.dim() > axis:
+                if value.shape[axis] != 1:
+                    raise ValueError(f"{self.op} single: takes one row, got {value.shape[axis]}; use the batched "
+                                     "variant")
+                return
 
 
 def wrap(spec: CallSpec, fn: Callable, row_limit: RowLimit | None = None) -> Callable:
@@ -78,9 +84,10 @@ def _limited(record: Callable, signature: inspect.Signature, row_limit: RowLimit
 
     def limited(*args: Any, **kwargs: Any) -> Any:
         try:
-            row_limit.check(signature.bind(*args, **kwargs).arguments.get(row_limit.name))
+            bound = signature.bind(*args, **kwargs).arguments
         except TypeError:  # the call itself is wrong: let the function raise its own error
-            pass
+            return record(*args, **kwargs)
+        row_limit.check(*(bound.get(name) for name, _ in row_limit.axes))
         return record(*args, **kwargs)
     return limited
 
@@ -118,12 +125,13 @@ def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable,
     factory = ", ".join([f"{_FAST_PREFIX}fn", f"{_FAST_PREFIX}record", f"{_FAST_PREFIX}limit", *defaults])
     guard = ""
     if row_limit is not None:
-        if row_limit.name not in signature.parameters:
+        if not row_limit.axes or any(name not in signature.parameters for name, _ in row_limit.axes):
             return None
-        value, axis = row_limit.name, row_limit.axis
-        guard = (f"        if isinstance({value}, {_FAST_PREFIX}Tensor) and {value}.dim() > {axis} "
-                 f"and {value}.shape[{axis}] != 1:\n"
-                 f"            {_FAST_PREFIX}limit.check({value})\n")
+        (first, axis), names = row_limit.axes[0], ", ".join(name for name, _ in row_limit.axes)
+        # one row in the first: the common case, read inline; anything else is worked out by check()
+        guard = (f"        if not (isinstance({first}, {_FAST_PREFIX}Tensor) and {first}.dim() > {axis} "
+                 f"and {first}.shape[{axis}] == 1):\n"
+                 f"            {_FAST_PREFIX}limit.check({names})\n")
     source = (f"def {_FAST_PREFIX}make({factory}):\n"
               f"    def captured({arguments}):\n"
               f"{guard}"

@@ -228,6 +228,7 @@ def _install_signal_handlers() -> None:
     signal do what it did before (by default, end the process). Only the main thread may set
     handlers: elsewhere dump() and an exception leaving the block still write."""
     if threading.current_thread() is threading.main_thread():
+        _Termination.dumping = _Termination.dumped = False  # a new flight recording: none dumped yet
         for number in _FLIGHT_SIGNALS:
             _previous_handlers[number] = signal.signal(number, _on_signal)
 

@@ -67,6 +67,7 @@ class CallRecord:
     meta: dict[str, Any] = field(default_factory=dict)
     returns_json: dict[str, Any] = field(default_factory=dict)
     blobs: dict[str, str] = field(default_factory=dict)
+    chunked: frozenset[str] = frozenset()  # the keys of tensors stored as chunks (format 2)
     # as recorded: a far offset is rebuilt nearer (docs/FORMAT.md), so a tensor's own may differ
     recorded_offsets: dict[str, int] = field(default_factory=dict)
 
@@ -303,6 +304,7 @@ class Snapshot:
                           tensors=tensors, launch=header.get("launch", []),
                           meta=header.get("meta", {}), returns_json=header.get("returns_json", {}),
                           blobs={k: g["blob"] for k, g in header["tensors"].items() if "blob" in g},
+                          chunked=frozenset(k for k, g in header["tensors"].items() if "chunks" in g),
                           recorded_offsets={k: g["storage_offset"] for k, g in header["tensors"].items()})
 
 

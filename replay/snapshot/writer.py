@@ -192,15 +192,16 @@ class SnapshotWriter:
         return self.path / line["file"]
 
     def write_tensors(self, index: int, header: dict[str, Any], tensors: dict[str, torch.Tensor],
-                      blob_keys: Iterable[str] = ()) -> Path:
+                      blob_keys: Iterable[str] = (), chunk_keys: Iterable[str] = ()) -> Path:
         """Write and index call `index` holding `tensors` ('<role>/<name>' -> tensor, on any device):
-        each inline, or as a blob when its key is in `blob_keys`. For writers with the tensors at
-        hand; a recording goes through the capture pipeline's host copies instead."""
-        blob_keys = set(blob_keys)
+        each inline, or as a blob when its key is in `blob_keys`, or in chunks when in `chunk_keys`.
+        For writers with the tensors at hand; a recording goes through its pipeline's host copies."""
+        blob_keys, chunk_keys = set(blob_keys), set(chunk_keys)
         geometries = {key: geometry_of(t) for key, t in tensors.items()}
         spans = {key: storage_span(t.detach(), geometries[key]).cpu() for key, t in tensors.items()}
         blobs = {key: self.put_blob(spans.pop(key)) for key in list(spans) if key in blob_keys}
-        return self.write_call(index, header, spans, geometries, blobs)
+        chunks = {key: self.put_chunks(spans.pop(key)) for key in list(spans) if key in chunk_keys}
+        return self.write_call(index, header, spans, geometries, blobs, chunks)
 
     def write_call_file(self, index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
                         geometries: dict[str, Geometry], blobs: dict[str, str],
@@ -234,7 +235,7 @@ class SnapshotWriter:
                 self._index_size = os.fstat(self._index_fd).st_size
             try:
                 _write_all(self._index_fd, data)
-            except OSError:
+            except BaseException:  # a full disk, or an interrupt between two parts of the line
                 with contextlib.suppress(OSError):  # a cut line left behind is what a reader reports
                     os.ftruncate(self._index_fd, self._index_size)
                 raise

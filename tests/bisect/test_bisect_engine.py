@@ -155,3 +155,39 @@ def test_a_bug_inside_tolerance_is_found_against_the_good_ends_outputs(tmp_path,
     with pytest.raises(BisectError, match="is actually good under the reference oracle"):
         run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded_at_bad_end, repo=tmp_path / "repo",
                                  providers=(MODULE,), oracle="reference"))
+
+
+def test_the_recorded_oracle_holds_each_commit_to_a_good_end_recording(tmp_path, recorded):
+    shas = history(tmp_path, bug_at=2, buggy=INSIDE_TOLERANCE)  # inside tolerance: only the bits tell
+    result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded, repo=tmp_path / "repo",
+                                      providers=(MODULE,), oracle="recorded"))
+    assert result.oracle == "recorded" and result.first_bad.sha == shas[2]
+    with pytest.raises(BisectError, match="--oracle recorded: applies to the replay probe, not to --run"):
+        run_bisect(BisectOptions(good=shas[0], bad="HEAD", repo=tmp_path / "repo", run="true", oracle="recorded"))
+
+
+NOISY = CLEAN.replace("out = x * 2", "out = x * 2 + torch.rand_like(x) * 1e-6")  # not the same bits twice
+NOISY_AND_OFF = NOISY.replace("out = x * 2", "out = x * 2 * (1 + 2e-5)")  # off by more than the noise
+
+
+def test_a_good_end_not_deterministic_run_to_run_is_held_within_its_spread(tmp_path, recorded_at_bad_end):
+    commits = [SyntheticCommit("noisy kernels", {f"{MODULE}.py": NOISY})]
+    commits += [SyntheticCommit(f"docs {i}", {"README": f"{i}\n"}) for i in range(1, 4)]
+    commits += [SyntheticCommit("scale a little differently", {f"{MODULE}.py": NOISY_AND_OFF})]
+    commits += [SyntheticCommit("docs 5", {"README": "5\n"})]
+    shas = write_history(tmp_path / "repo", commits)
+    result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded_at_bad_end, repo=tmp_path / "repo",
+                                      providers=(MODULE,)))
+    assert result.oracle == "good-end" and "it is not deterministic run to run" in result.oracle_note
+    assert result.first_bad.sha == shas[4]
+
+
+def test_a_snapshot_cut_short_by_a_killed_recording_still_bisects(tmp_path, recorded_at_bad_end):
+    with open(recorded_at_bad_end / "calls.jsonl", "a") as index:
+        index.write('{"index": 1, "op": "bis')  # the recording was killed mid-append
+    shas = history(tmp_path, bug_at=4)
+    result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded_at_bad_end, repo=tmp_path / "repo",
+                                      providers=(MODULE,)))
+    assert result.first_bad.sha == shas[4]
+    assert "the last line is cut short" in result.warnings[0] and "replay the calls that can be read" in \
+        result.warnings[0]

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -237,3 +240,40 @@ def test_golden_data_from_other_inputs_is_said(rowscale_snapshot: Path, tmp_path
     assert code == 1
     warning = f"replay: warning: {tmp_path / 'other'}: the inputs of call(s) 1, 2 differ from {rowscale_snapshot}'s"
     assert any(line.startswith(warning) for line in stderr.splitlines()), stderr
+
+
+def test_the_reference_oracle_holds_no_contract_against_outputs_recorded_on_other_code(
+        scatter_snapshot: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOY_BUG", "stale")
+    toy_ops.record_scatter(tmp_path / "at-the-bad-end")  # its recorded positions break the contract
+    monkeypatch.delenv("TOY_BUG")
+    code, report, _ = run_cli("run", str(tmp_path / "at-the-bad-end"), "--json", "-")
+    assert code == 1 and report["first_divergence"]["variant"] == "batched (recorded)"
+    code, report, _ = run_cli("run", str(tmp_path / "at-the-bad-end"), "--oracle", "reference", "--json", "-")
+    assert code == 0, report["first_divergence"]  # the code replaying it is right: so says the reference
+
+
+def test_saved_outputs_store_a_cache_as_the_recording_did(tmp_path: Path) -> None:
+    cache = torch.zeros(64, 4096)  # 1 MiB: state stored in chunks
+    with replay.recording(tmp_path / "snap", chunk_threshold=1):
+        for step in range(6):
+            toy_ops.rowscale_batched(torch.randn(8, 16), torch.ones(16))
+            cache[step].fill_(step)
+            toy_ops.scatter_batched(torch.randn(1, 4096), cache, torch.tensor([step], dtype=torch.int32),
+                                    torch.ones(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32),
+                                    torch.tensor([step], dtype=torch.int32))
+    code, _, _ = run_cli("run", str(tmp_path / "snap"), "--save-outputs", str(tmp_path / "outputs"), "--json", "-")
+    assert code == 0
+    call_files = sum(p.stat().st_size for p in (tmp_path / "outputs" / "calls").iterdir())
+    assert call_files < (1 << 20)  # no cache inline: twelve calls' files hold less than one cache
+    code, _, _ = run_cli("run", str(tmp_path / "snap"), "--golden-data", str(tmp_path / "outputs"), "--json", "-")
+    assert code == 0
+
+
+def test_outputs_that_cannot_be_written_are_bad_input(rowscale_snapshot: Path, tmp_path: Path) -> None:
+    replay_bin = Path(sys.executable).with_name("replay")
+    done = subprocess.run(f"ulimit -f 1; '{replay_bin}' run '{rowscale_snapshot}' --provider toy_ops "
+                          f"--save-outputs '{tmp_path / 'outputs'}'", shell=True, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(toy_ops.__file__).parent)})
+    assert done.returncode == 2, done.stderr  # a file size limit of 1 KiB: the outputs do not fit
+    assert done.stderr.strip().startswith(f"replay: error: {tmp_path / 'outputs'}: cannot write the outputs: ")
