@@ -94,7 +94,7 @@ def attention_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((t, h), dtype=torch.float32, device=q.device)
     block_d = launch.next_pow2(d)
-    launch.run(_attention_row_kernel, (t, h), q, k_cache, v_cache, positions,
+    replay.launch(_attention_row_kernel, (t, h), q, k_cache, v_cache, positions,
                block_table if geom.paged else positions, out, lse, q.stride(0), q.stride(1),
                out.stride(0), out.stride(1), geom.stride_page, geom.stride_slot, geom.stride_head,
                h, d, geom.page, h // geom.heads, scale,

@@ -20,10 +20,9 @@ import torch
 import replay
 from kernels import det_gemm
 from kernels.ggml_quant import Q6_K
-from kernels.kquant_matmul import BATCHED_BLOCK_M, kquant_matmul
+from kernels.kquant.matmul import BATCHED_BLOCK_M, kquant_matmul
 from kernels.kv_scatter import scatter
 from kernels.model import TinyLlama
-from replay.registry import get_op
 
 # where a Q6_K super-block keeps its 16 int8 sub-block scales (after ql [128] and qh [64])
 _Q6K_SCALES = 192
@@ -102,7 +101,7 @@ def planting(*names: str) -> Iterator[None]:
 
     Example:
         with bugs.planting("q6k_scale_index"):
-            report = check_arguments(get_op("q6k_gemv"), args, options)
+            report = check_arguments(replay.get_op("q6k_gemv"), args, options)
     """
     unknown = [n for n in names if n not in BUGS]
     if unknown:
@@ -110,7 +109,7 @@ def planting(*names: str) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         for name in names:
             bug = BUGS[name]
-            stack.enter_context(get_op(bug.op).replacing(bug.variant, bug.fn))
+            stack.enter_context(replay.get_op(bug.op).replacing(bug.variant, bug.fn))
         yield
 
 

@@ -126,7 +126,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, tile: Tile | None = None) -> torch.
     c = torch.empty((m, n), dtype=a.dtype, device=device)
     c_desc = _descriptor("out", c, [tile.block_m, tile.block_n])
     programs = INTERPRETER_PROGRAMS if cpu else torch.cuda.get_device_properties(device).multi_processor_count
-    launch.run(_det_gemm_kernel, (programs,), a_desc, b_desc, c_desc, m, n, k, A_T=a_t, B_T=not b_t,
+    replay.launch(_det_gemm_kernel, (programs,), a_desc, b_desc, c_desc, m, n, k, A_T=a_t, B_T=not b_t,
                BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
                PROGRAMS=programs, UPCAST=launch.interpreter_active(), num_warps=tile.warps, num_stages=tile.stages)
     return c

@@ -10,9 +10,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+import replay
+
 from kernels import ggml_quant
 from kernels.rope import rope_tables
-from replay.registry import get_op
 
 
 def _randn(gen: torch.Generator, *shape: int, dtype: torch.dtype, device: str, scale: float = 1.0) -> torch.Tensor:
@@ -113,4 +114,4 @@ def _example(op: str, options: dict[str, Any], rows: int, dtype: torch.dtype, de
 
 for _op, _paths in PATHS.items():
     for _name, _options in _paths.items():
-        get_op(_op).example(_name)(functools.partial(_example, _op, _options))
+        replay.get_op(_op).example(_name)(functools.partial(_example, _op, _options))

@@ -20,7 +20,6 @@ import triton.language as tl
 
 import replay
 from kernels import kv_cache, launch
-from replay.compare import bit_pattern
 from replay.tolerance import EXACT
 
 
@@ -98,7 +97,7 @@ def scatter(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     t = k.shape[0]
     written = torch.empty(t, dtype=torch.int32, device=k.device)
     source = position_buf if indirect else positions
-    launch.run(_kv_scatter_kernel, (t,), k, v, k_cache, v_cache, kv_cache_lengths, source, seq_len_buf,
+    replay.launch(_kv_scatter_kernel, (t,), k, v, k_cache, v_cache, kv_cache_lengths, source, seq_len_buf,
                block_table if geom.paged else source, written, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                geom.stride_page, geom.stride_slot, geom.stride_head, geom.heads, geom.dim, geom.page,
                BLOCK_H=launch.next_pow2(geom.heads), BLOCK_D=launch.next_pow2(geom.dim), PAGED=geom.paged,
@@ -158,6 +157,11 @@ def positions_follow_lengths(inputs: Mapping[str, Any], outputs: Mapping[str, An
     return violations
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A float tensor's stored bits as integers of its width, so that equal means the same bits."""
+    return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 def _rows_written(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> tuple[list[int], list[int]]:
     """(positions whose K or V row the call changed or that hold their row, rows not at their position).
 
@@ -165,16 +169,16 @@ def _rows_written(inputs: Mapping[str, Any], outputs: Mapping[str, Any]) -> tupl
     where it already held the new row (rewriting equal data).
     """
     table = inputs.get("block_table")
-    old = [bit_pattern(kv_cache.by_position(inputs[n], table)) for n in ("k_cache", "v_cache")]
-    new = [bit_pattern(kv_cache.by_position(outputs[n], table)) for n in ("k_cache", "v_cache")]
+    old = [_bits(kv_cache.by_position(inputs[n], table)) for n in ("k_cache", "v_cache")]
+    new = [_bits(kv_cache.by_position(outputs[n], table)) for n in ("k_cache", "v_cache")]
     changed = ((old[0] != new[0]) | (old[1] != new[1])).flatten(1).any(1)
     found = set(torch.nonzero(changed.cpu()).flatten().tolist())
     before = int(inputs["kv_cache_lengths"].reshape(-1)[0])
     misplaced = []
     for row in range(inputs["k"].shape[0]):
         p = before + row
-        if p < new[0].shape[0] and torch.equal(new[0][p], bit_pattern(inputs["k"][row])) \
-                and torch.equal(new[1][p], bit_pattern(inputs["v"][row])):
+        if p < new[0].shape[0] and torch.equal(new[0][p], _bits(inputs["k"][row])) \
+                and torch.equal(new[1][p], _bits(inputs["v"][row])):
             found.add(p)
         else:
             misplaced.append(row)

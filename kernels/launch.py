@@ -1,12 +1,11 @@
-"""Plumbing shared by every kernel wrapper: device checks, block sizes, launch records."""
+"""Plumbing shared by every kernel wrapper: device checks, block sizes (launches go through replay.launch)."""
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 import replay
 
@@ -46,47 +45,6 @@ def warps_for(block_elements: int) -> int:
     return max(1, min(16, block_elements // 512))
 
 
-def run(kernel: Any, grid: Sequence[int], *args: Any, path: str | None = None, **meta: Any) -> Any:
-    """Launch a Triton kernel and record the launch (name, grid, block sizes, path, and what compiling
-    it again takes: its module, signature and constexprs) into the call."""
-    grid = tuple(int(g) for g in grid)
-    compiled = kernel[grid](*args, **meta)
-    if not replay.launches_wanted():
-        return compiled
-    info = {k: v for k, v in meta.items() if isinstance(v, (bool, int, str))}
-    if path is not None:
-        info["path"] = path
-    pointers = {name: value.base if isinstance(value, TensorDescriptor) else value
-                for name, value in zip(kernel.arg_names, args) if isinstance(value, (torch.Tensor, TensorDescriptor))}
-    replay.record_launch(kernel.fn.__name__, grid, compiled=compiled, pointers=pointers, module=kernel.fn.__module__,
-                         signature=signature(kernel, args, meta), **info)
-    return compiled
-
-
-_TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
-                 torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
-                 torch.bool: "i1"}
-
-
-def signature(kernel: Any, args: Sequence[Any], meta: dict[str, Any]) -> dict[str, str]:
-    """Triton's signature of a launch: each argument's type ("*fp32" for a pointer, "tensordesc<bf16[64, 32]>"
-    for a tensor descriptor), "constexpr" for the compile-time ones (given as keywords), as
-    triton.compile(ASTSource(...)) takes it."""
-    types = {}
-    for name, value in zip(kernel.arg_names, args):
-        if isinstance(value, torch.Tensor):
-            types[name] = "*" + _TRITON_TYPES[value.dtype]
-        elif isinstance(value, TensorDescriptor):
-            types[name] = f"tensordesc<{_TRITON_TYPES[value.base.dtype]}{list(value.block_shape)}>"
-        elif isinstance(value, bool):
-            types[name] = "i1"
-        elif isinstance(value, int):
-            types[name] = "i32" if -2 ** 31 <= value < 2 ** 31 else "i64"
-        else:
-            types[name] = "fp32"
-    return {**types, **{name: "constexpr" for name in kernel.arg_names if name in meta}}
-
-
 def elementwise_rows(op: str, kernel: Any, **inputs: torch.Tensor) -> torch.Tensor:
     """Run a two-input elementwise row kernel over [M, H] tensors; the output takes the first's dtype.
 
@@ -102,6 +60,6 @@ def elementwise_rows(op: str, kernel: Any, **inputs: torch.Tensor) -> torch.Tens
     m, h = a.shape
     out = torch.empty((m, h), dtype=a.dtype, device=a.device)
     block = min(next_pow2(h), 4096)
-    run(kernel, (m, triton.cdiv(h, block)), a, b, out, h, a.stride(0), b.stride(0), out.stride(0),
+    replay.launch(kernel, (m, triton.cdiv(h, block)), a, b, out, h, a.stride(0), b.stride(0), out.stride(0),
         BLOCK=block, num_warps=warps_for(block))
     return out

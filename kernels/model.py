@@ -30,7 +30,6 @@ import torch
 import replay
 from kernels import OPS, ggml_quant
 from kernels.rope import rope_tables
-from replay.registry import get_op
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def make_weights(config: TinyLlamaConfig, seed: int, device: torch.device, dtype
 
 def _variants(variant: str, backend: str) -> SimpleNamespace:
     """Every op's `variant` for `backend`; a RegistryError names what exists if one is missing."""
-    return SimpleNamespace(**{name: get_op(name).get(variant, backend) for name in OPS})
+    return SimpleNamespace(**{name: replay.get_op(name).get(variant, backend) for name in OPS})
 
 
 class TinyLlama:

@@ -52,7 +52,7 @@ def rmsnorm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     out = torch.empty_like(x)
     rstd = torch.empty(m, dtype=torch.float32, device=x.device)
     block = launch.next_pow2(h)
-    launch.run(_rmsnorm_rows_kernel, (m,), x, weight, out, rstd, h, x.stride(0), out.stride(0), eps,
+    replay.launch(_rmsnorm_rows_kernel, (m,), x, weight, out, rstd, h, x.stride(0), out.stride(0), eps,
                BLOCK_H=block, num_warps=launch.warps_for(block))
     replay.tag("rstd", rstd)
     return out

@@ -88,7 +88,7 @@ def rope_rows(x: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: 
     t, h, d = x.shape
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     block_h, block_half = launch.next_pow2(h), launch.next_pow2(d // 2)
-    launch.run(_rope_kernel, (t,), x, positions, cos, sin, out, h, x.stride(0), x.stride(1),
+    replay.launch(_rope_kernel, (t,), x, positions, cos, sin, out, h, x.stride(0), x.stride(1),
                out.stride(0), out.stride(1), cos.stride(0),
                HALF=d // 2, BLOCK_H=block_h, BLOCK_HALF=block_half, INTERLEAVED=layout == "interleaved",
                num_warps=launch.warps_for(block_h * block_half * 2))

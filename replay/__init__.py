@@ -24,13 +24,14 @@ from replay.device import use_interpreter_without_gpu
 use_interpreter_without_gpu(warn_if_late=True)
 
 from replay.kernel_rules import KernelRules
+from replay.launches import launch
 from replay.recorder import dump, flush, recapture_needed, recording
 from replay.context import launches_wanted, record_launch, scope, tag
 from replay.registry import Op, capture, get_op, op
 from replay.tolerance import Tolerance
 from replay.verify import verify
 
-__all__ = ["KernelRules", "Op", "Tolerance", "capture", "dump", "flush", "get_op", "launches_wanted", "op",
+__all__ = ["KernelRules", "Op", "Tolerance", "capture", "dump", "flush", "get_op", "launch", "launches_wanted", "op",
            "recapture_needed", "record_launch", "recording", "scope", "tag", "verify"]
 
 if settings.CAPTURE.is_set:

@@ -35,8 +35,8 @@ import triton.language as tl
 import kernels  # noqa: F401  (registers every op)
 from kernels import ggml_quant
 from kernels.ggml_quant import QK_K, Q4_K, Q6_K, QuantFormat, columns_of
-from kernels.kquant_matmul import BATCHED_BLOCK_M, TILE_CANDIDATES, kquant_matmul, tile_config
-from kernels.kquant_walk import _load_step, _row_offsets
+from kernels.kquant.matmul import BATCHED_BLOCK_M, TILE_CANDIDATES, kquant_matmul, tile_config
+from kernels.kquant.walk import _load_step, _row_offsets
 from kernels.rope import rope_tables
 from replay.registry import get_op
 
@@ -219,7 +219,7 @@ def read_floor_us(weight: torch.Tensor) -> float:
 @triton.jit
 def _walk_words_kernel(w_ptr, out, n, nb, row_bytes, Q4K: tl.constexpr, BLOCK_N: tl.constexpr,
                        ROW_GROUPS: tl.constexpr, LANES: tl.constexpr):
-    """Loads the weight's words exactly as the GEMV does (kernels/kquant_walk.py: the same tile, each step's
+    """Loads the weight's words exactly as the GEMV does (kernels/kquant/walk.py: the same tile, each step's
     words one step ahead behind the same fence) and only XORs them, so no load is dropped: the GEMV's access
     pattern without its math."""
     row_byte = _row_offsets(n, row_bytes, BLOCK_N, ROW_GROUPS)

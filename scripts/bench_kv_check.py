@@ -14,7 +14,7 @@ from pathlib import Path
 import kernels  # noqa: F401 (registers the ops; the interpreter without a GPU)
 from kernels.kv_adapter import tiny
 from replay.device import use_interpreter_without_gpu
-from replay.kv.check import check_snapshot
+from replay.kv.caches import check_snapshot
 from replay.kv.runs import RunPlan, parse_chunks, record_runs, run_once, runs_of
 from replay.snapshot import Snapshot
 

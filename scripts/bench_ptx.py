@@ -50,7 +50,7 @@ def main() -> None:
 
     import kernels  # noqa: F401 (registers the ops and their examples)
     from replay.device import use_interpreter_without_gpu
-    from replay.ptx.check import check_sources
+    from replay.ptx.analysis import check_sources
     from replay.ptx.sources import op_ptx
     from replay.code import KernelCode
 

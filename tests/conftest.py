@@ -1,7 +1,9 @@
 """Test configuration: the Triton interpreter on CPU when there is no GPU."""
 from __future__ import annotations
 
+import logging
 import os
+from typing import Callable
 
 import pytest
 import torch
@@ -24,3 +26,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def device() -> str:
     return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture
+def said(caplog: pytest.LogCaptureFixture) -> Callable[[], list[str]]:
+    """What kernel-replay has reported through logging since the last call, one message a line:
+    what a program's stderr shows when nothing else is configured, and the CLI prints."""
+    caplog.set_level(logging.WARNING, logger="replay")
+
+    def messages() -> list[str]:
+        lines = [record.getMessage() for record in caplog.records if record.name.startswith("replay")]
+        caplog.clear()
+        return lines
+    return messages

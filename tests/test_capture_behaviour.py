@@ -39,8 +39,8 @@ def tagged(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def stderr_capture_lines(capsys: pytest.CaptureFixture) -> list[str]:
-    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("replay: capture:")]
+def stderr_capture_lines(said) -> list[str]:
+    return [line for line in said() if line.startswith("replay: capture:")]
 
 
 def manifest(path: Path) -> dict:
@@ -97,23 +97,23 @@ def test_bad_tag_level_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_non_json_argument_is_reported_once_and_the_call_skipped(tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture) -> None:
+                                                                said) -> None:
     with replay.recording(tmp_path / "snap"):
         results = [takes_anything(torch.zeros(2), extra=object()) for _ in range(3)]
         takes_anything(torch.zeros(2), extra="fine")
     assert all(torch.equal(r, torch.ones(2)) for r in results)  # the program went on
-    (line,) = stderr_capture_lines(capsys)
+    (line,) = stderr_capture_lines(said)
     assert "op 'cap_takes_anything'" in line and "argument 'extra'" in line
     assert manifest(tmp_path / "snap")["capture_errors"] == [line.removeprefix("replay: capture: ")]
     snapshot = Snapshot(tmp_path / "snap")
     assert len(snapshot) == 1 and snapshot.load(snapshot.entries[0]).arguments()["extra"] == "fine"
 
 
-def test_unsupported_tensor_dtype_names_op_and_argument(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_unsupported_tensor_dtype_names_op_and_argument(tmp_path: Path, said) -> None:
     with replay.recording(tmp_path / "snap") as rec:
         takes_anything(torch.zeros(2, dtype=torch.complex64))
         takes_anything(torch.zeros(2))
-    (line,) = stderr_capture_lines(capsys)
+    (line,) = stderr_capture_lines(said)
     assert "op 'cap_takes_anything': argument 'x'" in line and "complex64" in line
     assert not rec.stopped and len(Snapshot(tmp_path / "snap")) == 1
 
@@ -137,7 +137,7 @@ def failing_in(directory: str, real: Callable[..., None]) -> Callable[..., None]
 @pytest.mark.parametrize("directory", [writer.CALLS_DIR, writer.BLOBS_DIR])
 def test_write_failure_is_reported_once_and_capture_stops(directory: str, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture) -> None:
+                                                          said) -> None:
     weight = torch.zeros(128, 128)  # 64 KiB: stored as a blob
     with replay.recording(tmp_path / "snap") as rec:
         takes_anything(torch.zeros(2))
@@ -146,7 +146,7 @@ def test_write_failure_is_reported_once_and_capture_stops(directory: str, tmp_pa
         results = [takes_anything(weight) for _ in range(3)]
     assert all(torch.equal(r, torch.ones(128, 128)) for r in results)
     assert rec.stopped
-    (line,) = stderr_capture_lines(capsys)
+    (line,) = stderr_capture_lines(said)
     assert "No space left on device" in line and "capture stopped" in line
     assert manifest(tmp_path / "snap")["capture_errors"] == [line.removeprefix("replay: capture: ")]
     assert len(Snapshot(tmp_path / "snap")) == 1  # the call before the failure
@@ -190,7 +190,7 @@ def tags_told(x: torch.Tensor, what: str = "tensor") -> torch.Tensor:
 
 
 @pytest.mark.parametrize("what", NOT_TENSORS)
-def test_tag_of_a_non_tensor_skips_that_call_only(what: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_tag_of_a_non_tensor_skips_that_call_only(what: str, tmp_path: Path, said) -> None:
     with replay.recording(tmp_path / "snap") as rec:
         before = tags_told(torch.zeros(2))
         results = [tags_told(torch.full((2,), 1.0), what) for _ in range(2)]
@@ -198,7 +198,7 @@ def test_tag_of_a_non_tensor_skips_that_call_only(what: str, tmp_path: Path, cap
     assert torch.equal(before, torch.ones(2)) and torch.equal(after, torch.full((2,), 3.0))
     assert all(torch.equal(r, torch.full((2,), 2.0)) for r in results)  # the program went on
     assert not rec.stopped
-    (line,) = stderr_capture_lines(capsys)
+    (line,) = stderr_capture_lines(said)
     assert line == (f"replay: capture: op 'cap_tags_what_it_is_told': tag 'given' is a value of type "
                     f"{type(NOT_TENSORS[what]).__name__}, not a tensor; call not recorded")
     assert manifest(tmp_path / "snap")["capture_errors"] == [line.removeprefix("replay: capture: ")]
@@ -228,7 +228,7 @@ def counts(x: torch.Tensor, n: object) -> object:
     return n
 
 
-def test_integers_too_big_to_read_back_skip_that_call_only(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_integers_too_big_to_read_back_skip_that_call_only(tmp_path: Path, said) -> None:
     fine = [2**63 - 1, -(2**63), 2**70]
     # 10**5000 is past what Python's json reads (4300 digits) and even prints
     too_big = [2**2000, 2**2000, [1, -(2**3000)], 10**5000]
@@ -239,7 +239,7 @@ def test_integers_too_big_to_read_back_skip_that_call_only(tmp_path: Path, capsy
         counts(torch.zeros(1), fine[2])
     assert returned == too_big  # the program went on
     assert not rec.stopped
-    lines = stderr_capture_lines(capsys)
+    lines = stderr_capture_lines(said)
     assert len(lines) == 3  # 2**2000 twice: reported once
     assert all(line.startswith("replay: capture: op 'cap_counts': argument 'n' is neither a tensor nor "
                                "JSON-representable: ") and line.endswith("; call not recorded") for line in lines)
@@ -257,7 +257,7 @@ def test_integer_too_big_raises_in_strict_mode(tmp_path: Path) -> None:
 
 
 def test_integer_too_big_in_an_output_or_a_launch_record(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture) -> None:
+                                                                  said) -> None:
     @replay.capture("cap_returns_big")
     def returns_big(x: torch.Tensor) -> int:
         replay.record_launch("big_kernel", (1,), size=2**2000, huge=10**5000)
@@ -271,7 +271,7 @@ def test_integer_too_big_in_an_output_or_a_launch_record(tmp_path: Path,
     with replay.recording(tmp_path / "snap"):
         assert returns_big(torch.zeros(1)) == 2**2000
         launches_big(torch.zeros(1))
-    (line,) = stderr_capture_lines(capsys)
+    (line,) = stderr_capture_lines(said)
     assert line.startswith("replay: capture: op 'cap_returns_big': output 'out' is neither a tensor nor JSON")
     (record,) = Snapshot(tmp_path / "snap")
     assert record.op == "cap_launches_big"  # launch records are informational: kept as text
@@ -339,10 +339,10 @@ def test_callables_that_are_not_plain_functions_keep_their_own_calling_conventio
 
 
 def test_a_call_file_that_cannot_be_written_never_reaches_the_program(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture) -> None:
+                                                                      said) -> None:
     weight = torch.randn(128, 128)  # a blob, written before the call file
     with replay.recording(tmp_path / "snap") as rec:
         (tmp_path / "snap" / "calls").rmdir()
         (tmp_path / "snap" / "calls").write_text("in the way")
         takes_anything(weight)
-    assert rec.stopped and "writing call 0 failed" in capsys.readouterr().err
+    assert rec.stopped and "writing call 0 failed" in "\n".join(said())

@@ -87,7 +87,7 @@ def test_a_full_queue_blocks_by_default_and_loses_nothing(tmp_path: Path, monkey
 
 
 def test_drop_under_a_tiny_queue_counts_and_names_the_drops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture) -> None:
+                                                           said) -> None:
     slow_writes(monkeypatch, 0.05)
     with replay.recording(tmp_path / "snap", queue_depth=1, when_full="drop") as rec:
         workload(steps=10)
@@ -99,7 +99,7 @@ def test_drop_under_a_tiny_queue_counts_and_names_the_drops(tmp_path: Path, monk
     groups = re.findall(r"(\d+) (\w+) after call (\d+)", error)  # an op's drops after the same call: counted once
     assert sum(int(count) for count, _, _ in groups) == dropped
     assert len(groups) == len({(op, after) for _, op, after in groups})
-    assert capsys.readouterr().err.strip() == f"replay: capture: {error}"
+    assert said() == [f"replay: capture: {error}"]
     assert sorted(e.index for e in recorded.entries) == list(range(len(recorded)))  # no gaps: drops take no index
 
 

@@ -63,7 +63,7 @@ def test_a_short_append_is_carried_on_and_the_index_stays_whole(tmp_path: Path, 
 
 @pytest.mark.parametrize("asynchronous", [True, False])
 def test_a_disk_full_mid_append_keeps_every_whole_line_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                   capsys: pytest.CaptureFixture,
+                                                                   said,
                                                                    asynchronous: bool) -> None:
     index_appends(monkeypatch, iter(["whole", "whole", "whole", "full"]))
     rec = record(tmp_path / "snap", asynchronous)
@@ -72,7 +72,7 @@ def test_a_disk_full_mid_append_keeps_every_whole_line_and_says_so(tmp_path: Pat
     assert [float(r.tensors["in/x"][0, 0]) for r in read] == [0.0, 1.0, 2.0]
     errors = json.loads((tmp_path / "snap" / "manifest.json").read_text())["capture_errors"]
     assert len(errors) == 1 and "writing call 3 failed" in errors[0] and "No space left" in errors[0]
-    assert capsys.readouterr().err.strip() == f"replay: capture: {errors[0]}"
+    assert said() == [f"replay: capture: {errors[0]}"]
 
 
 def test_an_error_the_manifest_cannot_take_at_once_reaches_it_at_close(tmp_path: Path,
@@ -92,7 +92,7 @@ def test_an_error_the_manifest_cannot_take_at_once_reaches_it_at_close(tmp_path:
 
 
 def test_a_manifest_that_stays_unwritable_is_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture) -> None:
+                                                  said) -> None:
     from replay.snapshot import writer
     real = writer.write_atomic
     full = []
@@ -105,7 +105,7 @@ def test_a_manifest_that_stays_unwritable_is_said(tmp_path: Path, monkeypatch: p
     with replay.recording(tmp_path / "snap") as rec:
         full.append(True)
         rec.report("a capture error met on a full disk", stop=False)
-    err = capsys.readouterr().err.strip().splitlines()
+    err = said()
     assert err[0] == "replay: capture: a capture error met on a full disk"
     assert err[1].startswith(f"replay: capture: {tmp_path / 'snap' / 'manifest.json'} could not be written")
     assert err[1].endswith("its capture_errors lack what is said above")

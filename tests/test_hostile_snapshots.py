@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import hostile
 from replay.cli import main
-from replay.inspect import tensor_stats
+from replay.summary import tensor_stats
 from replay.snapshot import Snapshot
 
 MAX_SECONDS = 20

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from kernels.bugs import MODEL_BUGS
 from kernels.kv_adapter import adapter_of
 from replay.cli import main
-from replay.kv.check import check_snapshot, logits_findings
+from replay.kv.caches import check_snapshot, logits_findings
 from replay.kv.runs import RunPlan, record_runs
 from replay.snapshot import Snapshot
 

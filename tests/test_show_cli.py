@@ -14,7 +14,7 @@ from click.testing import CliRunner, Result
 import replay
 from fixtures.make_fixture_snapshot import make_fixture_snapshot
 from replay.cli import main
-from replay.inspect import tensor_stats
+from replay.summary import tensor_stats
 
 REPLAY = Path(sys.executable).with_name("replay")
 

@@ -252,7 +252,7 @@ def test_positional_only_and_star_arguments_still_report_their_mismatch(verifyin
 
 
 def test_replay_verify_naming_an_op_without_a_reference_leaves_it_alone(monkeypatch: pytest.MonkeyPatch,
-                                                                       capsys: pytest.CaptureFixture) -> None:
+                                                                       said) -> None:
     @replay.capture("verify_no_reference")
     def lonely(x: torch.Tensor) -> torch.Tensor:
         return x + 1
@@ -261,6 +261,6 @@ def test_replay_verify_naming_an_op_without_a_reference_leaves_it_alone(monkeypa
     monkeypatch.setenv("REPLAY_VERIFY", "verify_no_reference@1.0")
     from_env()
     assert torch.equal(lonely(torch.zeros(2)), torch.ones(2)) and torch.equal(lonely(torch.ones(2)), torch.ones(2) * 2)
-    assert capsys.readouterr().err.splitlines() == [
+    assert said() == [
         "replay.verify: REPLAY_VERIFY: replay.verify: op 'verify_no_reference' has no reference variant to check "
         "against; not verified"]

@@ -8,11 +8,10 @@ from replay.bisect.driver import BisectOptions, run_bisect
 from replay.errors import BisectError
 from replay.bisect.history import CommitInfo
 from replay.bisect.probe import ProbeOutcome
-from replay.bisect.report import probe_summary, render
 from replay.bisect.result import BisectResult, ProbeRecord
 from replay.bisect.steps import Step, StepHandler, StepLog, fan_out
 from replay.bisect.synthetic import SyntheticCommit, write_history
 
 __all__ = ["BisectError", "BisectOptions", "BisectResult", "CommitInfo", "ProbeOutcome", "ProbeRecord", "Step",
-           "StepHandler", "StepLog", "SyntheticCommit", "fan_out", "probe_summary", "render", "run_bisect",
+           "StepHandler", "StepLog", "SyntheticCommit", "fan_out", "run_bisect",
            "write_history"]

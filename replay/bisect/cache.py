@@ -9,11 +9,11 @@ and the next write rebuilds the file from what is left.
 """
 from __future__ import annotations
 
+import logging
 import hashlib
 import json
 import math
 import stat
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,8 @@ from typing import Any
 from replay.bisect.probe import ProbeOutcome, verdict_for
 from replay.snapshot.files import write_atomic
 from replay.snapshot.writer import INDEX, MANIFEST
+
+log = logging.getLogger(__name__)
 
 CACHE_NAME = "replay-bisect-cache.json"
 CACHE_VERSION = 1
@@ -101,7 +103,7 @@ class ProbeCache:
     def _warn_once(self, kind: str, message: str) -> None:
         if kind not in self._warned:
             self._warned.add(kind)
-            print(f"replay: warning: {message}", file=sys.stderr, flush=True)
+            log.warning(f"replay: warning: {message}")
 
 
 def _usable(entry: Any) -> bool:

@@ -14,7 +14,7 @@ from replay.bisect.cache import CACHE_NAME, ProbeCache, snapshot_digest
 from replay.errors import BisectError
 from replay.bisect.history import describe_commit, first_parent, load_range, open_repo, resolve_commit
 from replay.bisect.oracle import Oracle, choose
-from replay.bisect.prober import Prober
+from replay.bisect.parallel import Prober
 from replay.bisect.result import BisectResult
 from replay.bisect.search import BisectSearch, CommitGraph
 from replay.bisect.steps import Step, StepHandler

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.bisect.probe import ProbeCommand
-from replay.bisect.prober import Prober
+from replay.bisect.parallel import Prober
 from replay.bisect.result import ProbeRecord
 from replay.bisect.search import BAD, GOOD, SKIP
 from replay.bisect.steps import Step, StepHandler

@@ -67,7 +67,8 @@ def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | N
     Exit 0 with an answer (even an ambiguous one), 2 on bad input or when --good
     fails or --bad passes, 130 when interrupted.
     """
-    from replay.bisect import BisectOptions, Step, StepLog, fan_out, render, run_bisect  # gitpython: only here
+    from replay.bisect import BisectOptions, Step, StepLog, fan_out, run_bisect  # gitpython: only here
+    from replay.cli.bisect_render import render
 
     options = BisectOptions(good=good, bad=bad, snapshot=snapshot, repo=repo, run=run, jobs=jobs,
                             first_parent=first_parent, timeout=timeout, reuse_cache=not no_cache,

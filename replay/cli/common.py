@@ -2,7 +2,9 @@
 (JSON if asked, the human report unless the JSON went to stdout, the exit code), each in one place."""
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import re
@@ -10,7 +12,7 @@ import subprocess
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterable, NoReturn
+from typing import Any, Callable, Iterable, Iterator, NoReturn
 
 import click
 from rich.console import Console, ConsoleOptions, RenderableType
@@ -35,7 +37,8 @@ class ReplayGroup(click.Group):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
         try:
-            code = super().main(args, prog_name, complete_var, False, **extra)
+            with _library_reports_on_stderr():
+                code = super().main(args, prog_name, complete_var, False, **extra)
         except click.ClickException as exc:
             exc.show()
             code = exc.exit_code
@@ -65,6 +68,34 @@ class ReplayGroup(click.Group):
             click.echo(f"replay: internal error (a bug in kernel-replay, please report it): {type(exc).__name__}: "
                        f"{one_line(str(exc))} (REPLAY_TRACEBACK=1 prints the traceback)", err=True)
             ctx.exit(EXIT_INTERNAL)
+
+
+class _OneLine(logging.Handler):
+    """What the library reports, to whatever stderr is when it is said, one printable line each."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(one_line(record.getMessage()) + "\n")
+        except Exception:  # noqa: BLE001 (logging's own rule: a report that cannot be written is dropped)
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _library_reports_on_stderr() -> Iterator[None]:
+    """For the length of a command, what the library logs at WARNING and above (capture errors, a
+    damaged bisect cache, verify's mismatches) is printed on stderr as the command's own lines;
+    a program using the library decides for itself where its reports go."""
+    logger, handler = logging.getLogger("replay"), _OneLine(logging.WARNING)
+    propagate, level = logger.propagate, logger.level
+    logger.addHandler(handler)
+    logger.propagate = False
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        logger.setLevel(level)
 
 
 # `git bisect run` reads 0 as good, 125 as skip, 1-127 as bad, and stops at 128 and above
@@ -116,6 +147,19 @@ def _wants_traceback() -> bool:
         return settings.TRACEBACK.get()
     except SettingError:  # a bug is being reported: a malformed setting does not hide it
         return False
+
+
+def cuda_targets(text: str, option: str, one: bool = False) -> list[int]:
+    """`sm_80,sm_89,sm_90` (or `90`) as [80, 89, 90]: the one parser of CUDA targets; with `one`,
+    exactly one."""
+    try:
+        found = [int(part.strip().removeprefix("sm_")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        found = []
+    if not found or (one and len(found) != 1):
+        raise click.BadParameter(f"{text!r}: {'a target looks like sm_90' if one else 'targets look like sm_80,sm_90'}",
+                                 param_hint=option)
+    return found
 
 
 class ToleranceValue(click.ParamType):

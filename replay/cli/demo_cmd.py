@@ -48,7 +48,8 @@ def command(directory: Path | None, jobs: int) -> None:
     names the planted commit.
     """
     use_interpreter_without_gpu()
-    from replay.bisect import Step, render
+    from replay.bisect import Step
+    from replay.cli.bisect_render import render
     from replay.demo import GOOD_TAG, run_demo
 
     console = SafeConsole(highlight=False)

@@ -11,7 +11,7 @@ from rich.table import Table
 from replay.cli.common import chosen_device, device_option, finish, json_option, kernel_trust_options
 from replay.compare import row_ranges
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
-from replay.invariance.check import InvarianceReport, Plan, check_ops
+from replay.invariance.properties import InvarianceReport, Plan, check_ops
 from replay.invariance.recorded import check_snapshot
 from replay.code import KernelCode
 

@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from replay.cli.common import SafeConsole, chosen_device, device_option, finish, json_option
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
-from replay.kv.check import KvReport, check_snapshot
+from replay.kv.caches import KvReport, check_snapshot
 from replay.snapshot import Snapshot
 
 

@@ -8,10 +8,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from replay.cli.common import chosen_device, device_option, finish, json_option, kernel_trust_options
+from replay.cli.common import chosen_device, cuda_targets, device_option, finish, json_option, kernel_trust_options
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 from replay.kernel_rules import AXES, KernelRules
-from replay.ptx.check import PtxReport, check_sources
+from replay.ptx.analysis import PtxReport, check_sources
 from replay.ptx.sources import file_ptx, op_ptx, snapshot_ptx
 from replay.code import KernelCode
 
@@ -68,7 +68,7 @@ def command(targets: tuple[str, ...], snapshot: Path | None, archs: str, dtype: 
     op_names = [t for t in targets if not (t.endswith(".ptx") or Path(t).is_file())]
     if variant is not None and row_axis is None:
         raise click.BadParameter("needs --row-axis, the axis the rule is about", param_hint="--variant")
-    targets_archs = _archs(archs)
+    targets_archs = cuda_targets(archs, "--arch")
     file_rules = KernelRules(row_axis=row_axis) if row_axis else None
     sources = [file_ptx(path, file_rules, variant) for path in files]
     if snapshot is not None:
@@ -83,16 +83,6 @@ def command(targets: tuple[str, ...], snapshot: Path | None, archs: str, dtype: 
     report = check_sources(sources, kernel_glob)
     finish(json_target, {**report.to_json(), "examples_device": examples_device},
            lambda console: _print(console, report, examples_device), EXIT_PASS if report.passed else EXIT_DIVERGED)
-
-
-def _archs(text: str) -> list[int]:
-    try:
-        found = [int(a.strip().removeprefix("sm_")) for a in text.split(",") if a.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: targets look like sm_80,sm_89,sm_90", param_hint="--arch") from None
-    if not found:
-        raise click.BadParameter("no target given", param_hint="--arch")
-    return found
 
 
 def _print(console: Console, report: PtxReport, examples_device: str | None) -> None:

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from replay.cli.common import finish, json_option
 from replay.cli.progress import call_progress
-from replay.inspect import Selection, SnapshotSummary, summarise
+from replay.summary import Selection, SnapshotSummary, summarise
 from replay.snapshot import Snapshot
 from replay.snapshot.callfile import ROLES
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from replay.cli.common import finish, json_option, kernel_trust_options
+from replay.cli.common import cuda_targets, finish, json_option, kernel_trust_options
 from replay.errors import EXIT_PASS, ReplayError
 from replay.snapshot import Snapshot
 from replay.snapshot.files import write_atomic
@@ -62,7 +62,8 @@ def command(snapshot: Path, ops: tuple[str, ...], calls: tuple[int, ...], steps:
     timeline = build_timeline(opened, lambda e: (not ops or e.op in wanted_ops) and
                               (not calls or e.index in wanted_calls), scope_filter(steps, layers))
     if resources_arch is not None:
-        fill_resources(timeline, _arch(resources_arch), KernelCode(code_dir, providers).trust)
+        (arch,) = cuda_targets(resources_arch, "--resources", one=True)
+        fill_resources(timeline, arch, KernelCode(code_dir, providers).trust)
     failing = failing_calls(report_file) if report_file else set()
     slices = timeline_slices(timeline, failing)
     title = f"replay trace {snapshot}"
@@ -72,13 +73,6 @@ def command(snapshot: Path, ops: tuple[str, ...], calls: tuple[int, ...], steps:
         _write(html_file, render_html(title, [s.to_json() for s in slices]))
     data = {"snapshot": str(snapshot), "calls": [c.to_json() for c in timeline], "failing_calls": sorted(failing)}
     finish(json_target, data, lambda console: _print(console, timeline, failing), EXIT_PASS)
-
-
-def _arch(text: str) -> int:
-    try:
-        return int(text.strip().removeprefix("sm_"))
-    except ValueError:
-        raise click.BadParameter(f"{text!r}: a target looks like sm_90", param_hint="--resources") from None
 
 
 def _write(path: Path, text: str) -> None:

@@ -6,7 +6,7 @@ from typing import Iterable
 
 from replay.engine.runner import fresh_copy
 from replay.errors import ReplayError
-from replay.invariance.check import InvarianceReport, Plan, check_rows
+from replay.invariance.properties import InvarianceReport, Plan, check_rows
 from replay.code import KernelCode
 from replay.registry import get_op
 from replay.snapshot import Snapshot

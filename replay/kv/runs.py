@@ -13,7 +13,7 @@ import torch
 
 from replay.errors import ReplayError
 from replay.kv.adapter import KvAdapter
-from replay.kv.check import KvReport, check_snapshot
+from replay.kv.caches import KvReport, check_snapshot
 from replay.recorder import recording
 from replay.context import scope
 from replay.snapshot import Snapshot

@@ -9,11 +9,11 @@ the interception, the graph staging.
 """
 from __future__ import annotations
 
+import logging
 import atexit
 import contextlib
 import os
 import signal
-import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -25,6 +25,8 @@ from replay.recorder import graphs, intercept
 from replay.recorder.options import RecordingOptions
 from replay.recorder.session import Recording
 from replay.errors import CaptureError, ReplayError
+
+log = logging.getLogger(__name__)
 
 _recording: Recording | None = None
 _verifiers: dict[str, Callable[..., Any]] = {}  # op name -> replay.verify's hook for its calls
@@ -150,7 +152,7 @@ def start_from_env() -> None:
     except (ReplayError, OSError) as exc:  # an existing snapshot, an unwritable path, a bad setting
         if settings.CAPTURE_STRICT.get():
             raise
-        print(f"replay: capture: {exc}; not recording", file=sys.stderr)
+        log.warning(f"replay: capture: {exc}; not recording")
 
 
 # CUDA graphs ------------------------------------------------------------------------------------
@@ -187,8 +189,8 @@ def _wrap_graphs() -> None:
             if capture is not None:
                 capture.finish()  # the last copies go into the graph before it closes
         except Exception as exc:  # the program's capture must still end; its replays go unrecorded
-            print(f"replay: capture: CUDA graph {capture.tape.graph_id}: staging failed: {exc}; "
-                  "its replays are not recorded", file=sys.stderr)
+            log.warning(f"replay: capture: CUDA graph {capture.tape.graph_id}: staging failed: {exc}; "
+                        "its replays are not recorded")
             capture = None
         end(self)
         if capture is not None:
@@ -248,8 +250,9 @@ def _on_signal(number: int, frame: Any) -> None:
     rec = _recording
     if number == signal.SIGTERM:
         if _Termination.dumping and not _Termination.dumped:
+            # written straight to stderr: a handler may not take the logging lock the main thread may hold
             os.write(2, b"replay: capture: SIGTERM again while the flight recording is written: it is finished "
-                        b"first, then the process ends\n")  # no print: the main thread may be inside one
+                        b"first, then the process ends\n")
             return
         if _Termination.dumped or rec is None or rec.ring is None:
             previous = _previous_handlers.pop(number, signal.SIG_DFL)

@@ -10,10 +10,10 @@ stderr and in the manifest.
 """
 from __future__ import annotations
 
+import logging
 import collections
 import functools
 import inspect
-import sys
 import threading
 import time
 import weakref
@@ -33,6 +33,8 @@ from replay.settings import SettingError
 from replay.snapshot import SnapshotWriter
 from replay.snapshot.tensors import Geometry
 from replay.snapshot.writer import MANIFEST
+
+log = logging.getLogger(__name__)
 
 
 class _BlobIds:
@@ -152,8 +154,8 @@ class Recording(GraphRecording):
         for blob in self._blob_ids.refs():  # copies no written call took (a flight recording's): reused
             blob.let_go(self.calls.release)
         if self.writer.unsaved_errors:
-            print(f"replay: capture: {self.path / MANIFEST} could not be written ({self.writer.unsaved_errors}): "
-                  "its capture_errors lack what is said above", file=sys.stderr)
+            log.warning(f"replay: capture: {self.path / MANIFEST} could not be written ({self.writer.unsaved_errors}): "
+                        "its capture_errors lack what is said above")
 
     def report(self, message: str, *, stop: bool) -> None:
         """Say a capture error once, on stderr and in the manifest (raise it, when strict); with
@@ -168,7 +170,7 @@ class Recording(GraphRecording):
             if message in self._reported:
                 return
             self._reported.add(message)
-        print(f"replay: capture: {message}", file=sys.stderr)
+        log.warning(f"replay: capture: {message}")
         try:
             self.writer.record_error(message)
         except OSError:  # a full disk: tried again when the recording closes, and said then if it still fails

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from replay.errors import ReplayError
-from replay.inspect import key_params
+from replay.summary import key_params
 from replay.snapshot import Snapshot
 from replay.snapshot.reader import CallEntry
 

@@ -12,7 +12,7 @@ where it stays out of the way (torch.compile, CUDA graph capture, threads, shutd
 """
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,7 +20,9 @@ from replay import recorder, settings
 from replay.errors import ReplayError
 from replay.registry import Op, all_ops, get_op, op as declare_op
 from replay.tolerance import Tolerance
-from replay.verify.checker import COMPILE_MODES, VERIFIER, Mismatch, Policy
+from replay.verify.verifier import COMPILE_MODES, VERIFIER, Mismatch, Policy
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Mismatch", "verify"]
 
@@ -140,8 +142,8 @@ def from_env() -> None:
             if not 0.0 <= sample <= 1.0:
                 raise ValueError
         except ValueError:
-            print(f"replay.verify: REPLAY_VERIFY entry {entry!r}: the rate must be a share of calls, 0 to 1; "
-                  f"skipped", file=sys.stderr)
+            log.warning(f"replay.verify: REPLAY_VERIFY entry {entry!r}: the rate must be a share of calls, 0 to 1; "
+                        "skipped")
             continue
         recorder.set_verifier(name, _lazy(name, sample))
 
@@ -153,7 +155,7 @@ def _lazy(name: str, sample: float) -> Callable[..., Any]:
         try:
             hook = _enable(get_op(name), sample, None, True)
         except (ValueError, ReplayError) as exc:
-            print(f"replay.verify: REPLAY_VERIFY: {exc}; not verified", file=sys.stderr)
+            log.warning(f"replay.verify: REPLAY_VERIFY: {exc}; not verified")
             recorder.set_verifier(name, None)
             return call(*args, **kwargs)
         return hook(spec, call, signature, args, kwargs)

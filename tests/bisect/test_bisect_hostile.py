@@ -257,13 +257,13 @@ DAMAGED = {
 
 
 @pytest.mark.parametrize("damage", DAMAGED.values(), ids=DAMAGED.keys())
-def test_a_damaged_cache_is_probed_past_with_one_warning_and_rebuilt(history, damage, capsys):
+def test_a_damaged_cache_is_probed_past_with_one_warning_and_rebuilt(history, damage, said):
     cache = history.path / ".git" / CACHE_NAME
     cache.write_bytes(damage(history))
     result = history.bisect()
     assert result.first_bad.sha == history.shas[5]
     assert result.probes_run == len(result.probes)  # nothing was taken from the damaged file
-    warnings = capsys.readouterr().err.splitlines()
+    warnings = said()
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith(f"replay: warning: {cache}: damaged (")
     assert warnings[0].endswith("probing again and rebuilding it")
@@ -271,7 +271,7 @@ def test_a_damaged_cache_is_probed_past_with_one_warning_and_rebuilt(history, da
     assert rebuilt["version"] == 1 and len(rebuilt["entries"]) == result.probes_run
     again = history.bisect()
     assert again.first_bad.sha == history.shas[5] and again.probes_run == 0
-    assert capsys.readouterr().err == ""
+    assert said() == []
 
 
 def test_the_command_line_says_so_in_one_line_and_answers(history):
@@ -284,10 +284,10 @@ def test_the_command_line_says_so_in_one_line_and_answers(history):
     assert len(lines) == 1 and lines[0].startswith("replay: warning: ") and CACHE_NAME in lines[0], lines
 
 
-def test_a_cache_that_cannot_be_written_leaves_the_bisect_to_answer(history, capsys):
+def test_a_cache_that_cannot_be_written_leaves_the_bisect_to_answer(history, said):
     (history.path / ".git" / CACHE_NAME).mkdir()
     result = history.bisect()
     assert result.first_bad.sha == history.shas[5]
-    warnings = capsys.readouterr().err.splitlines()
+    warnings = said()
     assert warnings and all(w.startswith("replay: warning: ") and CACHE_NAME in w for w in warnings), warnings
     assert len(warnings) <= 2  # unreadable, then unwritable: each once, not once a probe

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from replay.bisect.prober import device_for, visible_gpus
+from replay.bisect.parallel import device_for, visible_gpus
 from replay.bisect.probe import HARNESS_ROOT, ProbeCommand, ProbeRunner, parse_report, verdict_for
 
 

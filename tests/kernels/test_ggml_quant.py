@@ -7,7 +7,7 @@ import torch
 
 from kernels import ggml_quant
 from kernels.ggml_quant import Q4_K, Q6_K
-from kernels.kquant_matmul import kquant_matmul
+from kernels.kquant.matmul import kquant_matmul
 
 
 def _fp16_bytes(value: float) -> list[int]:

@@ -1,7 +1,7 @@
 """Triton helpers that read ggml's packed k-quant fields as exact fp32 values, cheaply.
 
-Shared by the Q4_K and Q6_K steps of the GEMV (kernels/kquant_q4k.py, kernels/kquant_q6k.py) and its
-x loads (kernels/kquant_lanes.py). Every value they produce is exact (no rounding), so the Q4_K weights
+Shared by the Q4_K and Q6_K steps of the GEMV (kernels/kquant/q4k.py, kernels/kquant/q6k.py) and its
+x loads (kernels/kquant/lanes.py). Every value they produce is exact (no rounding), so the Q4_K weights
 built from them are ggml's to the bit; docs/KERNELS.md says where that matters.
 """
 from __future__ import annotations

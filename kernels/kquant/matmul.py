@@ -1,8 +1,8 @@
 """x [M, K] @ W^T for W [N, K] stored in ggml Q4_K or Q6_K super-blocks: the host side both GEMV ops call
 (check the arguments, allocate the output, pick the tile, launch), and the reference it is checked against.
 
-The kernel is split by job: kquant_walk (the K walk), kquant_q4k and kquant_q6k (a step in each format),
-kquant_lanes (lane layout, x loads), kquant_bits (exact bit-field reads), kquant_tile (tile policy). How it
+The kernel is split by job: walk.py (the K walk), q4k.py and q6k.py (a step in each format),
+lanes.py (lane layout, x loads), bits.py (exact bit-field reads), tile.py (tile policy). How it
 keeps batched rows bit for bit equal to single ones: docs/KERNELS.md ("Determinism and row invariance").
 """
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import torch
 import triton
 
+import replay
 from kernels import launch
 from kernels.ggml_quant import DEQUANTIZERS, QK_K, Q4_K, QuantFormat, columns_of
-from kernels.kquant_bits import E23
-from kernels.kquant_tile import BATCHED_BLOCK_M, TILE_CANDIDATES, GemvTile, tile_config
-from kernels.kquant_walk import _kquant_matmul_kernel
+from kernels.kquant.bits import E23
+from kernels.kquant.tile import BATCHED_BLOCK_M, TILE_CANDIDATES, GemvTile, tile_config
+from kernels.kquant.walk import _kquant_matmul_kernel
 
 # the tile policy's names stay importable from here, where the GEMV ops, tests and scripts look for them
 __all__ = ["BATCHED_BLOCK_M", "TILE_CANDIDATES", "GemvTile", "dequant_matmul_reference", "kquant_matmul",
@@ -55,7 +56,7 @@ def kquant_matmul(x: torch.Tensor, weight: torch.Tensor, fmt: QuantFormat, *, bl
         x = _aligned(x, 2)
     tile = GemvTile(*config) if config is not None else tile_config(x.device, fmt, n, nb, block_m)
     block_m = min(block_m, launch.next_pow2(m))  # no program takes more rows than there are
-    launch.run(_kquant_matmul_kernel, (triton.cdiv(n, tile.block_n), triton.cdiv(m, block_m)),
+    replay.launch(_kquant_matmul_kernel, (triton.cdiv(n, tile.block_n), triton.cdiv(m, block_m)),
                x, weight, out, m, n, nb, x.stride(0), out.stride(0), weight.stride(0), E23,
                Q4K=fmt == Q4_K, LANES=tile.lanes, BLOCK_M=block_m, BLOCK_N=tile.block_n, ROW_GROUPS=tile.row_groups,
                num_warps=tile.warps)

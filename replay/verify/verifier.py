@@ -8,6 +8,7 @@ on stderr) and written, rate-limited, as a one-call snapshot that `replay run` r
 """
 from __future__ import annotations
 
+import logging
 import atexit
 import contextlib
 import inspect
@@ -16,7 +17,6 @@ import os
 import queue
 import random
 import shutil
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +33,8 @@ from replay.context import returned_values, tag
 from replay.registry import Op
 from replay.snapshot.files import safe_component
 from replay.verify.gate import OutlierGate, features
+
+log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("break", "skip")
 KEEP_BYTES = 1 << 20  # read-only inputs this large are not copied for a check (see _inputs)
@@ -195,8 +197,8 @@ class Verifier:
             try:
                 self._check(check)
             except Exception as exc:  # a reference that raises: reported, never the program's problem
-                print(f"replay.verify: {check.spec.op} call {check.number}: the check failed: "
-                      f"{type(exc).__name__}: {exc}", file=sys.stderr)
+                log.warning(f"replay.verify: {check.spec.op} call {check.number}: the check failed: "
+                            f"{type(exc).__name__}: {exc}")
             finally:
                 self._queue.task_done()
 
@@ -249,7 +251,7 @@ class Verifier:
         if policy.on_mismatch is not None:
             policy.on_mismatch(mismatch)
         else:
-            print(mismatch.line(), file=sys.stderr)
+            log.warning(mismatch.line())
 
     def drain(self, timeout: float = 10.0) -> int:
         """Wait up to `timeout` seconds for the checks queued so far; return how many were left
@@ -325,7 +327,7 @@ recorder.before_graph_capture(VERIFIER.drain)  # the worker's CUDA calls would b
 def _report_at_exit() -> None:
     VERIFIER.drain()
     if settings.VERIFY_REPORT.get() and VERIFIER.counters["calls"]:
-        print("replay.verify: " + ", ".join(f"{k} {v}" for k, v in VERIFIER.counters.items()), file=sys.stderr)
+        log.warning("replay.verify: " + ", ".join(f"{k} {v}" for k, v in VERIFIER.counters.items()))
 
 
 atexit.register(_report_at_exit)

@@ -3,7 +3,7 @@
     q4k_gemv(x [M, K], weight)  W in Q4_K super-blocks (144 bytes / 256 weights)
     q6k_gemv(x [M, K], weight)  W in Q6_K super-blocks (210 bytes / 256 weights)
 
-Both ops run one kernel (launched by kernels/kquant_matmul.py): one x row a program for the single
+Both ops run one kernel (launched by kernels/kquant/matmul.py): one x row a program for the single
 variant, up to BATCHED_BLOCK_M for the batched one, with each x row's sums the same chain
 of operations either way (docs/KERNELS.md: "Determinism and row invariance").
 """
@@ -13,13 +13,12 @@ import torch
 
 import replay
 from kernels.ggml_quant import Q4_K, Q6_K, QuantFormat
-from kernels.kquant_matmul import BATCHED_BLOCK_M, dequant_matmul_reference, kquant_matmul
-from replay.registry import Op
+from kernels.kquant.matmul import BATCHED_BLOCK_M, dequant_matmul_reference, kquant_matmul
 from replay.tolerance import REDUCTION
 
 
-def _declare(name: str, fmt: QuantFormat) -> Op:
-    """Op `name` over weights in format `fmt`, with its reference, single and batched variants."""
+def _declare(name: str, fmt: QuantFormat) -> replay.Op:
+    """replay.Op `name` over weights in format `fmt`, with its reference, single and batched variants."""
     op = replay.op(
         name,
         batch_axes={"x": 0, "out": 0},

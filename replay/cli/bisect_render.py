@@ -1,4 +1,5 @@
-"""The answer for people: the first bad commit, its probe report beside its parent's, the probe log."""
+"""A bisect's answer for people, on the terminal: the first bad commit, its probe report beside its
+parent's, the probe log (the work is replay.bisect's; rendering lives here, in the command line)."""
 from __future__ import annotations
 
 from typing import Any

@@ -18,7 +18,7 @@ import torch
 
 from replay.compare import bit_pattern, row_ranges
 from replay.errors import ReplayError
-from replay.inspect import key_params
+from replay.summary import key_params
 from replay.snapshot import Snapshot
 
 BASELINE_RUN = "recorded"  # the run name of calls recorded outside any "run" scope

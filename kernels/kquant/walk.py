@@ -1,5 +1,5 @@
 """The k-quant GEMV's Triton kernel: a program's walk over K for its weight rows and x rows, one step of
-super-blocks at a time in the weight's format (kernels/kquant_q4k.py, kernels/kquant_q6k.py), each step's
+super-blocks at a time in the weight's format (kernels/kquant/q4k.py, kernels/kquant/q6k.py), each step's
 words loaded one step ahead, and one reduction at the end.
 
 Why each output's sum is the same chain of operations whatever rows ride along: docs/KERNELS.md
@@ -10,8 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.kquant_q4k import _q4k_load, _q4k_step
-from kernels.kquant_q6k import _q6k_load, _q6k_step
+from kernels.kquant.q4k import _q4k_load, _q4k_step
+from kernels.kquant.q6k import _q6k_load, _q6k_step
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def _kquant_matmul_kernel(x_ptr, w_ptr, out_ptr, M, N, nb, stride_xm, stride_om,
                           Q4K: tl.constexpr, LANES: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           ROW_GROUPS: tl.constexpr):
     """out[m, n] = x[m] . dequant(W[n]) for this program's BLOCK_N weight rows (program_id 0) and BLOCK_M x
-    rows (program_id 1). W's rows are row_bytes apart, nb super-blocks each; e23 is kquant_bits.E23."""
+    rows (program_id 1). W's rows are row_bytes apart, nb super-blocks each; e23 is bits.E23."""
     GROUP: tl.constexpr = BLOCK_N // ROW_GROUPS  # weight rows a tensor holds
     first_m = tl.program_id(1) * BLOCK_M
     row_byte = _row_offsets(N, row_bytes, BLOCK_N, ROW_GROUPS)
