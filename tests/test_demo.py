@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from replay import demo
@@ -32,6 +33,7 @@ def test_demo_refuses_a_non_empty_directory(tmp_path: Path) -> None:
     assert "not empty" in result.stderr and (tmp_path / "precious.txt").read_text() == "keep me"
 
 
+@pytest.mark.slow  # about a minute on 2 CPU cores: the whole demo
 def test_demo_bisects_to_the_planted_commit(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["demo", "--jobs", "2", str(tmp_path / "demo")])  # two probes a round: faster on 2 cores
     assert result.exit_code == 0, result.output
