@@ -1,4 +1,4 @@
-"""Error types, each carrying the exit code the CLI reports (see DESIGN.md)."""
+"""Error types, each carrying the exit code the CLI reports (docs/ARCHITECTURE.md: the rules every box keeps)."""
 from __future__ import annotations
 
 EXIT_PASS = 0

@@ -88,7 +88,8 @@ class Op:
 
         def register(fn: F) -> F:
             spec = CallSpec(self.name, name, self.provider, self.state, self.mutates, self.outputs)
-            captured = intercept.wrap(spec, fn, self._row_limit(fn) if name == SINGLE else None)
+            # Any: fn wrapped, its parameters its own (an F), with its Variant as an attribute
+            captured: Any = intercept.wrap(spec, fn, self._row_limit(fn) if name == SINGLE else None)
             captured.variant = self.variants[name] = Variant(self, name, fn, backends, captured)
             self._keep_canonical_order()
             return captured

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 import torch
@@ -93,10 +93,10 @@ def tensor_stats(t: torch.Tensor) -> dict[str, Any]:
             stats.update(min=float(finite.min()), max=float(finite.max()), mean=float(finite.mean()))
         return stats
     # Integers through numpy: exact min/max for every width, uint64 included.
-    values = t.detach().cpu().contiguous().numpy()
-    if values.dtype == np.bool_:
-        values = values.astype(np.uint8)
-    stats.update(min=int(values.min()), max=int(values.max()), mean=float(values.mean(dtype=np.float64)))
+    array = t.detach().cpu().contiguous().numpy()
+    if array.dtype == np.bool_:
+        array = array.astype(np.uint8)
+    stats.update(min=int(array.min()), max=int(array.max()), mean=float(array.mean(dtype=np.float64)))
     return stats
 
 
@@ -154,7 +154,8 @@ def summarise_call(record: CallRecord, roles: tuple[str, ...] = (), export_dir: 
                           record.returns_json, record.launch)
     for role, name, tensor in selected_tensors(record, roles):
         row = TensorSummary(role, name, DTYPE_NAMES[tensor.dtype], list(tensor.shape), list(tensor.stride()),
-                            record.recorded_offsets.get(f"{role}/{name}", tensor.storage_offset()),
+                            # a SymInt (torch's stubs allow one) only under symbolic tracing: a snapshot's are real
+                            record.recorded_offsets.get(f"{role}/{name}", cast(int, tensor.storage_offset())),
                             record.blobs.get(f"{role}/{name}"), **tensor_stats(tensor))
         if export_dir is not None:
             target = export_dir / export_name(record.index, record.op, role, name)

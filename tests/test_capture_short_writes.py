@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Iterator
 
@@ -109,3 +110,51 @@ def test_a_manifest_that_stays_unwritable_is_said(tmp_path: Path, monkeypatch: p
     assert err[0] == "replay: capture: a capture error met on a full disk"
     assert err[1].startswith(f"replay: capture: {tmp_path / 'snap' / 'manifest.json'} could not be written")
     assert err[1].endswith("its capture_errors lack what is said above")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs, where the machine lets this process mount one (root in a container that may)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def fill(disk: Path, n: list[int]) -> None:
+    """Take every free byte of `disk` in a new file: the next write needing a page finds none."""
+    stats = os.statvfs(disk)
+    n[0] += 1
+    with open(disk / f"filler-{n[0]}", "wb") as f:
+        free = stats.f_bavail * stats.f_frsize
+        if free:
+            os.posix_fallocate(f.fileno(), 0, free)
+
+
+def test_a_real_disk_full_to_its_last_page_loses_no_indexed_call(small_disk: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills up just after each call's file is written, so an index append that needs a new
+    page finds none: the kernel writes what fits in the index's last page and says how much."""
+    from replay.snapshot import writer
+    real, fillers = writer.SnapshotWriter.write_call_file, [0]
+
+    def then_fill(self, index, *args, **kwargs):
+        line = real(self, index, *args, **kwargs)
+        if index > 0:  # the index's first page is taken by the first call
+            fill(small_disk, fillers)
+        return line
+    monkeypatch.setattr(writer.SnapshotWriter, "write_call_file", then_fill)
+    with replay.recording(small_disk / "snap", asynchronous=False) as rec:
+        for step in range(200):
+            double(torch.full((4, 4), float(step)))
+            for filler in small_disk.glob("filler-*"):  # room for the next call's file
+                filler.unlink()
+    assert rec.stopped and 0 < rec.calls_written < 200
+    read = Snapshot(small_disk / "snap")  # strict: a cut or glued index line would be an error here
+    assert len(read) == rec.calls_written
+    assert [float(r.tensors["in/x"][0, 0]) for r in read] == [float(step) for step in range(len(read))]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import git
 
@@ -84,7 +84,7 @@ def describe_commit(repo: git.Repo, sha: str) -> CommitInfo:
     commit = repo.commit(sha)
     files = tuple((str(path), stat["insertions"], stat["deletions"]) for path, stat in commit.stats.files.items())
     return CommitInfo(sha=sha, author=f"{commit.author.name} <{commit.author.email}>",
-                      date=commit.authored_datetime.isoformat(), subject=commit.summary, files=files)
+                      date=commit.authored_datetime.isoformat(), subject=cast(str, commit.summary), files=files)
 
 
 def first_parent(repo: git.Repo, sha: str) -> str | None:

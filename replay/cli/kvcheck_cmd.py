@@ -55,6 +55,7 @@ def command(snapshot: Path | None, model: str, prompt_len: int, chunks: str, dec
 
     Exit 0 when every run agrees, 1 on a difference or a stale state buffer, 2 on bad input.
     """
+    kept: str | None  # where the recording is, if one is kept
     if snapshot is not None:
         report, kept = check_snapshot(Snapshot(snapshot)), str(snapshot)
     else:

@@ -133,7 +133,7 @@ class RunReport:
         tag = call.first_tag()
         return {"call": call.index, "op": call.op, "variant": top.variant if top else None,
                 "kind": top.kind.value if top else None, "rows": with_rows.bad_rows if with_rows else [],
-                "rows_total": with_rows.comparison.rows if with_rows else None,
+                "rows_total": with_rows.comparison.rows if with_rows and with_rows.comparison else None,
                 "description": top.describe() if top else call.untestable,
                 "tag": tag.name if tag else None, "tag_rows": tag.bad_rows if tag else [],
                 "tag_description": tag.describe() if tag else None}

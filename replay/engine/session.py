@@ -115,6 +115,7 @@ def _run_and_check(op: Op, inputs: dict[str, Any], options: ReplayOptions, recor
             report.checks += checks.contract_checks(op, inputs, run.outputs, run.tags, run.variant)
     if options.golden:
         oracle = golden or recorded
+        assert oracle is not None  # golden mode has the recorded call (checked above)
         against = "golden" if golden else "recorded"
         tol = checks.fixed(options.explicit_tolerance)
         for run in runs.values():
@@ -129,6 +130,7 @@ def _run_and_check(op: Op, inputs: dict[str, Any], options: ReplayOptions, recor
     report.checks += checks.single_vs_batched_tags(op, runs, list(recorded_tags))
     replayed = runs.get(recorded.variant) if recorded else None
     if options.compare_recorded and replayed is not None and not replayed.error:
+        assert recorded is not None  # replayed is the run of the recorded variant
         report.checks += checks.against_outputs(op, replayed, recorded.role("out"), CheckKind.VS_RECORDED, "recorded",
                                                 op.tolerance_for)
     return report, runs

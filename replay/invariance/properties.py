@@ -160,11 +160,11 @@ class _Rows:
         for (name, value), grad in zip(inputs.items(), grads):
             if grad is None:
                 continue
-            axis = self.op.batch_axes.get(name)
-            if axis is None:
+            batch_axis = self.op.batch_axes.get(name)
+            if batch_axis is None:
                 self.whole_grads[f"grad {name}"] = grad
             else:
-                self.axes[f"grad {name}"] = axis
+                self.axes[f"grad {name}"] = batch_axis
                 row_grads[f"grad {name}"] = grad
         return row_grads
 

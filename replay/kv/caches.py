@@ -112,7 +112,7 @@ def check_snapshot(snapshot: Snapshot, names: CacheNames = CacheNames(),
         outputs, args = record.role("out"), record.arguments()
         if names.k_cache not in outputs or names.v_cache not in outputs:
             continue
-        scope = record.meta.get("scope") if isinstance(record.meta.get("scope"), dict) else {}
+        scope = given if isinstance(given := record.meta.get("scope"), dict) else {}
         run = str(scope.get("run", BASELINE_RUN))
         layer = scope.get("layer", 0)
         if not isinstance(layer, int) or isinstance(layer, bool):
@@ -217,8 +217,9 @@ def _compare(run: str, layers: dict[int, LayerState], baseline_run: str,
                                                  f"{baseline_run} run's {expected.length}", layer))
         count = min(got.length, expected.length)
         for name in ("K", "V") if count else ():
-            mine = (got.k if name == "K" else got.v)[:count]
-            theirs = (expected.k if name == "K" else expected.v)[:count]
+            mine, theirs = (got.k, expected.k) if name == "K" else (got.v, expected.v)
+            assert mine is not None and theirs is not None  # a layer with a length has both caches
+            mine, theirs = mine[:count], theirs[:count]
             if mine.shape != theirs.shape or mine.dtype != theirs.dtype:
                 found.append(Finding("kv", run, f"layer {layer} {name}: a {list(mine.shape)} {mine.dtype} cache, the "
                                                 f"{baseline_run} run's {list(theirs.shape)} {theirs.dtype}", layer))

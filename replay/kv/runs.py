@@ -119,6 +119,7 @@ def _serial(adapter: KvAdapter, tokens: Iterable[int]) -> torch.Tensor:
     logits = None
     for token in tokens:
         logits = adapter.decode(token)
+    assert logits is not None  # a run has at least one token (prompt_len >= 1)
     return logits
 
 

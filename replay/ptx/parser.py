@@ -146,7 +146,9 @@ def _statements(text: str, source: str):
     while True:
         # a new statement: skip the blanks before it, then whole-line directives (.loc, .file)
         while True:
-            blank = re.compile(r"\s*").match(text, i).end()
+            blanks = re.compile(r"\s*").match(text, i)
+            assert blanks is not None  # \s* matches anywhere, if only the empty string
+            blank = blanks.end()
             line += text.count("\n", i, blank)
             i = blank
             stop = text.find("\n", i)
@@ -264,6 +266,7 @@ def _instruction(statement: str, line: int) -> Instruction:
 
 def _operands(text: str) -> list[str]:
     """Comma-separated operands; a vector `{...}` or an address `[...]` is one operand."""
+    current: list[str]  # the characters of the operand being read
     operands, depth, current = [], 0, []
     for char in text:
         if char in "{[(":

@@ -114,7 +114,7 @@ def _example_arguments(op: Op, variant: str, example: str, make: Any, dtype: tor
         raise _failed(op, variant, example, "building its arguments", exc) from None
 
 
-def _launches_of(op: Op, variant: str, example: str, arguments: dict[str, Any]) -> list[Mapping[str, Any]]:
+def _launches_of(op: Op, variant: str, example: str, arguments: dict[str, Any]) -> list[dict[str, Any]]:
     try:
         with collecting(0, arguments) as sink:
             op.get(variant).fn(**arguments)
@@ -159,7 +159,7 @@ def _compiled(launches: list[_Launch], archs: list[int]) -> list[PtxSource]:
     for launch, job in pending:
         compiled, record = results[job], launch.record
         names = {f"{job.kernel}_param_{i}": name for i, name in enumerate(job.param_names())}
-        binds = record.get("binds") if isinstance(record.get("binds"), dict) else {}
+        binds = given if isinstance(given := record.get("binds"), dict) else {}
         grid = record.get("grid") if isinstance(record.get("grid"), list) else None
         path = record.get("path") if isinstance(record.get("path"), str) else None
         sources.append(PtxSource(launch.where, compiled.ptx, names, binds,

@@ -9,10 +9,11 @@ these methods; they use its writer, queue, ring, blobs and report.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 
@@ -22,7 +23,10 @@ from replay.context import collecting, current_scope
 from replay.errors import CaptureError
 
 if TYPE_CHECKING:
-    from replay.recorder.session import Recording
+    from replay.recorder.options import RecordingOptions
+    from replay.recorder.pipeline import CallWriter, Ring
+    from replay.snapshot import SnapshotWriter
+    from replay.snapshot.tensors import Geometry
 
 # Inside a CUDA graph a read-only input from outside it this large is a weight, copied after a replay
 # only when it changed; a smaller one is staged (bytes in the graph's batched copy cost less than a
@@ -33,10 +37,28 @@ GRAPH_WEIGHT_BYTES = 16 * 1024
 class GraphRecording:
     """The CUDA-graph half of a Recording."""
 
-    def __init__(self) -> None:
-        self._replay_blobs: dict[int, tuple[list, list[BlobRef]]] = {}  # graph id: its weights' versions, blobs
+    # What Recording (replay/recorder/session.py) sets and defines, declared for the checker only
+    options: RecordingOptions
+    tag_level: int
+    ring: Ring | None
+    writer: SnapshotWriter
+    calls: CallWriter
+    started: float
+    stopped: bool
+    _dropped: collections.Counter[tuple[int, str]]
 
-    def record_captured(self: Recording, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature,
+    if TYPE_CHECKING:
+        def report(self, message: str, *, stop: bool) -> None: ...
+
+        def count_unrecorded(self, *, calls: int = 0, replays: int = 0) -> None: ...
+
+        def blob(self, t: torch.Tensor, copier: Copier, geometry: Geometry | None = None) -> BlobRef: ...
+
+    def __init__(self) -> None:
+        # graph id: its weights' versions (None: an inference tensor's), their blobs
+        self._replay_blobs: dict[int, tuple[list[int | None], list[BlobRef]]] = {}
+
+    def record_captured(self, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature,
                         args: tuple, kwargs: dict) -> Any:
         """A call being captured into a CUDA graph: stage its tensors inside the graph and keep its
         description on the graph's tape; nothing is written until the graph is replayed."""
@@ -80,7 +102,7 @@ class GraphRecording:
         capture.tape.calls.append(graphs.CapturedCall(spec, header, staged))
         return result
 
-    def record_replay(self: Recording, tape: graphs.Tape | None) -> None:
+    def record_replay(self, tape: graphs.Tape | None) -> None:
         """After a replay of a CUDA graph: copy its tape's slabs to the host (and the weights that
         changed since the last replay) and hand them over; the calls are described when written."""
         if tape is None:
@@ -118,12 +140,15 @@ class GraphRecording:
         else:
             self.calls.submit(batch)
 
-    def _replay_weights(self: Recording, tape: graphs.Tape, copier: Copier) -> list[BlobRef]:
+    def _replay_weights(self, tape: graphs.Tape, copier: Copier) -> list[BlobRef]:
         """The blobs of the tape's weights, in tape order: a weight whose version has not moved
         since the last replay keeps its blob (a check, not a lookup); inference tensors have no
         version: taken at every replay, stored once by content."""
         versions = [None if s.tensor.is_inference() else s.tensor._version for s in tape.weights]
-        last, blobs = self._replay_blobs.get(tape.graph_id, ([None] * len(versions), [None] * len(versions)))
+        # before the first replay every weight is taken (its last version None: none matches, and an
+        # inference tensor's None is taken anyway), so the list returned holds no None
+        unset = cast("list[BlobRef]", [None] * len(versions))
+        last, blobs = self._replay_blobs.get(tape.graph_id, ([None] * len(versions), unset))
         if versions == last and None not in versions:
             return blobs
         blobs = list(blobs)  # a new list: the replays held keep theirs
@@ -133,7 +158,7 @@ class GraphRecording:
         self._replay_blobs[tape.graph_id] = (versions, blobs)
         return blobs
 
-    def _replay_calls(self: Recording, tape: graphs.Tape, first: int, host: list[HostCopy], weights: list[BlobRef],
+    def _replay_calls(self, tape: graphs.Tape, first: int, host: list[HostCopy], weights: list[BlobRef],
                       replay: dict[str, Any], skip: int) -> list[PendingCall]:
         """The calls of one replay from the `skip`-th on, their tensors views into the host slabs."""
         calls = []

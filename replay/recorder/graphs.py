@@ -185,7 +185,8 @@ class Capture:
     def before_write(self, tensors: list[torch.Tensor]) -> None:
         """A captured call is about to write `tensors`: make the copies put off of their storage."""
         addresses = {t.untyped_storage().data_ptr() for t in tensors}
-        now, later = [], []
+        now: list[_Deferred] = []
+        later: list[_Deferred] = []
         for deferred in self._deferred:
             (now if deferred.tensor.untyped_storage().data_ptr() in addresses else later).append(deferred)
         self._deferred = later

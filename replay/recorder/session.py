@@ -76,7 +76,7 @@ class _BlobIds:
             return
         key, base = keyed
         # Drop the entry when the tensor dies, so a long recording does not accumulate them.
-        alive = weakref.ref(base, lambda dead, key=key: self._forget(key, dead))
+        alive = weakref.ref(base, functools.partial(self._forget, key))
         with self._lock:
             self._ids[key] = (alive, blob)
 

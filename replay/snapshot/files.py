@@ -31,7 +31,8 @@ def write_atomic(path: Path, data: bytes | Sequence[Any], *, sync: bool = True) 
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            f.writelines([data] if isinstance(data, bytes) else data)
+            parts: Sequence[Any] = [data] if isinstance(data, bytes) else data
+            f.writelines(parts)
             if sync:
                 f.flush()
                 os.fsync(f.fileno())

@@ -284,6 +284,7 @@ class Snapshot:
         tensors: dict[str, torch.Tensor] = {}
         budget = _Budget(path, len(data), self.read_limit)
         for key, geo in header["tensors"].items():
+            span: torch.Tensor | None  # None: described but not stored
             if "blob" in geo:
                 span = self._blob(geo["blob"], budget)
                 budget.spend(_nbytes(span), f"tensor {key!r}: its copy of blob {geo['blob'][:12]} brings it to")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -54,7 +55,8 @@ def geometry_of(t: torch.Tensor) -> Geometry:
         raise UnsupportedTensor(f"layout {t.layout} is not supported by snapshot format 1 (strided only)")
     if t.dtype not in DTYPE_NAMES:
         raise UnsupportedTensor(f"dtype {t.dtype} is not supported by snapshot format 1")
-    return Geometry(DTYPE_NAMES[t.dtype], tuple(t.shape), tuple(t.stride()), t.storage_offset())
+    # torch's stubs allow a SymInt, which only symbolic tracing gives: the tensors recorded are real
+    return Geometry(DTYPE_NAMES[t.dtype], tuple(t.shape), tuple(t.stride()), cast(int, t.storage_offset()))
 
 
 def storage_span(t: torch.Tensor, geometry: Geometry | None = None) -> torch.Tensor:

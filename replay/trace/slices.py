@@ -42,9 +42,10 @@ def timeline_slices(calls: list[TimelineCall], failing: Iterable[int] = ()) -> l
     call_slices, kernel_slices = [], []
     cursor = 0.0
     for call in calls:
-        timed = call.start_s is not None and call.duration_s is not None
-        ts = call.start_s * 1e6 if timed else cursor
-        dur = max(call.duration_s * 1e6, UNTIMED_US) if timed else UNTIMED_US
+        if call.start_s is not None and call.duration_s is not None:
+            ts, dur = call.start_s * 1e6, max(call.duration_s * 1e6, UNTIMED_US)
+        else:  # untimed: right after the call before it
+            ts, dur = cursor, UNTIMED_US
         cursor = ts + dur
         args = {"call": call.index, "variant": call.variant, **call.scope, **call.params}
         call_slices.append(Slice(f"{call.op} {call.variant}", "call", call.op, ts, dur, args,

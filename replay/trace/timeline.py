@@ -52,7 +52,7 @@ def build_timeline(snapshot: Snapshot, wanted: Callable[[CallEntry], bool] = lam
             continue
         record = snapshot.load(entry)
         meta = record.meta
-        scope = meta.get("scope") if isinstance(meta.get("scope"), dict) else {}
+        scope = given if isinstance(given := meta.get("scope"), dict) else {}
         if not scope_wanted(scope):
             continue
         calls.append(TimelineCall(entry.index, entry.op, entry.variant, scope, _number(meta.get("start_s")),

@@ -141,10 +141,11 @@ class Verifier:
             self.count("skipped")  # nothing may be issued into a graph being captured
             return call(*args, **kwargs)
         bound = None
+        flagged = False
         if policy.gate is not None:
             bound = signature.bind(*args, **kwargs)
             bound.apply_defaults()
-        flagged = bound is not None and self._flag(policy.gate, bound.arguments.values())
+            flagged = self._flag(policy.gate, bound.arguments.values())
         sampled = self._random.random() < policy.sample
         number = next(policy.numbers)
         if not (flagged or sampled):
@@ -211,7 +212,7 @@ class Verifier:
         with torch.cuda.stream(self._stream) if check.ready is not None else contextlib.nullcontext():
             # the op's mutated arguments are copied again: the snapshot of a mismatch needs them as they came in
             arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
-            bound = inspect.BoundArguments(check.signature, arguments)  # type: ignore[arg-type]
+            bound = inspect.BoundArguments(check.signature, arguments)
             expected = returned_values(op.get("reference").fn(*bound.args, **bound.kwargs), op.outputs)
             expected.update({name: arguments[name] for name in op.mutates if name in arguments})
         if check.ready is not None:
@@ -314,7 +315,7 @@ def _write_snapshot(path: Path, check: _Check, expected: dict[str, Any]) -> None
     notes = f"replay.verify: call {check.number} of {spec.op} ({spec.variant}) differed from the reference"
     rec = recorder.Recording(path, recorder.RecordingOptions(notes=notes, asynchronous=False, tag_level=2, strict=True))
     try:
-        bound = inspect.BoundArguments(check.signature, {n: _copy(v) for n, v in check.inputs.items()})  # type: ignore[arg-type]
+        bound = inspect.BoundArguments(check.signature, {n: _copy(v) for n, v in check.inputs.items()})
         rec.record(spec, replayed, check.signature, bound.args, bound.kwargs)
     finally:
         rec.close()
