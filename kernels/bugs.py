@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterator
 import torch
 
 import replay
-from kernels import det_gemm
-from kernels.ggml_quant import Q6_K
-from kernels.kquant.matmul import BATCHED_BLOCK_M, kquant_matmul
-from kernels.kv_scatter import scatter
-from kernels.model import TinyLlama
+from replay_kernels import det_gemm
+from replay_kernels.ggml_quant import Q6_K
+from replay_kernels.kquant.matmul import BATCHED_BLOCK_M, kquant_matmul
+from replay_kernels.kv_scatter import scatter
+from replay_kernels.model import TinyLlama
 
 # where a Q6_K super-block keeps its 16 int8 sub-block scales (after ql [128] and qh [64])
 _Q6K_SCALES = 192

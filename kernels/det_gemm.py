@@ -20,7 +20,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 import replay
-from kernels import launch
+from replay_kernels import launch
 from replay.tolerance import REDUCTION
 
 SUPPORTED = (torch.bfloat16, torch.float16)

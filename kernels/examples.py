@@ -12,8 +12,8 @@ import torch
 
 import replay
 
-from kernels import ggml_quant
-from kernels.rope import rope_tables
+from replay_kernels import ggml_quant
+from replay_kernels.rope import rope_tables
 
 
 def _randn(gen: torch.Generator, *shape: int, dtype: torch.dtype, device: str, scale: float = 1.0) -> torch.Tensor:

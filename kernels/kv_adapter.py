@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from kernels.model import TinyLlama
+from replay_kernels.model import TinyLlama
 
 
 class TinyLlamaAdapter:

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 import replay
-from kernels import kv_cache, launch
+from replay_kernels import kv_cache, launch
 from replay.tolerance import EXACT
 
 

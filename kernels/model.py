@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 import replay
-from kernels import OPS, ggml_quant
-from kernels.rope import rope_tables
+from replay_kernels import OPS, ggml_quant
+from replay_kernels.rope import rope_tables
 
 
 @dataclass(frozen=True)

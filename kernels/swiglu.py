@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 import replay
-from kernels import launch
+from replay_kernels import launch
 from replay.tolerance import ELEMENTWISE
 
 swiglu = replay.op(

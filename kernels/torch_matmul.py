@@ -1,6 +1,6 @@
 """Plain `torch.matmul` registered as an op, to show what `replay invariance` finds in a library GEMM
 that picks its kernel by M: on a CPU (oneDNN/MKL) and under cuBLAS a row's bits change with the
-batch it rides in. Not part of the model (kernels.OPS); no Triton kernel of its own."""
+batch it rides in. Not part of the model (replay_kernels.OPS); no Triton kernel of its own."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,6 +1,6 @@
 """`replay demo`: the whole loop on an embedded default, start to finish.
 
-It builds a throwaway git repository holding a kernel history (the `kernels`
+It builds a throwaway git repository holding a kernel history (the `replay_kernels`
 package shipped with this project, then about 30 commits of edits to it: tuning
 notes, comments, one harmless refactor, and one commit that plants the
 stale-position_buf prefill bug), records a prefill snapshot at the good tag,
@@ -26,18 +26,18 @@ from replay.errors import ReplayError
 
 GOOD_TAG = "v1.2"
 PROMPT_LEN = 4
-PROVIDER_PACKAGE = "kernels"
+PROVIDER_PACKAGE = "replay_kernels"  # the bundled kernels' import name (the repository's kernels/)
 
 # The planted bug: a new batched scatter that always takes the indirect path, so a prefill
 # writes every token where the stale position_buf points (position 0). Its code is the faulty
-# variant kept in kernels/bugs.py, appended to kv_scatter.py as that op's batched variant.
-BUG_FILE = "kernels/kv_scatter.py"
-BUG_SOURCE_FILE = "kernels/bugs.py"
+# variant kept in bugs.py, appended to kv_scatter.py as that op's batched variant.
+BUG_FILE = f"{PROVIDER_PACKAGE}/kv_scatter.py"
+BUG_SOURCE_FILE = f"{PROVIDER_PACKAGE}/bugs.py"
 BUG_FUNCTION = "kv_scatter_graph_ready"
 BUG_DECORATOR = "@kv_scatter.batched"
 BUG_SUBJECT = "kv_scatter: always read position_buf so prefill can be graph-captured"
 
-REFACTOR_FILE = "kernels/kv_scatter.py"
+REFACTOR_FILE = f"{PROVIDER_PACKAGE}/kv_scatter.py"
 REFACTOR_PATTERN = re.compile(r"\bgeom\b")
 REFACTOR_SUBJECT = "kv_scatter: rename geom to cache_geometry"
 
@@ -48,8 +48,7 @@ TUNING_NOTES = [
     ("attention", "key blocks of fixed size keep row reductions independent of batch"),
     ("kv_scatter", "paged and contiguous layouts share one kernel"),
 ]
-COMMENT_FILES = ["kernels/rmsnorm.py", "kernels/rope.py", "kernels/swiglu.py", "kernels/attention.py",
-                 "kernels/residual_add.py"]
+COMMENT_FILES = [f"{PROVIDER_PACKAGE}/{name}.py" for name in ("rmsnorm", "rope", "swiglu", "attention", "residual_add")]
 HISTORY_LENGTH = 30
 REFACTOR_AT = 8
 BUG_AT = 19
@@ -79,7 +78,7 @@ def kernel_sources() -> dict[str, str]:
 
 
 def planted_bug_patch(sources: dict[str, str]) -> str:
-    """The text the planted commit appends to BUG_FILE: BUG_FUNCTION from kernels/bugs.py,
+    """The text the planted commit appends to BUG_FILE: BUG_FUNCTION from bugs.py,
     registered as kv_scatter's batched variant (it replaces the correct one)."""
     text = sources.get(BUG_SOURCE_FILE, "")
     found = [node for node in ast.parse(text).body if isinstance(node, ast.FunctionDef) and node.name == BUG_FUNCTION]
@@ -110,7 +109,7 @@ def kernel_history(sources: dict[str, str]) -> list[SyntheticCommit]:
         else:
             op, note = TUNING_NOTES[i % len(TUNING_NOTES)]
             notes += f"- change {i}, {op}: {note}\n"
-            commits.append(SyntheticCommit(f"{op}: tuning note", {"kernels/TUNING.md": notes}))
+            commits.append(SyntheticCommit(f"{op}: tuning note", {f"{PROVIDER_PACKAGE}/TUNING.md": notes}))
     return commits
 
 
@@ -120,7 +119,7 @@ def _git(repo: Path, *args: str) -> str:
 
 def record_snapshot(checkout: Path, out: Path, prompt_len: int = PROMPT_LEN) -> None:
     """Record the tiny model's prefill with the kernels of `checkout`, in a fresh process."""
-    script = ("import sys; from kernels.model import record_prefill; "
+    script = ("import sys; from replay_kernels.model import record_prefill; "
               "record_prefill(sys.argv[1], prompt_len=int(sys.argv[2]))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), str(HARNESS_ROOT)])}
     done = subprocess.run([sys.executable, "-c", script, str(out), str(prompt_len)], cwd=checkout, env=env,
@@ -147,7 +146,7 @@ def run_demo(directory: Path | None, say: Callable[[str], None], on_step: Callab
     commits = kernel_history(kernel_sources())
     shas = write_history(repo, commits)
     _git(repo, "tag", GOOD_TAG, shas[0])
-    say(f"built {repo}: {len(shas)} commits of kernels/ edits; {GOOD_TAG} = {shas[0][:10]}, "
+    say(f"built {repo}: {len(shas)} commits of {PROVIDER_PACKAGE}/ edits; {GOOD_TAG} = {shas[0][:10]}, "
         f"HEAD = {shas[-1][:10]} (one commit plants a bug; can you spot it in `git log`?)")
     good_checkout = directory / f"at-{GOOD_TAG}"
     _git(repo, "worktree", "add", "-q", "--detach", str(good_checkout), GOOD_TAG)

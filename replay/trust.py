@@ -5,7 +5,7 @@ module, which runs its code. A snapshot is data that may come from anywhere, so 
 chooses the code on its own: a provider is imported only if the user trusts it, because
 
 - an installed package declares it in the `replay.providers` entry-point group (this
-  project's `kernels` does, in pyproject.toml);
+  project's `replay_kernels` does, in pyproject.toml);
 - the user names it, `--provider MOD` (a module, or a package and its submodules);
 - it is a package (a directory with __init__.py) at the top of the tree the user gave with
   `--code DIR` (`replay bisect` gives its worktrees), or a loose module (a .py file) there

@@ -52,7 +52,7 @@ from replay.snapshot import Snapshot
 from replay.snapshot.files import fsync_paths, write_atomic
 
 if TYPE_CHECKING:
-    from kernels.model import TinyLlama
+    from replay_kernels.model import TinyLlama
 
 HIDDEN = 256
 
@@ -160,7 +160,7 @@ TINY_SHAPES = {256: (768, 4, 2), 2048: (5632, 16, 4)}  # hidden: ffn, heads, kv 
 
 
 def tiny_model(hidden: int) -> TinyLlama:
-    from kernels.model import TinyLlama, TinyLlamaConfig
+    from replay_kernels.model import TinyLlama, TinyLlamaConfig
 
     ffn, heads, kv_heads = TINY_SHAPES[hidden]
     return TinyLlama(TinyLlamaConfig(hidden=hidden, ffn=ffn, heads=heads, kv_heads=kv_heads, max_seq=128),

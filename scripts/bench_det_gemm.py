@@ -33,7 +33,7 @@ import torch
 import triton
 
 from bench_kernels import bench_us, read_floor_us
-from kernels.det_gemm import GPU_TILE, Tile, error_bound, matmul
+from replay_kernels.det_gemm import GPU_TILE, Tile, error_bound, matmul
 
 SHAPES = ((4096, 4096), (4096, 12288), (4096, 11008), (11008, 4096), (4096, 32000))  # (in K, out N)
 MS = (1, 16, 128, 1024, 2048)

@@ -32,12 +32,12 @@ import torch
 import triton
 import triton.language as tl
 
-import kernels  # noqa: F401  (registers every op)
-from kernels import ggml_quant
-from kernels.ggml_quant import QK_K, Q4_K, Q6_K, QuantFormat, columns_of
-from kernels.kquant.matmul import BATCHED_BLOCK_M, TILE_CANDIDATES, kquant_matmul, tile_config
-from kernels.kquant.walk import _load_step, _row_offsets
-from kernels.rope import rope_tables
+import replay_kernels  # noqa: F401  (registers every op)
+from replay_kernels import ggml_quant
+from replay_kernels.ggml_quant import QK_K, Q4_K, Q6_K, QuantFormat, columns_of
+from replay_kernels.kquant.matmul import BATCHED_BLOCK_M, TILE_CANDIDATES, kquant_matmul, tile_config
+from replay_kernels.kquant.walk import _load_step, _row_offsets
+from replay_kernels.rope import rope_tables
 from replay.registry import get_op
 
 BF16 = torch.bfloat16

@@ -11,8 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import kernels  # noqa: F401 (registers the ops; the interpreter without a GPU)
-from kernels.kv_adapter import tiny
+import replay_kernels  # noqa: F401 (registers the ops; the interpreter without a GPU)
+from replay_kernels.kv_adapter import tiny
 from replay.device import use_interpreter_without_gpu
 from replay.kv.caches import check_snapshot
 from replay.kv.runs import RunPlan, parse_chunks, record_runs, run_once, runs_of

@@ -35,7 +35,7 @@ def main() -> None:
     cache = tempfile.mkdtemp(prefix="bench-ptx-cache-")
     env = {**os.environ, "TRITON_CACHE_DIR": cache, "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "replay", "ptx", "--arch", options.arch, "--dtype", options.dtype,
-               "--provider", "kernels", "--json", "-"]
+               "--provider", "replay_kernels", "--json", "-"]
     cold, done = timed_run(command, env)
     if done.returncode not in (0, 1):
         sys.exit(f"replay ptx failed ({done.returncode}): {done.stderr.strip()}")
@@ -48,7 +48,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     import torch
 
-    import kernels  # noqa: F401 (registers the ops and their examples)
+    import replay_kernels  # noqa: F401 (registers the ops and their examples)
     from replay.device import use_interpreter_without_gpu
     from replay.ptx.analysis import check_sources
     from replay.ptx.sources import op_ptx
@@ -56,7 +56,7 @@ def main() -> None:
 
     device = use_interpreter_without_gpu()
     archs = [int(a.removeprefix("sm_")) for a in options.arch.split(",")]
-    sources = op_ptx(KernelCode(providers=["kernels"]).ops([]), archs, getattr(torch, options.dtype), device)
+    sources = op_ptx(KernelCode(providers=["replay_kernels"]).ops([]), archs, getattr(torch, options.dtype), device)
     started = time.perf_counter()
     check_sources(sources)
     analysis = time.perf_counter() - started

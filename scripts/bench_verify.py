@@ -68,7 +68,7 @@ def mlp(device: str) -> Callable[[], object]:
 
 
 def decode(device: str) -> Callable[[], object]:
-    from kernels.model import TinyLlama
+    from replay_kernels.model import TinyLlama
 
     model = TinyLlama(device=device, use_cuda_graph=False)
 
@@ -127,11 +127,11 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    import kernels  # noqa: F401  (registers the model's ops; the interpreter without a GPU)
+    import replay_kernels  # noqa: F401  (registers the model's ops; the interpreter without a GPU)
 
     workloads = {"7B-shaped MLP, 16 rows x 8": (mlp(args.device), ("bench_verify_linear",))}
     if args.device == "cuda":  # on a CPU the model's kernels run in the Triton interpreter: no timing to speak of
-        workloads["tiny model: prefill 8 + decode 32"] = (decode(args.device), tuple(kernels.OPS))
+        workloads["tiny model: prefill 8 + decode 32"] = (decode(args.device), tuple(replay_kernels.OPS))
     modes = [(label, mode) for label, mode in MODES if args.device == "cuda" or mode != "sync"]
     times: dict[str, list[float]] = {}
     checks: dict[str, list[str]] = {}  # per mode and workload: checks (of them flagged) per run

@@ -3,7 +3,7 @@
 # kernel benchmark. Logs and bench_kernels.json go to $OUT (default ./out).
 # Uses the machine's python3 (torch, triton, pytest, pytest-xdist) with no network: wheels
 # downloaded beforehand into .whl/ (gitpython, gitdb, smmap) are installed from there, and the
-# project is installed editable so its entry points (the trusted 'kernels' provider) exist.
+# project is installed editable so its entry points (the trusted 'replay_kernels' provider) exist.
 #   scripts/gpu_check.sh [bench options, e.g. --sweep]
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     use_interpreter_without_gpu()
-    from kernels.model import record_prefill
+    from replay_kernels.model import record_prefill
 
     fresh = args.out.with_name(args.out.name + ".new")
     shutil.rmtree(fresh, ignore_errors=True)

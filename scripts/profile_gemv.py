@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels.ggml_quant import Q4_K, Q6_K  # noqa: E402
-from kernels.kquant.matmul import kquant_matmul  # noqa: E402
+from replay_kernels.ggml_quant import Q4_K, Q6_K  # noqa: E402
+from replay_kernels.kquant.matmul import kquant_matmul  # noqa: E402
 from scripts.bench_kernels import GEMV_SHAPES, random_blocks  # noqa: E402
 
 

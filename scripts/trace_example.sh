@@ -9,9 +9,9 @@ python="${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo py
 "$python" - "$out/gen" <<'PY'
 import sys
 
-import kernels  # noqa: F401 (registers the ops; the interpreter without a GPU)
+import replay_kernels  # noqa: F401 (registers the ops; the interpreter without a GPU)
 import replay
-from kernels.model import TinyLlama, prompt_tokens
+from replay_kernels.model import TinyLlama, prompt_tokens
 
 with replay.recording(sys.argv[1], notes="tiny llama: 8-token prefill, 4 decode steps"):
     TinyLlama(seed=0).generate(prompt_tokens(8, 0), 5)

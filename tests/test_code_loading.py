@@ -57,7 +57,7 @@ RECORD = textwrap.dedent('''
     with replay.recording(sys.argv[1]):
         toykern.double_rows(torch.ones(3, 8, device="cuda" if torch.cuda.is_available() else "cpu"))
 ''')
-KV_MODEL = "from kernels.kv_adapter import tiny as make\n"
+KV_MODEL = "from replay_kernels.kv_adapter import tiny as make\n"
 
 
 def replay_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

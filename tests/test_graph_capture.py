@@ -191,7 +191,7 @@ def test_replays_of_a_graph_captured_before_the_recording_are_reported_not_recor
 
 @pytest.mark.gpu
 def test_the_tiny_models_graph_decode_is_recorded_at_every_step_and_replays(tmp_path: Path) -> None:
-    from kernels.model import TinyLlama
+    from replay_kernels.model import TinyLlama
 
     model = TinyLlama(device="cuda")
     assert model.use_cuda_graph

@@ -218,8 +218,8 @@ def test_the_code_a_tree_holds_is_trusted_but_not_its_scripts(snapshot: Path, tm
 
 
 def test_python_m_replay_does_not_import_providers_from_the_working_directory(tmp_path: Path) -> None:
-    # the shipped snapshot names kernels.*, a trusted name; a kernels/ where replay runs must not be it
-    planted = tmp_path / "kernels"
+    # the shipped snapshot names replay_kernels.*, a trusted name; a replay_kernels/ where replay runs must not be it
+    planted = tmp_path / "replay_kernels"
     planted.mkdir()
     (planted / "__init__.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').write('planted code ran')\n")
     shipped = Path(__file__).resolve().parents[1] / "snapshots" / "prefill_001"

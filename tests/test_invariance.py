@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-import kernels  # noqa: F401 (registers the ops)
+import replay_kernels  # noqa: F401 (registers the ops)
 import replay
 from replay import registry
 from replay.cli import main

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kernels.bugs import MODEL_BUGS
-from kernels.kv_adapter import adapter_of
+from replay_kernels.bugs import MODEL_BUGS
+from replay_kernels.kv_adapter import adapter_of
 from replay.cli import main
 from replay.kv.caches import check_snapshot, logits_findings
 from replay.kv.runs import RunPlan, record_runs

@@ -200,6 +200,6 @@ def test_a_compile_that_runs_out_of_time_is_a_clear_error(monkeypatch: pytest.Mo
     def too_slow(*args: object, **kwargs: object) -> None:
         raise subprocess.TimeoutExpired("python", 5)
     monkeypatch.setattr(subprocess, "run", too_slow)
-    job = CompileJob("kernels.rmsnorm", "_rmsnorm_rows_kernel", (("x_ptr", "*fp32"),), (), 90)
+    job = CompileJob("replay_kernels.rmsnorm", "_rmsnorm_rows_kernel", (("x_ptr", "*fp32"),), (), 90)
     with pytest.raises(ReplayError, match=r"compiling 1 kernel\(s\) for PTX took more than 5 s"):
         compile_jobs([job], timeout=5)

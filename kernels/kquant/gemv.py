@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 import replay
-from kernels.ggml_quant import Q4_K, Q6_K, QuantFormat
-from kernels.kquant.matmul import BATCHED_BLOCK_M, dequant_matmul_reference, kquant_matmul
+from replay_kernels.ggml_quant import Q4_K, Q6_K, QuantFormat
+from replay_kernels.kquant.matmul import BATCHED_BLOCK_M, dequant_matmul_reference, kquant_matmul
 from replay.tolerance import REDUCTION
 
 

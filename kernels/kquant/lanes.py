@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.kquant.bits import _load
+from replay_kernels.kquant.bits import _load
 
 
 @triton.jit

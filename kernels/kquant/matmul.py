@@ -11,11 +11,11 @@ import torch
 import triton
 
 import replay
-from kernels import launch
-from kernels.ggml_quant import DEQUANTIZERS, QK_K, Q4_K, QuantFormat, columns_of
-from kernels.kquant.bits import E23
-from kernels.kquant.tile import BATCHED_BLOCK_M, TILE_CANDIDATES, GemvTile, tile_config
-from kernels.kquant.walk import _kquant_matmul_kernel
+from replay_kernels import launch
+from replay_kernels.ggml_quant import DEQUANTIZERS, QK_K, Q4_K, QuantFormat, columns_of
+from replay_kernels.kquant.bits import E23
+from replay_kernels.kquant.tile import BATCHED_BLOCK_M, TILE_CANDIDATES, GemvTile, tile_config
+from replay_kernels.kquant.walk import _kquant_matmul_kernel
 
 # the tile policy's names stay importable from here, where the GEMV ops, tests and scripts look for them
 __all__ = ["BATCHED_BLOCK_M", "TILE_CANDIDATES", "GemvTile", "dequant_matmul_reference", "kquant_matmul",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.kquant.bits import _bytes_in_place, _field, _fp16_low, _in_place_scale, _load4
-from kernels.kquant.lanes import _lane, _x_rows
+from replay_kernels.kquant.bits import _bytes_in_place, _field, _fp16_low, _in_place_scale, _load4
+from replay_kernels.kquant.lanes import _lane, _x_rows
 
 # slots of a row group's tuple from _q4k_load: the super-block header (the d | dmin word, then the 12 scale
 # bytes in three words), then the lane's four quant words

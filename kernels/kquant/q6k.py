@@ -8,8 +8,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.kquant.bits import _bytes_in_place, _funnel4, _in_place_scale, _words5
-from kernels.kquant.lanes import _lane, _x_rows
+from replay_kernels.kquant.bits import _bytes_in_place, _funnel4, _in_place_scale, _words5
+from replay_kernels.kquant.lanes import _lane, _x_rows
 
 # slots of a row group's tuple from _q6k_load: the five aligned words under the lane's ql run, the five under
 # its qh run, the int8 scales of its low and high nibbles' sub-blocks, d, and the bit shift (0 or 16) at which

@@ -10,8 +10,8 @@ from typing import NamedTuple
 
 import torch
 
-from kernels import launch
-from kernels.ggml_quant import QuantFormat
+from replay_kernels import launch
+from replay_kernels.ggml_quant import QuantFormat
 
 # x rows a batched program takes at most: each weight read serves them all, but the K loop is
 # unrolled over them (8 rows spill registers on sm_90; 4 rows fit: docs/PERFORMANCE.md)

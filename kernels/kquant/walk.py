@@ -10,8 +10,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.kquant.q4k import _q4k_load, _q4k_step
-from kernels.kquant.q6k import _q6k_load, _q6k_step
+from replay_kernels.kquant.q4k import _q4k_load, _q4k_step
+from replay_kernels.kquant.q6k import _q6k_load, _q6k_step
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """`replay run` on the committed prefill snapshot with the real kernels (CPU: interpreter).
 
-Planted bugs are swapped in for a replay in this process (kernels.bugs.planting), or made by
+Planted bugs are swapped in for a replay in this process (replay_kernels.bugs.planting), or made by
 editing a copy of the kernels and replaying it with --code, as a bisect probe does.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 import triton
 from click.testing import CliRunner
 
-import kernels
-from kernels import bugs
+import replay_kernels
+from replay_kernels import bugs
 from replay.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,8 +48,8 @@ def replay_with_bug(bug: str, *args: str) -> tuple[int, dict]:
 def edited_kernels(tmp_path: Path, module: str, edit: Callable[[str], str]) -> Path:
     """A copy of the kernels package with `module`'s source edited, for --code."""
     tree = tmp_path / "edited"
-    shutil.copytree(Path(kernels.__file__).parent, tree / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
-    path = tree / "kernels" / module
+    shutil.copytree(Path(replay_kernels.__file__).parent, tree / "replay_kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    path = tree / "replay_kernels" / module
     source = path.read_text()
     edited = edit(source)
     assert edited != source, f"{module}: the edit point moved"
@@ -121,7 +121,7 @@ def test_nondeterministic_kernel_caught_by_repeat(tmp_path: Path) -> None:
 def test_kernel_edited_after_recording_caught_by_golden_data(tmp_path: Path) -> None:
     # Golden data is bitwise, so the baseline is recorded here, on this machine's device.
     recorded = tmp_path / "prefill"
-    record = subprocess.run([sys.executable, "-c", "import sys; from kernels.model import record_prefill; "
+    record = subprocess.run([sys.executable, "-c", "import sys; from replay_kernels.model import record_prefill; "
                              "record_prefill(sys.argv[1])", str(recorded)], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert record.returncode == 0, record.stderr

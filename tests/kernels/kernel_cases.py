@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from kernels.examples import make  # noqa: F401 (the tests' one way to build a call)
+from replay_kernels.examples import make  # noqa: F401 (the tests' one way to build a call)
 from replay.engine import CallReport, Check, ReplayOptions, check_arguments
 from replay.registry import get_op
 

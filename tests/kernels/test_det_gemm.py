@@ -9,8 +9,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from kernels import bugs
-from kernels.det_gemm import DetLinear, error_bound, matmul
+from replay_kernels import bugs
+from replay_kernels.det_gemm import DetLinear, error_bound, matmul
 from replay.cli import main
 
 BATCHES = (1, 2, 3, 16, 17)

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import ggml_quant
-from kernels.ggml_quant import Q4_K, Q6_K
-from kernels.kquant.matmul import kquant_matmul
+from replay_kernels import ggml_quant
+from replay_kernels.ggml_quant import Q4_K, Q6_K
+from replay_kernels.kquant.matmul import kquant_matmul
 
 
 def _fp16_bytes(value: float) -> list[int]:

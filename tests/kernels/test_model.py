@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels.model import TinyLlama, prompt_tokens, record_prefill
+import replay_kernels
+from replay_kernels.model import TinyLlama, prompt_tokens, record_prefill
 from replay.snapshot import Snapshot
 from replay.tolerance import Tolerance
 
@@ -60,7 +60,7 @@ def test_logits_and_greedy_tokens_match_the_reference_model(model, dev):
 def test_recorded_prefill_is_a_snapshot_of_every_op(tmp_path, dev):
     path = record_prefill(tmp_path / "prefill", prompt_len=2, device=dev)
     calls = list(Snapshot(path))
-    assert {call.op for call in calls} == set(kernels.OPS)
+    assert {call.op for call in calls} == set(replay_kernels.OPS)
     assert {call.variant for call in calls} == {"batched"}
     scatter = next(call for call in calls if call.op == "kv_scatter")
     assert set(scatter.role("state")) == {"kv_cache_lengths", "position_buf", "seq_len_buf"}

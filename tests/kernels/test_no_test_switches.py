@@ -4,9 +4,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import kernels
+import replay_kernels
 
-KERNELS = Path(kernels.__file__).parent
+KERNELS = Path(replay_kernels.__file__).parent
 # what a test switch looks like: the bug registry, an environment flag, a constexpr or flag for a fault
 SWITCH = re.compile(r"\bbugs\b|planted|planting|KERNELS_PLANTED_BUGS|WRONG_|wrong_scale", re.IGNORECASE)
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import kernel_cases
-from kernels.ggml_quant import Q4_K, Q6_K
-from kernels.kquant.matmul import BATCHED_BLOCK_M, TILE_CANDIDATES, kquant_matmul
+from replay_kernels.ggml_quant import Q4_K, Q6_K
+from replay_kernels.kquant.matmul import BATCHED_BLOCK_M, TILE_CANDIDATES, kquant_matmul
 
 # (op, case options): every op, plus the other layouts and paths each one has
 CASES = [

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import kernel_cases
-from kernels import bugs
-from kernels.model import record_prefill
+from replay_kernels import bugs
+from replay_kernels.model import record_prefill
 from replay.snapshot import Snapshot
 
 

@@ -9,9 +9,9 @@ import torch
 from click.testing import CliRunner
 
 import kernel_cases
-import kernels
+import replay_kernels
 import replay
-from kernels import bugs
+from replay_kernels import bugs
 from replay.cli import main
 from replay.registry import get_op
 
@@ -28,7 +28,7 @@ def test_every_op_passes_its_rules_on_every_target_with_batched_and_single_side_
     code, report = ptx_json("--arch", ",".join(ARCHS), "--dtype", "float32")
     assert code == 0, [k["violations"] for k in report["kernels"] if k["violations"]]
     seen = {(k["op"], k["variant"], k["arch"]) for k in report["kernels"]}
-    with_kernels = {*kernels.OPS, "det_gemm"}  # torch_matmul launches no Triton kernel
+    with_kernels = {*replay_kernels.OPS, "det_gemm"}  # torch_matmul launches no Triton kernel
     assert seen == {(op, variant, arch) for op in with_kernels for variant in ("single", "batched") for arch in ARCHS}
     assert all(k["registers"] and k["registers"] > 0 for k in report["kernels"])  # read from each cubin
     gemv = [k for k in report["kernels"] if k["op"] == "q4k_gemv" and k["arch"] == "sm_90"]

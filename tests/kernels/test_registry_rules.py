@@ -8,17 +8,17 @@ import inspect
 import pytest
 import torch
 
-import kernels
-from kernels import launch, rmsnorm
-from kernels.model import TinyLlama
+import replay_kernels
+from replay_kernels import launch, rmsnorm
+from replay_kernels.model import TinyLlama
 from replay.errors import RegistryError
 from replay.registry import get_op
 
 
-@pytest.mark.parametrize("name", kernels.OPS)
+@pytest.mark.parametrize("name", replay_kernels.OPS)
 def test_every_op_has_its_three_variants_on_both_backends(name):
     op = get_op(name)
-    assert op.provider.startswith("kernels.") and importlib.import_module(op.provider)
+    assert op.provider.startswith("replay_kernels.") and importlib.import_module(op.provider)
     assert list(op.variants) == ["reference", "single", "batched"]
     for variant in op.variants.values():
         assert variant.backends == ("cpu", "cuda")

@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 import replay
-from kernels.model import TinyLlama, prompt_tokens
+from replay_kernels.model import TinyLlama, prompt_tokens
 from replay.cli import main
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
