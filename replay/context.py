@@ -163,13 +163,8 @@ def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None,
     sink = _sink.get()
     if sink is None:
         return
-    entry: dict[str, Any] = {"kernel": kernel, "grid": list(grid) if grid is not None else None}
-    meta = getattr(compiled, "metadata", None)
-    for attr in ("num_warps", "num_stages", "shared", "hash"):
-        if meta is not None and hasattr(meta, attr):
-            entry[attr] = getattr(meta, attr)
-    if getattr(compiled, "n_regs", None) is not None:
-        entry["registers"] = compiled.n_regs
+    entry: dict[str, Any] = {"kernel": kernel, "grid": list(grid) if grid is not None else None,
+                             **compiled_details(compiled)}
     try:
         binds = {param: sink.argument_holding(tensor) for param, tensor in (pointers or {}).items()
                  if isinstance(tensor, torch.Tensor)}
@@ -179,6 +174,20 @@ def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None,
         entry["binds"] = {param: name for param, name in binds.items() if name is not None}
     entry.update(info)
     sink.launches.append({key: _json_or_repr(value) for key, value in entry.items()})
+
+
+def compiled_details(compiled: Any) -> dict[str, Any]:
+    """What the object a Triton launch returns says of the compiled kernel: warps, stages, shared
+    memory, hash and registers, where the backend reports them (a GPU does; the interpreter, nothing),
+    as JSON."""
+    details: dict[str, Any] = {}
+    meta = getattr(compiled, "metadata", None)
+    for attr in ("num_warps", "num_stages", "shared", "hash"):
+        if meta is not None and hasattr(meta, attr):
+            details[attr] = _json_or_repr(getattr(meta, attr))
+    if getattr(compiled, "n_regs", None) is not None:
+        details["registers"] = _json_or_repr(compiled.n_regs)
+    return details
 
 
 def _json_or_repr(value: Any) -> Any:

@@ -63,12 +63,38 @@ def _whole(raw: str) -> int:
     return int(raw)
 
 
+def _names(raw: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in raw.split(","))
+    if not all(names):
+        raise ValueError(raw)
+    return names
+
+
+def _range(raw: str) -> tuple[int, int | None]:
+    first, colon, end = raw.partition(":")
+    if not colon or not (first.isdigit() or not first) or not (end.isdigit() or not end):
+        raise ValueError(raw)
+    start, stop = int(first or 0), int(end) if end else None
+    if stop is not None and stop < start:
+        raise ValueError(raw)
+    return start, stop
+
+
 CAPTURE = Setting("REPLAY_CAPTURE", str, "", "record the whole process into this snapshot directory, from "
                   "`import replay` on (written out at exit)", "a directory path")
 CAPTURE_STRICT = Setting("REPLAY_CAPTURE_STRICT", _flag, False, "a capture error raises in the call that met it "
                          "instead of being reported once and skipped", "1 or 0")
 TAGS = Setting("REPLAY_TAGS", _choice(0, 1, 2), 1, "which tags a recording keeps: 0 none, 1 those tagged at level 1, "
                "2 all", "0 (off), 1 (tagged) or 2 (everything)")
+CAPTURE_TRITON = Setting("REPLAY_CAPTURE_TRITON", _flag, True, "a recording keeps every Triton launch made outside "
+                         "a recorded call as a call of its own", "1 or 0")
+CAPTURE_ONLY: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_ONLY", _names, (), "record the launches of these kernels only (globs on "
+                       "module.kernel or the bare name)", "glob,glob,...")
+CAPTURE_SKIP: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_SKIP", _names, (), "do not record the launches of these kernels", "glob,glob,...")
+CAPTURE_LAUNCHES: Setting[tuple[int, int | None]] = Setting("REPLAY_CAPTURE_LAUNCHES", _range, (0, None), "of each kernel, record the launches "
+                           "numbered first (from 0) up to end", "first:end (either may be left out)")
+CAPTURE_STATE: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_STATE", _names, (), "more parameter names a launch's runtime state goes by "
+                        "(besides position_buf, seq_len_buf, kv_cache_lengths)", "name,name,...")
 VERIFY = Setting("REPLAY_VERIFY", str, "", "verify these ops' calls against their references, from `import replay` "
                  "on (replay.verify)", "op[@rate],op[@rate],... (rate a share of calls, 0.01 where none is given)")
 VERIFY_DIR = Setting("REPLAY_VERIFY_DIR", str, "replay-verify", "where replay.verify writes mismatch snapshots",
@@ -80,5 +106,5 @@ READ_LIMIT_MIB = Setting("REPLAY_READ_LIMIT_MIB", _whole, 256, "what reading one
 TRACEBACK = Setting("REPLAY_TRACEBACK", _flag, False, "print the traceback of an internal error (a bug in "
                     "kernel-replay) besides its one line", "1 or 0")
 
-ALL: tuple[Setting, ...] = (CAPTURE, CAPTURE_STRICT, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB,
-                            TRACEBACK)
+ALL: tuple[Setting, ...] = (CAPTURE, CAPTURE_STRICT, CAPTURE_TRITON, CAPTURE_ONLY, CAPTURE_SKIP, CAPTURE_LAUNCHES,
+                            CAPTURE_STATE, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB, TRACEBACK)

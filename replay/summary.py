@@ -65,6 +65,7 @@ class CallSummary:
     returns_json: dict[str, Any]
     launch: list[dict[str, Any]]
     tensors: list[TensorSummary] = field(default_factory=list)
+    triton: dict[str, Any] | None = None  # a recorded Triton launch: grid, options, config
 
 
 @dataclass
@@ -151,7 +152,7 @@ def export_name(index: int, op: str, role: str, name: str) -> str:
 def summarise_call(record: CallRecord, roles: tuple[str, ...] = (), export_dir: Path | None = None) -> CallSummary:
     summary = CallSummary(record.index, record.op, record.variant, record.provider,
                           {a["name"]: a["json"] for a in record.args if "json" in a},
-                          record.returns_json, record.launch)
+                          record.returns_json, record.launch, triton=record.triton)
     for role, name, tensor in selected_tensors(record, roles):
         row = TensorSummary(role, name, DTYPE_NAMES[tensor.dtype], list(tensor.shape), list(tensor.stride()),
                             # a SymInt (torch's stubs allow one) only under symbolic tracing: a snapshot's are real

@@ -41,7 +41,7 @@ def test_the_wheel_holds_every_package_and_no_top_level_kernels(wheel: Path) -> 
     assert packaged == repository_packages()  # a package folder missing from pyproject.toml fails here
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"replay", "replay_kernels", "replay_launcher.py"}
-    assert {"replay/py.typed", "replay/snapshot/format.schema.json"} <= set(names)
+    assert {"replay/py.typed", "replay/snapshot/format.schema.json", "replay/bootstrap/sitecustomize.py"} <= set(names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "replay_kernels = replay_kernels" in text and "replay_kernels.kv_adapter:tiny" in text

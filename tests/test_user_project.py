@@ -9,19 +9,16 @@ takes the recorded arguments. The README's commands run on it as written, record
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from user_project.history import TEMPLATE, Project, build
+from user_shell import fenced, run_as_written, shell
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SECTION = "## Use it on your own project"
-BIN = Path(sys.executable).parent
 
 pytestmark = pytest.mark.slow
 
@@ -31,21 +28,6 @@ def readme_section() -> str:
     start = text.index(SECTION)
     end = text.find("\n## ", start + len(SECTION))
     return text[start:end if end != -1 else None]
-
-
-def fenced(section: str, language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", section, flags=re.S)
-
-
-def user_env() -> dict[str, str]:
-    """A user's shell: this environment's bin first, no test settings (TRITON_INTERPRET) inherited."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    return env
-
-
-def shell(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(line, shell=True, cwd=cwd, env=user_env(), capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +48,6 @@ def test_the_readme_commands_as_written_name_each_bad_commit(tmp_path: Path) -> 
     project = build(tmp_path / "mymodel")
     lines = [line for block in fenced(readme_section(), "bash") for line in block.splitlines()
              if line.strip() and not line.startswith("pip ")]  # installing: this environment has it already
-    assert len(lines) == 6, lines
     outside, inside = project.commits["outside"], project.commits["inside"]
     expected = [  # (what the line starts with, its exit code, what its output must say)
         ("python record.py snapshots/bad_run", 0, "out[0, :4]"),
@@ -77,12 +58,7 @@ def test_the_readme_commands_as_written_name_each_bad_commit(tmp_path: Path) -> 
         ("git bisect start HEAD v1.0 && git bisect run replay run snapshots/bad_run", 0,
          f"{outside} is the first bad commit"),
     ]
-    for line, (start, code, says) in zip(lines, expected):
-        assert line.startswith(start), (line, start)
-        done = shell(line, project.path)
-        output = done.stdout + done.stderr
-        assert done.returncode == code, (line, output)
-        assert says in " ".join(output.split()), (line, output)
+    run_as_written(lines, expected, project.path)
 
 
 def test_both_ends_passing_the_references_bisects_against_the_good_end(recorded: Project) -> None:

@@ -10,7 +10,7 @@ import click
 
 from replay.cli.common import ReplayGroup
 
-COMMAND_MODULES = ("show", "run", "diff", "trace", "kvcheck", "invariance", "bisect", "ptx", "demo")
+COMMAND_MODULES = ("record", "show", "run", "diff", "trace", "kvcheck", "invariance", "bisect", "ptx", "demo")
 
 
 @click.group(cls=ReplayGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

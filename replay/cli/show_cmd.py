@@ -67,6 +67,8 @@ def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path 
                          justify="right" if column in ("call", "min", "max", "mean", "nan", "inf") else "left")
     for call in summary.calls:
         rows = []
+        if call.triton is not None:
+            rows.append(["launch", escape(_launch_line(call.triton))] + [""] * (len(COLUMNS) - 5))
         if call.args:
             rows.append(["args", escape(", ".join(f"{k}={json.dumps(v)}" for k, v in call.args.items()))]
                         + [""] * (len(COLUMNS) - 5))
@@ -85,6 +87,14 @@ def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path 
         widened = sum(t.exported_dtype != t.dtype for t in exported)
         note = f" ({widened} bfloat16/fp8 tensors written as float32)" if widened else ""
         console.print(f"exported {len(exported)} tensors to {export_dir}{note}", markup=False, highlight=False)
+
+
+def _launch_line(launch: dict[str, Any]) -> str:
+    """grid (3, 1, 1), num_warps=4; autotuned: BLOCK=8, num_stages=3"""
+    tuned = launch.get("autotune") or {}
+    given = [f"{k}={json.dumps(v)}" for k, v in launch.get("options", {}).items() if k not in tuned]
+    line = ", ".join([f"grid ({', '.join(str(g) for g in launch.get('grid', []))})", *given])
+    return line + ("; autotuned: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in tuned.items()) if tuned else "")
 
 
 def _describe_manifest(summary: SnapshotSummary) -> str:

@@ -19,6 +19,7 @@ from replay.code import KernelCode
 from replay.registry import REFERENCE, Op, get_op
 from replay.snapshot import CallRecord, Snapshot, SnapshotWriter
 from replay.tolerance import Tolerance
+from replay.triton_launches import relaunch
 
 
 @dataclass
@@ -172,10 +173,10 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
             if golden is not None and not _same_inputs(record, golden):
                 inputs_differ.append(str(entry.index))
             load_seconds = time.perf_counter() - load_started
-            op = _op_for(code, record, snapshot.path)
-            if op is None:
-                call_report = CallReport(record.index, record.op, record.variant, untestable=(
-                    f"op '{record.op}' is not declared by provider '{record.provider}' in this code"))
+            try:
+                op = _op_for(code, record, snapshot.path, options)
+            except _CannotMake as exc:
+                call_report = CallReport(record.index, record.op, record.variant, untestable=str(exc))
             else:
                 call_report, runs = _run_and_check(op, record.arguments(), options, record, golden)
                 if outputs is not None:
@@ -202,17 +203,23 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
     return report
 
 
-def _op_for(code: KernelCode, record: CallRecord, snapshot: Path) -> Op | None:
-    """The op of a recorded call, its provider imported first; None when the provider, imported,
-    does not declare it (this code cannot make the call)."""
+def _op_for(code: KernelCode, record: CallRecord, snapshot: Path, options: ReplayOptions) -> Op:
+    """The op of a recorded call, its provider imported first (a recorded Triton launch: the op
+    that launches its kernel again); _CannotMake where this code cannot make the call."""
+    where = f"{snapshot}: call {record.index}"
+    if record.triton is not None:
+        try:
+            return relaunch.op_for(code, record, where, options.explicit_tolerance)
+        except relaunch.KernelNotFound as exc:
+            raise _CannotMake(str(exc)) from None
     if record.provider:
-        code.import_provider(record.provider, f"{snapshot}: call {record.index}")
+        code.import_provider(record.provider, where)
     try:
         return get_op(record.op)
     except RegistryError as exc:
         if record.provider:
-            return None
-        raise RegistryError(f"{snapshot}: call {record.index}: {exc} (no provider recorded)") from None
+            raise _CannotMake(f"op '{record.op}' is not declared by provider '{record.provider}' in this code") from None
+        raise RegistryError(f"{where}: {exc} (no provider recorded)") from None
 
 
 def _golden_record(golden: Snapshot, index: int, record: CallRecord) -> CallRecord:

@@ -22,9 +22,11 @@ import torch
 
 from replay import settings
 from replay.recorder import graphs, intercept
-from replay.recorder.options import RecordingOptions
+from replay.recorder.options import DEFAULT_STATE_NAMES, RecordingOptions
 from replay.recorder.session import Recording
 from replay.errors import CaptureError, ReplayError
+from replay.triton_launches import door
+from replay.triton_launches.recording import LaunchRecorder
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ def start(path: str | Path, options: RecordingOptions = RecordingOptions()) -> R
             raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
         _recording = Recording(path, options)
         _route()
+        if options.triton:
+            door.install(LaunchRecorder(_recording, options))
         if _recording.ring is not None:
             _install_signal_handlers()
         return _recording
@@ -57,6 +61,7 @@ def stop() -> Recording | None:
     with _lock:
         rec, _recording = _recording, None
         _route()
+        door.uninstall()
     if rec is not None:
         _restore_signal_handlers()
         rec.close()
@@ -104,7 +109,8 @@ def dump() -> int:
 
 @contextlib.contextmanager
 def recording(path: str | Path, **options: Any) -> Iterator[Recording]:
-    """Record every call of a registered or captured function made inside the block.
+    """Record every call of a registered or captured function made inside the block, and every
+    Triton kernel launch made outside them.
 
     A call's inputs are copied before it runs and its outputs, tags and launch records after
     (on a GPU, stream-ordered into pinned host memory); writer threads turn the copies into
@@ -119,7 +125,8 @@ def recording(path: str | Path, **options: Any) -> Iterator[Recording]:
         **options: those of RecordingOptions (replay/recorder/options.py, each explained there):
             notes, tag_level, strict, blob_threshold, chunk_threshold, asynchronous, queue_depth,
             when_full ("block" or "drop"), durability ("close" or "call"), ring (a flight
-            recording of the last N calls), ring_bytes.
+            recording of the last N calls), ring_bytes; triton (every Triton launch outside a
+            recorded call is a call: on by default), only, skip, launches, state_names.
 
     Returns:
         A context manager yielding the Recording (`.path`, `.calls_written`, `.flush()`).
@@ -147,12 +154,19 @@ def start_from_env() -> None:
         path = settings.CAPTURE.get()
         if not path:
             return
-        start(path)
+        start(path, options_from_env())
         atexit.register(stop)
     except (ReplayError, OSError) as exc:  # an existing snapshot, an unwritable path, a bad setting
         if settings.CAPTURE_STRICT.get():
             raise
         log.warning(f"replay: capture: {exc}; not recording")
+
+
+def options_from_env() -> RecordingOptions:
+    """The options REPLAY_CAPTURE_* set (README lists them)."""
+    return RecordingOptions(triton=settings.CAPTURE_TRITON.get(), only=settings.CAPTURE_ONLY.get(),
+                            skip=settings.CAPTURE_SKIP.get(), launches=settings.CAPTURE_LAUNCHES.get(),
+                            state_names=DEFAULT_STATE_NAMES + settings.CAPTURE_STATE.get())
 
 
 # CUDA graphs ------------------------------------------------------------------------------------

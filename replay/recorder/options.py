@@ -8,6 +8,7 @@ from replay.recorder.pipeline import DEFAULT_QUEUE_DEPTH, check_options
 BLOB_THRESHOLD_BYTES = 64 * 1024
 CHUNK_THRESHOLD_BYTES = 1 << 20
 DEFAULT_RING_BYTES = 1 << 30
+DEFAULT_STATE_NAMES = ("position_buf", "seq_len_buf", "kv_cache_lengths")
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,14 @@ class RecordingOptions:
             or more from outside the graph) is held once as a blob, for every call that reads it,
             outside the budget: weights cost their size once, but a fresh large input at every
             call is not bounded by it.
+        triton: every Triton kernel launch made outside a recorded call is a call of its own
+            (replay/triton_launches/): the kernel's parameters, the tensors it writes, its grid
+            and config. False records registered and captured functions only.
+        only, skip: globs of the kernels whose launches are recorded (all, when `only` is empty)
+            and of those that are not, matched against `package.module.kernel` and the bare name.
+        launches: (first, end): of each kernel, the launches numbered first (from 0) up to end
+            (exclusive; None: all).
+        state_names: a launch's tensor parameters of these names are its runtime state.
     """
 
     notes: str = ""
@@ -55,6 +64,14 @@ class RecordingOptions:
     durability: str = "close"
     ring: int | None = None
     ring_bytes: int = DEFAULT_RING_BYTES
+    triton: bool = True
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    launches: tuple[int, int | None] = (0, None)
+    state_names: tuple[str, ...] = DEFAULT_STATE_NAMES
 
     def __post_init__(self) -> None:
         check_options(self.queue_depth, self.when_full)
+        first, end = self.launches
+        if first < 0 or (end is not None and end < first):
+            raise ValueError(f"launches={self.launches!r}: a range (first, end) with 0 <= first <= end")

@@ -10,7 +10,7 @@ calls write it in place (`persistent`: a KV cache, stored in chunks).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
 import torch
@@ -31,6 +31,8 @@ class CallSpec:
     state: tuple[str, ...] = ()
     mutates: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    # more of the call's description, kept in its file as given (a Triton launch's grid and config)
+    header_extra: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,8 @@ def header(spec: CallSpec, described: list[dict[str, Any]], returned_json: dict[
     """A call's description as its file holds it (the writer adds its index and tensors)."""
     return {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": described,
             "returns_json": returned_json, "launch": launches,
-            "meta": {**timing, "thread": threading.current_thread().name, "scope": current_scope()}}
+            "meta": {**timing, "thread": threading.current_thread().name, "scope": current_scope()},
+            **(spec.header_extra or {})}
 
 
 def mark_written(spec: CallSpec, bound: Mapping[str, Any]) -> None:

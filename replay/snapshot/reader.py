@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -16,11 +17,12 @@ from replay.snapshot import callfile, jsonargs, schema
 from replay.snapshot.files import sha256_bytes
 from replay.snapshot.manifest import FORMAT_VERSION
 from replay.snapshot.tensors import DTYPES, Geometry, rebuild
-from replay.snapshot.writer import INDEX, MANIFEST, blob_relpath
+from replay.snapshot.writer import INDEX, MANIFEST, blob_relpath, source_relpath
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_INDEX_BYTES = 1 << 30
 MAX_BLOB_BYTES = 1 << 40
+MAX_SOURCE_BYTES = 16 << 20
 # What reading one call may cost in memory: the tensors it makes (blob copies, joined chunks) and
 # the views it hands out may each reach CALL_VIEW_RATIO times the distinct bytes the call stores on
 # disk (its file, and each blob or chunk it names, once however often it is named), or
@@ -70,6 +72,7 @@ class CallRecord:
     chunked: frozenset[str] = frozenset()  # the keys of tensors stored as chunks (format 2)
     # as recorded: a far offset is rebuilt nearer (docs/FORMAT.md), so a tensor's own may differ
     recorded_offsets: dict[str, int] = field(default_factory=dict)
+    triton: dict[str, Any] | None = None  # a recorded Triton launch: grid, options, config (docs/FORMAT.md)
 
     def role(self, role: str) -> dict[str, torch.Tensor]:
         """Tensors of one role ('in', 'out', 'state', 'tag'), by name, in recorded order."""
@@ -80,7 +83,8 @@ class CallRecord:
         """The call's description as a writer takes it (SnapshotWriter.write_tensors): all but its
         index and tensors."""
         return {"op": self.op, "variant": self.variant, "provider": self.provider, "args": self.args,
-                "launch": self.launch, "meta": self.meta, "returns_json": self.returns_json}
+                "launch": self.launch, "meta": self.meta, "returns_json": self.returns_json,
+                **({"triton": self.triton} if self.triton is not None else {})}
 
     def arguments(self) -> dict[str, Any]:
         """Arguments by name in call order: tensors (inputs and state) and decoded JSON."""
@@ -222,6 +226,19 @@ class Snapshot:
             raise SnapshotError(f"{path}: sha256 mismatch (corrupt or truncated file)")
         return data
 
+    def source(self, digest: str) -> str:
+        """The kernel source stored under `digest` (a call's `triton.source_sha256`), its hash
+        checked: text to show or compare, never run unless the user trusts it."""
+        if not re.fullmatch(r"[0-9a-f]{64}", digest):
+            raise SnapshotError(f"{self.path}: {digest[:80]!r} is not a source's sha256")
+        data = self._read_file(source_relpath(digest), limit=MAX_SOURCE_BYTES, missing="missing kernel source")
+        if sha256_bytes(data) != digest:
+            raise SnapshotError(f"{self.path / source_relpath(digest)}: sha256 mismatch (corrupt or truncated file)")
+        try:
+            return data.decode()
+        except UnicodeDecodeError:
+            raise SnapshotError(f"{self.path / source_relpath(digest)}: not UTF-8 text") from None
+
     def _blob(self, digest: str, budget: _Budget) -> torch.Tensor:
         """The span stored in blob `digest`, a sha256 the schema checked (shared: callers must not
         modify it), counted once in `budget` as bytes the call stores."""
@@ -306,7 +323,8 @@ class Snapshot:
                           meta=header.get("meta", {}), returns_json=header.get("returns_json", {}),
                           blobs={k: g["blob"] for k, g in header["tensors"].items() if "blob" in g},
                           chunked=frozenset(k for k, g in header["tensors"].items() if "chunks" in g),
-                          recorded_offsets={k: g["storage_offset"] for k, g in header["tensors"].items()})
+                          recorded_offsets={k: g["storage_offset"] for k, g in header["tensors"].items()},
+                          triton=header.get("triton"))
 
 
 def _nbytes(t: torch.Tensor) -> int:

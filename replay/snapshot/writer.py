@@ -4,6 +4,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import threading
@@ -22,6 +23,7 @@ MANIFEST = "manifest.json"
 INDEX = "calls.jsonl"
 CALLS_DIR = "calls"
 BLOBS_DIR = "blobs"
+SOURCES_DIR = "sources"
 DURABILITY = ("close", "call")
 CHUNK_BYTES = 64 * 1024  # a large tensor is stored as blobs of this many bytes (format 2)
 HASH_WHILE_WRITING_BYTES = 16 << 20  # blobs this large are hashed on a thread of their own as they are written
@@ -40,6 +42,10 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def blob_relpath(digest: str) -> str:
     return f"{BLOBS_DIR}/{digest}.safetensors"
+
+
+def source_relpath(digest: str) -> str:
+    return f"{SOURCES_DIR}/{digest}.py"
 
 
 def _holds_files(path: Path) -> bool:
@@ -153,6 +159,17 @@ class SnapshotWriter:
             store(target)
         with self._lock:
             self._known_blobs.add(digest)
+        return digest
+
+    def put_source(self, text: str) -> str:
+        """Store a kernel's source text (data, never run unless the user trusts it) once, by the
+        sha256 of its UTF-8 bytes; return that digest."""
+        data = text.encode()
+        digest = hashlib.sha256(data).hexdigest()
+        target = self.path / source_relpath(digest)
+        if not target.exists():
+            target.parent.mkdir(exist_ok=True)
+            self._write(target, [data])
         return digest
 
     def put_chunks(self, span: torch.Tensor) -> str:

@@ -2,6 +2,8 @@
 breaks a signature for one commit, and a bug outside tolerance, among harmless commits.
 
     build(path) -> Project: the repository at `path`, and each commit's sha by its role.
+
+build() makes any such project from a template and a history (tests/thirdparty_project/ is another).
 """
 from __future__ import annotations
 
@@ -52,13 +54,18 @@ def _commit(repo: Path, subject: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
-def build(path: Path, upto: str | None = None) -> Project:
-    """The project's repository at `path` (which must not exist), its history up to role `upto`."""
-    shutil.copytree(TEMPLATE, path, ignore=shutil.ignore_patterns("__pycache__"))
+Edit = tuple[str, "str | None", str]  # (file, old text or None to write it whole, new text)
+
+
+def build(path: Path, upto: str | None = None, *, template: Path = TEMPLATE,
+          history: list[tuple[str, str, list[Edit]]] = HISTORY) -> Project:
+    """The project's repository at `path` (which must not exist): `template` committed and tagged
+    v1.0, then `history` up to role `upto`."""
+    shutil.copytree(template, path, ignore=shutil.ignore_patterns("__pycache__"))
     git(path, "init", "-q")
-    commits = {"v1.0": _commit(path, "mymodel 1.0")}
+    commits = {"v1.0": _commit(path, f"{path.name} 1.0")}
     git(path, "tag", "v1.0")
-    for role, subject, edits in HISTORY:
+    for role, subject, edits in history:
         for name, old, new in edits:
             file = path / name
             if old is None:

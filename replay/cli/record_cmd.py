@@ -1,0 +1,74 @@
+"""`replay record -- COMMAND`: record a program that never imports replay; the work is replay.record_program's."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.markup import escape
+
+from replay import settings
+from replay.cli.common import SafeConsole, warn
+from replay.record_program import default_snapshot, record_program
+
+
+@click.command("record", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-o", "--output", "snapshot", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
+              help="The snapshot directory (new). Default: snapshots/<program>_NNN, the first number free.")
+@click.option("--only", metavar="GLOB,...", help="Record the launches of these kernels only: globs on "
+              "package.module.kernel or the bare kernel name.")
+@click.option("--skip", metavar="GLOB,...", help="Do not record the launches of these kernels.")
+@click.option("--launches", metavar="FIRST:END", help="Of each kernel, record the launches numbered FIRST (from 0) "
+              "up to END (either may be left out): 100:110 skips warm-up.")
+@click.option("--state", metavar="NAME,...", help="More parameter names that hold runtime state (besides "
+              "position_buf, seq_len_buf, kv_cache_lengths): stored as the call's state.")
+@click.option("--no-triton", is_flag=True, help="Record registered ops and replay.capture functions only, not "
+              "every Triton launch.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def command(snapshot: Path | None, only: str | None, skip: str | None, launches: str | None, state: str | None,
+            no_triton: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND unchanged, recording from its first line: every Triton kernel launch (its
+    arguments before, what it writes after, its grid and config) and every call of a registered
+    op, into a snapshot that `replay run`, `show`, `diff` and `bisect` take.
+
+    The program needs no `import replay`: its Python process imports it first (through a
+    sitecustomize put on PYTHONPATH) and writes the snapshot as it exits. The exit code is the
+    program's. REPLAY_CAPTURE=DIR with the same options as REPLAY_CAPTURE_* does the same
+    inside a program that imports replay.
+
+    \b
+    Examples:
+      replay record -- python serve.py --prompt "hello"
+      replay record -o snapshots/step7 --only 'my_kernels.*' -- python -m mypkg.train
+      replay record --launches 100:110 --skip '*_backward' -- python bench.py
+      replay run snapshots/serve_001 --code .     # then replay it against this tree's kernels
+    """
+    snapshot = snapshot or default_snapshot(list(command))
+    given: list[tuple[settings.Setting[Any], str, str | None]] = [(settings.CAPTURE_ONLY, "--only", only), (settings.CAPTURE_SKIP, "--skip", skip),
+             (settings.CAPTURE_LAUNCHES, "--launches", launches), (settings.CAPTURE_STATE, "--state", state),
+             (settings.CAPTURE_TRITON, "--no-triton", "0" if no_triton else None)]
+    environment = {setting.name: _checked(setting, option, value) for setting, option, value in given
+                   if value is not None}
+    result = record_program(list(command), snapshot, environment)
+    console = SafeConsole(stderr=True)
+    if not result.recorded:
+        warn(f"nothing recorded: no Python process of `{command[0]}` started recording (it needs a Python with "
+             "kernel-replay installed; one run with -I or -S skips the sitecustomize that starts it)")
+    else:
+        total = sum(result.calls.values())
+        console.print(f"recorded {total} call{'s' * (total != 1)} into {escape(str(snapshot))}"
+                      + (":" if total else " (no kernel launched)"), highlight=False)
+        for op, count in result.calls.most_common():
+            console.print(f"  {count:6d}  {escape(op)}", highlight=False)
+        for error in result.capture_errors:
+            console.print(f"[yellow]capture error:[/] {escape(error)}")
+    raise SystemExit(result.exit_code)
+
+
+def _checked(setting: settings.Setting[Any], option: str, value: str) -> str:
+    """`value` as the recorded program will read it, refused here (exit 2) if it would not be."""
+    try:
+        setting.parse(value.strip())
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: takes {setting.takes}", param_hint=option) from None
+    return value

@@ -1,0 +1,70 @@
+"""`replay record -- COMMAND`: run a program unchanged with recording on from its first line.
+
+The command runs as it would from a shell, with REPLAY_CAPTURE naming the snapshot and a
+directory first on PYTHONPATH whose sitecustomize imports replay (replay/bootstrap/): its first
+Python process records every registered call and every Triton launch, and writes the snapshot
+out as it exits. Ctrl-C reaches the program, which stops and writes what it recorded; this
+process waits for it and then says what the snapshot holds.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from replay.errors import ReplayError, SnapshotError
+from replay.snapshot import Snapshot
+from replay.snapshot.writer import MANIFEST
+
+BOOTSTRAP = Path(__file__).with_name("bootstrap")
+
+
+@dataclass
+class RecordedProgram:
+    snapshot: Path
+    exit_code: int
+    recorded: bool  # a Python process of the command started the recording
+    calls: collections.Counter[str] = field(default_factory=collections.Counter)  # op (kernel) -> calls
+    capture_errors: list[str] = field(default_factory=list)
+
+
+def default_snapshot(command: list[str], root: Path = Path("snapshots")) -> Path:
+    """snapshots/<program>_NNN, the first number not taken: `prog` for `python prog.py`, `pkg.mod`
+    for `python -m pkg.mod`, else the command's own name."""
+    words = [w for w in command[1:] if not w.startswith("-")] if Path(command[0]).name.startswith("python") else command
+    module = command[command.index("-m") + 1] if "-m" in command[:-1] else None
+    stem = module or (Path(words[0]).stem if words else Path(command[0]).name)
+    for number in range(1, 10_000):
+        candidate = root / f"{stem}_{number:03d}"
+        if not candidate.exists():
+            return candidate
+    raise ReplayError(f"{root}: {stem}_001 to {stem}_9999 are all taken; give -o DIR")
+
+
+def record_program(command: list[str], snapshot: Path, environment: dict[str, str]) -> RecordedProgram:
+    """Run `command` recording into `snapshot` (which must not hold a snapshot yet), with the
+    REPLAY_CAPTURE_* `environment` options; return its exit code and what was recorded."""
+    if not command:
+        raise ReplayError("no command to record: give it after --, e.g. replay record -- python prog.py")
+    if shutil.which(command[0]) is None:
+        raise ReplayError(f"{command[0]}: command not found")
+    if (snapshot / MANIFEST).exists():
+        raise SnapshotError(f"{snapshot}: already holds a snapshot; record into a new directory")
+    path = [str(BOOTSTRAP), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, **environment, "REPLAY_CAPTURE": str(snapshot.resolve()), "PYTHONPATH": os.pathsep.join(path)}
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the program's: it stops and writes
+    try:
+        exit_code = subprocess.run(command, env=env).returncode
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    result = RecordedProgram(snapshot, 128 - exit_code if exit_code < 0 else exit_code,
+                             recorded=(snapshot / MANIFEST).exists())
+    if result.recorded:
+        opened = Snapshot(snapshot, strict=False)
+        result.calls.update(entry.op for entry in opened.entries)
+        result.capture_errors = list(opened.manifest.get("capture_errors", []))
+    return result

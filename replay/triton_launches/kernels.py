@@ -1,0 +1,86 @@
+"""What the recorder and the replayer need to know of a Triton kernel, worked out once a kernel.
+
+A kernel is the object `@triton.jit` made (a JITFunction, or under TRITON_INTERPRET=1 an
+InterpretedFunction), possibly wrapped by `@triton.autotune` and `@triton.heuristics` (each of
+which keeps the kernel it wraps as `.fn`). Its name is its module and qualified name; its source,
+stored as data in the snapshot, is hashed so that two recordings can tell whether they ran the
+same code.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from replay.triton_launches.writes import written_parameters
+
+_cache: dict[int, tuple[Any, "KernelInfo"]] = {}  # id(kernel) -> (kernel, info): kernels live as long as their module
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    module: str
+    qualname: str
+    params: tuple[str, ...]
+    defaults: dict[str, Any]
+    constexprs: frozenset[str]
+    source: str | None
+    source_sha256: str | None
+    written: frozenset[str]  # parameters a written pointer is computed from (writes.py)
+
+    @property
+    def name(self) -> str:
+        """`package.module.kernel`: the op name its calls are recorded under."""
+        return f"{self.module}.{self.qualname}"
+
+
+def is_kernel(value: Any) -> bool:
+    """A Triton JIT function, interpreted or compiled (not a wrapper around one)."""
+    return type(value).__name__ in ("JITFunction", "InterpretedFunction") and inspect.isfunction(
+        getattr(value, "fn", None))
+
+
+def unwrap(value: Any) -> Any:
+    """The kernel inside autotune and heuristics wrappers (each keeps what it wraps as `.fn`);
+    None where there is none."""
+    for _ in range(16):
+        if is_kernel(value):
+            return value
+        value = getattr(value, "fn", None)
+        if value is None:
+            return None
+    return None
+
+
+def info_of(kernel: Any) -> KernelInfo:
+    """The kernel's KernelInfo, worked out on its first launch."""
+    found = _cache.get(id(kernel))
+    if found is not None and found[0] is kernel:
+        return found[1]
+    info = _work_out(kernel.fn)
+    with _lock:
+        _cache[id(kernel)] = (kernel, info)
+    return info
+
+
+def _work_out(fn: Callable[..., Any]) -> KernelInfo:
+    signature = inspect.signature(fn)
+    try:
+        source: str | None = inspect.getsource(fn)
+    except (OSError, TypeError):  # made by exec, or its file is gone
+        source = None
+    return KernelInfo(
+        module=fn.__module__, qualname=fn.__qualname__, params=tuple(signature.parameters),
+        defaults={n: p.default for n, p in signature.parameters.items() if p.default is not p.empty},
+        constexprs=frozenset(n for n, p in signature.parameters.items() if _is_constexpr(p.annotation)),
+        source=source, source_sha256=hashlib.sha256(source.encode()).hexdigest() if source is not None else None,
+        written=written_parameters(fn, source))
+
+
+def _is_constexpr(annotation: Any) -> bool:
+    if isinstance(annotation, str):
+        return annotation.split(".")[-1] == "constexpr"
+    return getattr(annotation, "__name__", None) == "constexpr"

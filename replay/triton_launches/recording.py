@@ -1,0 +1,149 @@
+"""A Triton launch as a recorded call.
+
+The call's op is the kernel's name (`package.module.kernel`), its variant "triton", its provider
+the kernel's module. Its arguments are the kernel's parameters as bound for the launch (the
+values an autotune config or heuristic chose included), tensors copied before the launch; the
+tensors it writes through (replay/triton_launches/writes.py) are stored again after it, as
+outputs; a pointer parameter named as runtime state (`position_buf`, ...) is the call's state.
+The launch itself (grid, options such as num_warps, the config chosen, the stream, the compiled
+kernel's details) is the call's `triton` field (docs/FORMAT.md); the kernel's source is stored
+once per snapshot, by its hash.
+"""
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from replay.context import compiled_details
+from replay.recorder.options import RecordingOptions
+from replay.recorder.staging import CallSpec
+from replay.snapshot import jsonargs
+from replay.triton_launches import kernels
+
+VARIANT = "triton"
+
+
+@dataclass(frozen=True)
+class LaunchFilter:
+    """Which launches are recorded: kernels whose name (`module.kernel`, or the bare kernel name)
+    matches a glob of `only` (all, when empty) and none of `skip`; of each, the launches numbered
+    `first` (from 0) up to `end` (exclusive; None: all)."""
+
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    first: int = 0
+    end: int | None = None
+
+    def kernel_wanted(self, name: str) -> bool:
+        names = (name, name.rsplit(".", 1)[-1])
+        matches = lambda globs: any(fnmatch.fnmatchcase(n, g) for g in globs for n in names)  # noqa: E731
+        return (not self.only or matches(self.only)) and not matches(self.skip)
+
+    def ordinal_wanted(self, ordinal: int) -> bool:
+        return ordinal >= self.first and (self.end is None or ordinal < self.end)
+
+
+class LaunchRecorder:
+    """Turns the launches the door hands over into calls of `recording` (a replay.recorder Recording)."""
+
+    def __init__(self, recording: Any, options: RecordingOptions):
+        self.recording = recording
+        self.filter = LaunchFilter(options.only, options.skip, *options.launches)
+        self.state_names = frozenset(options.state_names)
+        self._wanted: dict[str, bool] = {}  # kernel name -> its launches pass the name filter
+        self._seen: Counter[str] = Counter()  # launches of each wanted kernel so far
+        self._sources: set[str] = set()  # source hashes stored in this snapshot
+        self._lock = threading.Lock()
+
+    def launch(self, kernel: Any, original: Callable[..., Any], args: tuple, grid: Any, kwargs: dict,
+               autotuner: Any) -> Any:
+        """Launch `kernel` through Triton's own `original` run, recorded when the filter wants it."""
+        info = kernels.info_of(kernel)
+        if not self._counted_in(info.name):
+            return original(kernel, *args, grid=grid, warmup=False, **kwargs)
+        live = _bound(info, args, kwargs)  # the values launched
+        options = {k: v for k, v in kwargs.items() if k not in live}
+        grid = tuple(grid(live) if callable(grid) else grid)
+        params = dict(live)  # the values recorded: a constexpr dtype (tl.float16) as its name
+        described = self._describe(info, params, options, grid, autotuner)
+        launched: dict[str, Any] = {}
+
+        def launch_now(**_: Any) -> None:  # the recorder runs this between its copies
+            launched["kernel"] = original(kernel, grid=grid, warmup=False, **live, **options)
+            described["compiled"] = compiled_details(launched["kernel"])
+
+        tensors = [n for n, v in params.items() if isinstance(v, torch.Tensor)]
+        spec = CallSpec(info.name, VARIANT, info.module, state=tuple(n for n in tensors if n in self.state_names),
+                        mutates=tuple(n for n in tensors if n in info.written),
+                        header_extra={"triton": described})
+        signature = inspect.Signature([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in params])
+        self.recording.record(spec, launch_now, signature, (), params)
+        return launched.get("kernel")
+
+    def _counted_in(self, name: str) -> bool:
+        with self._lock:
+            wanted = self._wanted.get(name)
+            if wanted is None:
+                wanted = self._wanted[name] = self.filter.kernel_wanted(name)
+            if not wanted:
+                return False
+            ordinal = self._seen[name]
+            self._seen[name] += 1
+        return self.filter.ordinal_wanted(ordinal)
+
+    def _describe(self, info: kernels.KernelInfo, params: dict[str, Any], options: dict[str, Any],
+                  grid: tuple, autotuner: Any) -> dict[str, Any]:
+        dtypes = {n: str(v) for n, v in params.items() if _is_triton_dtype(v)}
+        for name, text in dtypes.items():  # a constexpr dtype (tl.float16) travels as its name
+            params[name] = text
+        described: dict[str, Any] = {
+            "qualname": info.qualname, "grid": [int(g) for g in grid],
+            "options": {k: _json(v) for k, v in options.items()},
+            "constexprs": sorted(n for n in info.constexprs if n in params), "dtypes": dtypes,
+            "source_sha256": self._store_source(info)}
+        config = getattr(autotuner, "best_config", None)
+        if config is not None:
+            described["autotune"] = {k: _json(v) for k, v in getattr(config, "all_kwargs", dict)().items()}
+        device = next((v.device for v in params.values() if isinstance(v, torch.Tensor)), None)
+        if device is not None and device.type == "cuda":
+            described["stream"] = torch.cuda.current_stream(device).cuda_stream
+        return described
+
+    def _store_source(self, info: kernels.KernelInfo) -> str | None:
+        if info.source is None or info.source_sha256 is None:
+            return None
+        with self._lock:
+            known = info.source_sha256 in self._sources
+            self._sources.add(info.source_sha256)
+        if not known:
+            try:
+                self.recording.writer.put_source(info.source)
+            except OSError as exc:
+                self.recording.report(f"kernel {info.name}: its source could not be stored: {exc}", stop=False)
+        return info.source_sha256
+
+
+def _bound(info: kernels.KernelInfo, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The kernel's parameters by name, in order, defaults applied."""
+    values = dict(zip(info.params, args))
+    values.update({k: v for k, v in kwargs.items() if k in info.params})
+    return {n: values[n] if n in values else info.defaults.get(n) for n in info.params
+            if n in values or n in info.defaults}
+
+
+def _is_triton_dtype(value: Any) -> bool:
+    """A scalar dtype such as tl.float16 (what tl.dtype(name) makes again)."""
+    return type(value).__module__.startswith("triton.language") and type(value).__name__ == "dtype"
+
+
+def _json(value: Any) -> Any:
+    try:
+        return jsonargs.encode(value)
+    except jsonargs.NotJSONRepresentable:
+        return repr(value)

@@ -1,0 +1,91 @@
+"""A recorded Triton launch as an op the replay engine runs: the kernel found again in trusted code
+and launched on fresh copies of the recorded arguments, with the recorded grid, options and config.
+
+The op has one variant, "triton" (the launch), and a "reference" where the user named one for the
+kernel (`replay.reference_for`); what the launch writes is compared with what the recording
+stored after it, bitwise unless a tolerance is given. The kernel is imported by the module and
+qualified name the snapshot names, under the provider trust rule (replay/code.py): a snapshot
+never picks the code that runs.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable
+
+from replay.code import KernelCode
+from replay.errors import ReplayError
+from replay.registry import REFERENCE, Op
+from replay.snapshot import CallRecord
+from replay.tolerance import DEFAULT, EXACT, Tolerance
+from replay.triton_launches import kernels
+from replay.triton_launches.recording import VARIANT
+
+_references: dict[str, Callable[..., Any]] = {}  # kernel name -> the user's reference for it
+
+
+class KernelNotFound(ReplayError):
+    """This code has no kernel to make a recorded launch with: the call is untestable (exit 125)."""
+
+
+def reference_for(kernel: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator naming `fn` the reference of the Triton kernel called `kernel` (`package.module.name`):
+    replaying a recorded launch of it also runs `fn` on the same arguments, and what `fn` writes
+    into the kernel's output tensors is compared with what the kernel wrote.
+
+    Example:
+        @replay.reference_for("mylib.ops.scale_kernel")
+        def scale_reference(x_ptr, out_ptr, n, factor, BLOCK):
+            out_ptr.copy_(x_ptr * factor)
+    """
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _references[kernel] = fn
+        return fn
+    return register
+
+
+def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Tolerance | None = None) -> Op:
+    """The op that replays the launch `record` (a call with a `triton` field): KernelNotFound when
+    the kernel is not in this code or no longer takes the recorded arguments."""
+    launch = record.triton or {}
+    module, qualname = record.provider or "", str(launch.get("qualname", ""))
+    code.import_provider(module, where)
+    kernel = kernels.unwrap(_attribute(sys.modules.get(module) or importlib.import_module(module), qualname))
+    if kernel is None:
+        raise KernelNotFound(f"kernel {record.op}: module '{module}' has no Triton kernel '{qualname}' in this code")
+    params = kernels.info_of(kernel).params
+    recorded = [a["name"] for a in record.args]
+    unknown = [n for n in recorded if n not in params]
+    if unknown:
+        raise KernelNotFound(f"kernel {record.op} no longer takes the recorded arguments: it has no parameter "
+                             f"{', '.join(repr(n) for n in unknown)} (it takes {', '.join(params)})")
+    outputs = tuple(n for n in record.role("out") if n in recorded)
+    op = Op(record.op, module, state=tuple(record.role("state")), mutates=outputs,
+            tolerance={dtype: tolerance or EXACT for dtype in DEFAULT})
+    op.variant(VARIANT)(_relaunch(kernel, launch))
+    reference = _references.get(record.op)
+    if reference is not None:
+        op.variant(REFERENCE)(reference)
+    return op
+
+
+def _attribute(module: Any, qualname: str) -> Any:
+    found = module
+    for part in qualname.split("."):
+        found = getattr(found, part, None)  # '<locals>': a kernel defined in a function is not found
+        if found is None:
+            return None
+    return found
+
+
+def _relaunch(kernel: Any, launch: dict[str, Any]) -> Callable[..., None]:
+    grid = tuple(int(g) for g in launch.get("grid", ()))
+    options = dict(launch.get("options", {}))
+    dtypes = dict(launch.get("dtypes", {}))
+
+    def relaunch(**values: Any) -> None:
+        if dtypes:
+            import triton.language as tl
+            values.update({name: tl.dtype(text) for name, text in dtypes.items()})
+        kernel[grid](**values, **options)
+    return relaunch

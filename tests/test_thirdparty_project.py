@@ -1,0 +1,110 @@
+"""A Triton kernel library that knows nothing of kernel-replay, recorded with `replay record` only,
+as README.md's "Record a program you did not write" teaches it.
+
+The library (tests/thirdparty_project/) has two kernels, one autotuned and one taking position_buf,
+a program (serve.py) with no import of replay, a tag v1.0 and an off-by-one mask planted later.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from thirdparty_project.history import OFF_BY_ONE, build
+from user_project.history import Project
+from user_shell import fenced, run_as_written, shell, user_env
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+SECTION = "## Record a program you did not write"
+SCALE, APPEND = "tinylib.kernels.scale_rows_kernel", "tinylib.kernels.append_kv_kernel"
+
+
+def readme_lines() -> list[str]:
+    text = README.read_text()
+    start = text.index(SECTION)
+    section = text[start:text.find("\n## ", start + len(SECTION))]
+    return [line for block in fenced(section, "bash") for line in block.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory: pytest.TempPathFactory) -> Project:
+    """tinylib before the planted mask, its serve.py recorded into snapshots/serve_001."""
+    project = build(tmp_path_factory.mktemp("lib") / "tinylib", upto="docs")
+    done = shell("replay record -- python serve.py", project.path)
+    assert done.returncode == 0, done.stderr
+    return project
+
+
+def edited_copy(project: Project, tmp_path: Path, old: str, new: str) -> Path:
+    copy = tmp_path / "edited"
+    shutil.copytree(project.path / "tinylib", copy / "tinylib")
+    kernels = copy / "tinylib" / "kernels.py"
+    text = kernels.read_text()
+    assert text.count(old) == 1, old
+    kernels.write_text(text.replace(old, new))
+    return copy
+
+
+def test_replay_record_keeps_every_launch_with_its_grid_and_config(good: Project) -> None:
+    snapshot = good.path / "snapshots" / "serve_001"
+    show = shell(f"replay show {snapshot} --json -", good.path)
+    assert show.returncode == 0, show.stderr
+    calls = json.loads(show.stdout)["calls"]
+    assert [c["op"] for c in calls] == [SCALE, APPEND] * 3  # three decode steps, launches in order
+    scale, append = calls[0], calls[1]
+    assert scale["triton"]["grid"] == [2] and scale["triton"]["autotune"]["BLOCK"] == 16
+    assert {(t["role"], t["name"]) for t in scale["tensors"]} == {
+        ("in", "x_ptr"), ("in", "scale_ptr"), ("in", "out_ptr"), ("out", "out_ptr")}  # what it writes, after
+    assert ("state", "position_buf") in {(t["role"], t["name"]) for t in append["tensors"]}
+    assert ("out", "cache_ptr") in {(t["role"], t["name"]) for t in append["tensors"]}
+    assert ("out", "position_buf") not in {(t["role"], t["name"]) for t in append["tensors"]}  # only read
+    assert "launch  grid (2); autotuned: BLOCK=16" in shell(f"replay show {snapshot}", good.path).stdout
+
+
+def test_an_off_by_one_mask_is_named_by_call_kernel_and_element(good: Project, tmp_path: Path) -> None:
+    edited = edited_copy(good, tmp_path, OFF_BY_ONE[1], OFF_BY_ONE[2])
+    done = shell(f"replay run snapshots/serve_001 --code {edited} --json -", good.path)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    failing = [c for c in report["calls"] if not c["passed"]]
+    assert [c["op"] for c in failing] == [SCALE] * 3 and failing[0]["index"] == 0
+    detail = " ".join(json.dumps(failing[0]).split())
+    assert "'out_ptr' differs in 2/64 elements; first at [0, 31]" in detail  # the last column of each row
+
+
+def test_a_kernel_gone_from_the_code_is_untestable_and_says_what_was_looked_for(good: Project, tmp_path: Path) -> None:
+    edited = edited_copy(good, tmp_path, "def append_kv_kernel(", "def append_rows_kernel(")
+    done = shell(f"replay run snapshots/serve_001 --code {edited}", good.path)
+    assert done.returncode == 125, done.stdout + done.stderr
+    assert "module 'tinylib.kernels' has no Triton kernel 'append_kv_kernel'" in " ".join(done.stdout.split())
+
+
+def test_a_snapshot_does_not_choose_the_code_it_runs(good: Project, tmp_path: Path) -> None:
+    done = shell(f"replay run {good.path / 'snapshots' / 'serve_001'}", tmp_path)  # nothing trusted here
+    assert done.returncode == 2 and "provider module 'tinylib.kernels' is not trusted" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_readme_commands_as_written_find_the_planted_mask(tmp_path: Path) -> None:
+    project = build(tmp_path / "tinylib")
+    expected = [  # (what the line starts with, its exit code, what its output must say)
+        ("replay record -- python serve.py", 0, f"recorded 6 calls into snapshots/serve_001: 3 {SCALE} 3 {APPEND}"),
+        ("replay show snapshots/serve_001", 0, "grid (2); autotuned: BLOCK=16"),
+        ("replay run snapshots/serve_001 --code .", 0, "all 6 calls passed"),
+        ("replay bisect --good v1.0 --bad HEAD snapshots/serve_001", 0, f"First bad commit {project.commits['mask']}"),
+    ]
+    run_as_written(readme_lines(), expected, project.path)
+
+
+def test_the_recorded_program_runs_as_it_does_alone(good: Project) -> None:
+    # alone, a machine with no GPU runs Triton in the interpreter only if told to (replay record tells it)
+    interpreter = {} if torch.cuda.is_available() else {"TRITON_INTERPRET": "1"}
+    alone = subprocess.run(["python", "serve.py"], cwd=good.path, capture_output=True, text=True,
+                           env={**user_env(), **interpreter})
+    recorded = shell("replay record -o snapshots/again -- python serve.py", good.path)
+    assert alone.returncode == 0 and recorded.returncode == 0, alone.stderr + recorded.stderr
+    assert alone.stdout == recorded.stdout  # the program's own output, untouched

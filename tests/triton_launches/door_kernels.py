@@ -1,0 +1,58 @@
+"""Kernels and an op that tests/triton_launches/test_door.py records (modules of their own, so that
+`replay run --provider door_kernels --provider writes_cases` finds them again)."""
+import torch
+import triton
+import triton.language as tl
+
+import replay
+from writes_cases import plain as double_kernel  # out = 2 * x
+
+
+@triton.jit
+def cast_kernel(x_ptr, out_ptr, n, OUT_DTYPE: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask).to(OUT_DTYPE), mask=mask)
+
+
+benchmarked: list[int] = []  # one entry a config the autotuner timed
+
+
+def count_and_run(kernel_call, quantiles=None):
+    """A benchmarker that runs on any device: one launch a config, the same time for each."""
+    benchmarked.append(1)
+    kernel_call()
+    return [1.0, 1.0, 1.0] if quantiles else 1.0
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"],
+                 do_bench=count_and_run)
+@triton.jit
+def tuned_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+def double(x: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(x)
+    double_kernel[(triton.cdiv(x.numel(), 16),)](x, out, x.numel(), BLOCK=16)
+    return out
+
+
+doubled = replay.op("door_kernels.doubled")
+
+
+@doubled.reference
+def doubled_reference(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@doubled.batched
+def doubled_by_triton(x: torch.Tensor) -> torch.Tensor:
+    return double(x)  # its kernel's launch belongs to this call
+
+
+@replay.reference_for("door_kernels.cast_kernel")
+def cast_reference(x_ptr, out_ptr, n, OUT_DTYPE, BLOCK):
+    out_ptr[:n].copy_(x_ptr[:n])
