@@ -22,8 +22,10 @@ def main() -> None:
     signal.signal(signal.SIGINT, on_interrupt)
     try:
         from replay.cli import main as cli
-    except KeyboardInterrupt:
-        _interrupted()
+    except BaseException:  # a KeyboardInterrupt, or what one left behind (numpy half-imported: ImportError)
+        if pressed:
+            _interrupted()
+        raise
     if pressed:  # during the import, and caught there
         _interrupted()
     try:

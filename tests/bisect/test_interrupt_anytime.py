@@ -36,3 +36,22 @@ def test_ctrl_c_at_any_moment_is_exit_130_and_one_line(make_linear, delay: float
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert child.returncode == 130, stderr
     assert len(lines) == 1 and lines[0].startswith("replay: interrupted") and "Traceback" not in stderr, stderr
+
+
+def test_an_import_broken_by_the_ctrl_c_is_exit_130_too(tmp_path: Path) -> None:
+    # numpy interrupted mid-import raises ImportError, not KeyboardInterrupt: seen on the H100
+    fake = tmp_path / "replay"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "cli.py").write_text(
+        "import os, signal, time\n"
+        "try:\n"
+        "    os.kill(os.getpid(), signal.SIGINT)\n"
+        "    time.sleep(5)\n"
+        "except KeyboardInterrupt:\n"
+        "    raise ImportError('cannot load module more than once per process')\n")
+    launcher = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-S", "-c", "import replay_launcher; replay_launcher.main()"],  # -S: no installed replay
+                          cwd=tmp_path, env={"PYTHONPATH": str(launcher), "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130 and done.stderr == "replay: interrupted\n", done.stderr
