@@ -72,6 +72,9 @@ class Op:
     variants: dict[str, Variant] = field(default_factory=dict)
     contracts: list[Contract] = field(default_factory=list)
     examples: dict[str, Callable[..., dict[str, Any]]] = field(default_factory=dict)
+    # a rerun of the recorded variant against the outputs it recorded (None: `tolerance`); a
+    # recorded Triton launch or torch op is held to the bit there, to its reference within reason
+    rerun_tolerance: Tolerance | None = None
 
     def variant(self, name: str, *, backends: Iterable[str] = BACKENDS) -> Callable[[F], F]:
         """Decorator registering `fn` as variant `name`, runnable on `backends`.
@@ -187,6 +190,9 @@ class Op:
 
     def tolerance_for(self, dtype: torch.dtype) -> Tolerance:
         return self.tolerance.get(dtype) or DEFAULT.get(dtype, EXACT)
+
+    def rerun_tolerance_for(self, dtype: torch.dtype) -> Tolerance:
+        return self.rerun_tolerance if self.rerun_tolerance is not None else self.tolerance_for(dtype)
 
 
 _OPS: dict[str, Op] = {}

@@ -70,6 +70,16 @@ def _names(raw: str) -> tuple[str, ...]:
     return names
 
 
+def _size(raw: str) -> int:
+    number, unit = (raw[:-1], raw[-1].upper()) if raw[-1:].isalpha() else (raw, "")
+    if not number.isdigit() or unit not in _UNITS:
+        raise ValueError(raw)
+    return int(number) << _UNITS[unit]
+
+
+_UNITS = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+
+
 def _range(raw: str) -> tuple[int, int | None]:
     first, colon, end = raw.partition(":")
     if not colon or not (first.isdigit() or not first) or not (end.isdigit() or not end):
@@ -88,11 +98,16 @@ TAGS = Setting("REPLAY_TAGS", _choice(0, 1, 2), 1, "which tags a recording keeps
                "2 all", "0 (off), 1 (tagged) or 2 (everything)")
 CAPTURE_TRITON = Setting("REPLAY_CAPTURE_TRITON", _flag, True, "a recording keeps every Triton launch made outside "
                          "a recorded call as a call of its own", "1 or 0")
+CAPTURE_TORCH_OPS = Setting("REPLAY_CAPTURE_TORCH_OPS", _flag, False, "a recording keeps every PyTorch operator "
+                            "call (aten, torch.library custom ops) made outside a recorded call", "1 or 0")
 CAPTURE_ONLY: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_ONLY", _names, (), "record the launches of these kernels only (globs on "
                        "module.kernel or the bare name)", "glob,glob,...")
 CAPTURE_SKIP: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_SKIP", _names, (), "do not record the launches of these kernels", "glob,glob,...")
-CAPTURE_LAUNCHES: Setting[tuple[int, int | None]] = Setting("REPLAY_CAPTURE_LAUNCHES", _range, (0, None), "of each kernel, record the launches "
+CAPTURE_CALLS: Setting[tuple[int, int | None]] = Setting("REPLAY_CAPTURE_CALLS", _range, (0, None), "of each kernel, record the launches "
                            "numbered first (from 0) up to end", "first:end (either may be left out)")
+CAPTURE_MAX_BYTES = Setting("REPLAY_CAPTURE_MAX_BYTES", _size, 0, "stop recording once the calls "
+                            "recorded hold this many bytes (the manifest and stderr say so); 0: no budget",
+                            "a size: 500M, 2G, 1048576 (K, M, G, T: powers of 1024)")
 CAPTURE_STATE: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_STATE", _names, (), "more parameter names a launch's runtime state goes by "
                         "(besides position_buf, seq_len_buf, kv_cache_lengths)", "name,name,...")
 VERIFY = Setting("REPLAY_VERIFY", str, "", "verify these ops' calls against their references, from `import replay` "
@@ -106,5 +121,5 @@ READ_LIMIT_MIB = Setting("REPLAY_READ_LIMIT_MIB", _whole, 256, "what reading one
 TRACEBACK = Setting("REPLAY_TRACEBACK", _flag, False, "print the traceback of an internal error (a bug in "
                     "kernel-replay) besides its one line", "1 or 0")
 
-ALL: tuple[Setting, ...] = (CAPTURE, CAPTURE_STRICT, CAPTURE_TRITON, CAPTURE_ONLY, CAPTURE_SKIP, CAPTURE_LAUNCHES,
-                            CAPTURE_STATE, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB, TRACEBACK)
+ALL: tuple[Setting, ...] = (CAPTURE, CAPTURE_STRICT, CAPTURE_TRITON, CAPTURE_TORCH_OPS, CAPTURE_ONLY, CAPTURE_SKIP, CAPTURE_CALLS,
+                            CAPTURE_STATE, CAPTURE_MAX_BYTES, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB, TRACEBACK)

@@ -1,6 +1,7 @@
 """REPLAY_CAPTURE=path records a whole process; a bad target never stops the program."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -55,3 +56,22 @@ def test_unusable_replay_capture_target_is_reported_and_the_program_runs(target:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[3.0, 3.0, 3.0]"
     assert done.stderr.splitlines() == [f"replay: capture: {tmp_path / target}: {reason}; not recording"]
+
+
+def test_a_byte_budget_stops_the_recording_and_says_where(tmp_path: Path) -> None:
+    # each call stores x and y (3 floats each) and its output: 36 bytes; 120 holds all three
+    done = run_program(REPLAY_CAPTURE=str(tmp_path / "snap"), REPLAY_CAPTURE_MAX_BYTES="120")
+    assert done.returncode == 0 and done.stdout.strip() == "[3.0, 3.0, 3.0]", done.stderr
+    assert len(Snapshot(tmp_path / "snap")) == 3 and "budget" not in done.stderr
+    done = run_program(REPLAY_CAPTURE=str(tmp_path / "cut"), REPLAY_CAPTURE_MAX_BYTES="60")
+    assert done.returncode == 0 and done.stdout.strip() == "[3.0, 3.0, 3.0]", done.stderr
+    assert len(Snapshot(tmp_path / "cut")) == 2  # the call that crossed it kept whole, none after
+    (error,) = json.loads((tmp_path / "cut" / "manifest.json").read_text())["capture_errors"]
+    assert "the byte budget is spent: 72 bytes recorded, max_bytes=60; recording stopped after call 1" in error
+    assert "the byte budget is spent" in done.stderr
+
+
+@pytest.mark.parametrize("value", ["12Q", "-1", "1.5G"])
+def test_a_malformed_byte_budget_is_named(value: str, tmp_path: Path) -> None:
+    done = run_program(REPLAY_CAPTURE=str(tmp_path / "snap"), REPLAY_CAPTURE_MAX_BYTES=value)
+    assert done.returncode == 0 and "REPLAY_CAPTURE_MAX_BYTES" in done.stderr, done.stderr  # the program still runs

@@ -18,15 +18,19 @@ from replay.record_program import default_snapshot, record_program
 @click.option("--only", metavar="GLOB,...", help="Record the launches of these kernels only: globs on "
               "package.module.kernel or the bare kernel name.")
 @click.option("--skip", metavar="GLOB,...", help="Do not record the launches of these kernels.")
-@click.option("--launches", metavar="FIRST:END", help="Of each kernel, record the launches numbered FIRST (from 0) "
+@click.option("--calls", metavar="FIRST:END", help="Of each kernel, record the launches numbered FIRST (from 0) "
               "up to END (either may be left out): 100:110 skips warm-up.")
+@click.option("--max-bytes", metavar="SIZE", help="Stop recording once the recorded calls hold SIZE bytes (500M, "
+              "2G); the snapshot's manifest and stderr say where it stopped. The program runs on.")
 @click.option("--state", metavar="NAME,...", help="More parameter names that hold runtime state (besides "
               "position_buf, seq_len_buf, kv_cache_lengths): stored as the call's state.")
+@click.option("--torch-ops", is_flag=True, help="Also record every PyTorch operator call (aten ops, torch.library "
+              "custom ops; not views, factories or random draws) made on the main thread outside a recorded call.")
 @click.option("--no-triton", is_flag=True, help="Record registered ops and replay.capture functions only, not "
               "every Triton launch.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(snapshot: Path | None, only: str | None, skip: str | None, launches: str | None, state: str | None,
-            no_triton: bool, command: tuple[str, ...]) -> None:
+def command(snapshot: Path | None, only: str | None, skip: str | None, calls: str | None, max_bytes: str | None,
+            state: str | None, torch_ops: bool, no_triton: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged, recording from its first line: every Triton kernel launch (its
     arguments before, what it writes after, its grid and config) and every call of a registered
     op, into a snapshot that `replay run`, `show`, `diff` and `bisect` take.
@@ -40,13 +44,15 @@ def command(snapshot: Path | None, only: str | None, skip: str | None, launches:
     Examples:
       replay record -- python serve.py --prompt "hello"
       replay record -o snapshots/step7 --only 'my_kernels.*' -- python -m mypkg.train
-      replay record --launches 100:110 --skip '*_backward' -- python bench.py
+      replay record --calls 100:110 --skip '*_backward' --max-bytes 2G -- python bench.py
       replay run snapshots/serve_001 --code .     # then replay it against this tree's kernels
     """
     snapshot = snapshot or default_snapshot(list(command))
-    given: list[tuple[settings.Setting[Any], str, str | None]] = [(settings.CAPTURE_ONLY, "--only", only), (settings.CAPTURE_SKIP, "--skip", skip),
-             (settings.CAPTURE_LAUNCHES, "--launches", launches), (settings.CAPTURE_STATE, "--state", state),
-             (settings.CAPTURE_TRITON, "--no-triton", "0" if no_triton else None)]
+    given: list[tuple[settings.Setting[Any], str, str | None]] = [
+        (settings.CAPTURE_ONLY, "--only", only), (settings.CAPTURE_SKIP, "--skip", skip),
+        (settings.CAPTURE_CALLS, "--calls", calls), (settings.CAPTURE_MAX_BYTES, "--max-bytes", max_bytes),
+        (settings.CAPTURE_STATE, "--state", state), (settings.CAPTURE_TRITON, "--no-triton", "0" if no_triton else None),
+        (settings.CAPTURE_TORCH_OPS, "--torch-ops", "1" if torch_ops else None)]
     environment = {setting.name: _checked(setting, option, value) for setting, option, value in given
                    if value is not None}
     result = record_program(list(command), snapshot, environment)

@@ -96,8 +96,8 @@ def print_diff_report(console: Console, report: DiffReport, show_all: bool = Fal
                       "differences of the calls above); --all lists them")
     first = report.first()
     if first and "tensor" in first:
-        console.print(f"first divergence: call #{first['position']} ({first['op']}), {first['tensor']}: "
-                      f"{_describe_difference(first)}", markup=False, highlight=False)
+        console.print(f"first divergence: call #{first['position']} ({first['op']}, its call {first['ordinal']}), "
+                      f"{first['tensor']}: {_describe_difference(first)}", markup=False, highlight=False)
 
 
 def _describe_difference(d: dict[str, Any]) -> str:

@@ -1,6 +1,14 @@
-"""Comparing two recordings of the same program call by call and tag by tag."""
+"""Comparing two recordings of the same program call by call and tag by tag.
+
+Calls are paired by op and ordinal: the k-th call of an op in A with the k-th call of that op in
+B, in A's order. Two recordings whose calls interleave differently (a batch of 8 against 8 of
+one, recorded Triton launches of two commits, a recording filtered differently) still pair the
+same kernel's launches; an op called a different number of times is said, and its extra calls
+are not compared.
+"""
 from __future__ import annotations
 
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +27,7 @@ class CallDiff:
     index_a: int
     index_b: int
     op: str
+    ordinal: int  # this is the op's call number `ordinal` (from 0) in both recordings
     differences: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -29,7 +38,7 @@ class CallDiff:
 
     def to_json(self) -> dict[str, Any]:
         return {"position": self.position, "index_a": self.index_a, "index_b": self.index_b,
-                "op": self.op, "knock_on": self.knock_on, "differences": self.differences}
+                "op": self.op, "ordinal": self.ordinal, "knock_on": self.knock_on, "differences": self.differences}
 
 
 @dataclass
@@ -52,7 +61,7 @@ class DiffReport:
     def first(self) -> dict[str, Any] | None:
         if self.calls:
             call = self.calls[0]
-            return {"position": call.position, "op": call.op, "index_a": call.index_a,
+            return {"position": call.position, "op": call.op, "ordinal": call.ordinal, "index_a": call.index_a,
                     "index_b": call.index_b, **call.differences[0]}
         return {"structural": self.structural[0]} if self.structural else None
 
@@ -70,8 +79,11 @@ def _difference(key: str, problem: str, comparison: Comparison | None = None) ->
 
 
 def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None) -> list[dict[str, Any]]:
-    """Differences between two recordings of one call, in data-flow order."""
+    """Differences between two recordings of one call, in data-flow order. What a Triton launch's
+    output buffers held before it (its `write_only` parameters: torch.empty's leftovers) is no
+    input of it, and is not compared."""
     found = []
+    ignored = {f"in/{name}" for name in (a.triton or {}).get("write_only", ())}
     if a.args != b.args:
         names = [x["name"] for x in a.args if x not in b.args]
         found.append(_difference("args", f"non-tensor arguments differ ({', '.join(names) or 'order'})"))
@@ -79,6 +91,8 @@ def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None) -> list
         ta, tb = a.role(role), b.role(role)
         for name in list(ta) + [n for n in tb if n not in ta]:
             key = f"{role}/{name}"
+            if key in ignored:
+                continue
             if name not in tb or name not in ta:
                 found.append(_difference(key, f"only in {'A' if name in ta else 'B'}"))
                 continue
@@ -89,17 +103,26 @@ def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None) -> list
 
 
 def diff_snapshots(a: str | Path, b: str | Path, tolerance: Tolerance | None = None) -> DiffReport:
-    """Pair calls by position and report every call whose inputs, tags or outputs differ."""
+    """Pair calls by op and ordinal and report every call whose inputs, tags or outputs differ."""
     snap_a, snap_b = Snapshot(a), Snapshot(b)
     report = DiffReport(str(a), str(b))
     if len(snap_a) != len(snap_b):
         report.structural.append(f"A has {len(snap_a)} calls, B has {len(snap_b)}")
-    for position, (ea, eb) in enumerate(zip(snap_a.entries, snap_b.entries)):
+    in_b = defaultdict(list)
+    for entry in snap_b.entries:
+        in_b[entry.op].append(entry)
+    counted: Counter[str] = Counter()
+    for position, ea in enumerate(snap_a.entries):
+        ordinal = counted[ea.op]
+        counted[ea.op] += 1
+        if ordinal >= len(in_b[ea.op]):
+            continue
+        eb = in_b[ea.op][ordinal]
         report.calls_compared += 1
-        if ea.op != eb.op:
-            report.structural.append(f"call #{position}: op '{ea.op}' in A, '{eb.op}' in B")
-            break
         differences = diff_call(snap_a.load(ea), snap_b.load(eb), tolerance)
         if differences:
-            report.calls.append(CallDiff(position, ea.index, eb.index, ea.op, differences))
+            report.calls.append(CallDiff(position, ea.index, eb.index, ea.op, ordinal, differences))
+    for op in sorted(set(counted) | set(in_b)):
+        if counted[op] != len(in_b[op]):
+            report.structural.append(f"op '{op}': {counted[op]} calls in A, {len(in_b[op])} in B")
     return report

@@ -19,6 +19,7 @@ from replay.code import KernelCode
 from replay.registry import REFERENCE, Op, get_op
 from replay.snapshot import CallRecord, Snapshot, SnapshotWriter
 from replay.tolerance import Tolerance
+from replay.torch_ops import rerun as torch_ops_rerun
 from replay.triton_launches import relaunch
 
 
@@ -133,7 +134,7 @@ def _run_and_check(op: Op, inputs: dict[str, Any], options: ReplayOptions, recor
     if options.compare_recorded and replayed is not None and not replayed.error:
         assert recorded is not None  # replayed is the run of the recorded variant
         report.checks += checks.against_outputs(op, replayed, recorded.role("out"), CheckKind.VS_RECORDED, "recorded",
-                                                op.tolerance_for)
+                                                op.rerun_tolerance_for)
     return report, runs
 
 
@@ -207,11 +208,14 @@ def _op_for(code: KernelCode, record: CallRecord, snapshot: Path, options: Repla
     """The op of a recorded call, its provider imported first (a recorded Triton launch: the op
     that launches its kernel again); _CannotMake where this code cannot make the call."""
     where = f"{snapshot}: call {record.index}"
-    if record.triton is not None:
+    if record.triton is not None or record.torch_op is not None:
+        rerun = relaunch if record.triton is not None else torch_ops_rerun
         try:
-            return relaunch.op_for(code, record, where, options.explicit_tolerance)
+            return rerun.op_for(code, record, where, options.explicit_tolerance)
         except relaunch.KernelNotFound as exc:
             raise _CannotMake(str(exc)) from None
+        except ValueError as exc:  # a typed argument that names nothing
+            raise SnapshotError(f"{where}: {exc}") from None
     if record.provider:
         code.import_provider(record.provider, where)
     try:

@@ -52,6 +52,8 @@ class GraphRecording:
 
         def count_unrecorded(self, *, calls: int = 0, replays: int = 0) -> None: ...
 
+        def spend(self, nbytes: int) -> None: ...
+
         def blob(self, t: torch.Tensor, copier: Copier, geometry: Geometry | None = None) -> BlobRef: ...
 
     def __init__(self) -> None:
@@ -139,6 +141,7 @@ class GraphRecording:
             self.ring.add(batch)
         else:
             self.calls.submit(batch)
+            self.spend(sum(copy.nbytes for copy in host))
 
     def _replay_weights(self, tape: graphs.Tape, copier: Copier) -> list[BlobRef]:
         """The blobs of the tape's weights, in tape order: a weight whose version has not moved

@@ -25,6 +25,7 @@ from replay.recorder import graphs, intercept
 from replay.recorder.options import DEFAULT_STATE_NAMES, RecordingOptions
 from replay.recorder.session import Recording
 from replay.errors import CaptureError, ReplayError
+from replay.torch_ops.recording import TorchOpRecorder, guarded
 from replay.triton_launches import door
 from replay.triton_launches.recording import LaunchRecorder
 
@@ -47,6 +48,8 @@ def start(path: str | Path, options: RecordingOptions = RecordingOptions()) -> R
         if _recording is not None:
             raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
         _recording = Recording(path, options)
+        if options.torch_ops:
+            _start_torch_ops(_recording, options)
         _route()
         if options.triton:
             door.install(LaunchRecorder(_recording, options))
@@ -62,10 +65,30 @@ def stop() -> Recording | None:
         rec, _recording = _recording, None
         _route()
         door.uninstall()
+        _stop_torch_ops(rec)
     if rec is not None:
         _restore_signal_handlers()
         rec.close()
     return rec
+
+
+def _start_torch_ops(rec: Recording, options: RecordingOptions) -> None:
+    """Record operator calls on this thread; the recording's own operators (its copies, the
+    functions it records) kept out, by marking its entry points."""
+    rec.record = guarded(rec.record)  # type: ignore[method-assign]
+    rec.record_replay = guarded(rec.record_replay)  # type: ignore[method-assign]
+    rec.torch_ops = TorchOpRecorder(rec, options)
+    rec.torch_ops.__enter__()
+
+
+def _stop_torch_ops(rec: Recording | None) -> None:
+    if rec is None or rec.torch_ops is None:
+        return
+    mode, rec.torch_ops = rec.torch_ops, None
+    try:
+        mode.__exit__(None, None, None)
+    except (AssertionError, RuntimeError, IndexError) as exc:  # another thread, or a mode pushed over it
+        log.warning(f"replay: capture: the torch-op recording could not be left cleanly: {exc}")
 
 
 def set_verifier(op: str, hook: Callable[..., Any] | None) -> None:
@@ -126,7 +149,8 @@ def recording(path: str | Path, **options: Any) -> Iterator[Recording]:
             notes, tag_level, strict, blob_threshold, chunk_threshold, asynchronous, queue_depth,
             when_full ("block" or "drop"), durability ("close" or "call"), ring (a flight
             recording of the last N calls), ring_bytes; triton (every Triton launch outside a
-            recorded call is a call: on by default), only, skip, launches, state_names.
+            recorded call is a call: on by default), only, skip, calls, state_names;
+            max_bytes (stop once the recorded calls hold this many bytes).
 
     Returns:
         A context manager yielding the Recording (`.path`, `.calls_written`, `.flush()`).
@@ -165,8 +189,9 @@ def start_from_env() -> None:
 def options_from_env() -> RecordingOptions:
     """The options REPLAY_CAPTURE_* set (README lists them)."""
     return RecordingOptions(triton=settings.CAPTURE_TRITON.get(), only=settings.CAPTURE_ONLY.get(),
-                            skip=settings.CAPTURE_SKIP.get(), launches=settings.CAPTURE_LAUNCHES.get(),
-                            state_names=DEFAULT_STATE_NAMES + settings.CAPTURE_STATE.get())
+                            skip=settings.CAPTURE_SKIP.get(), calls=settings.CAPTURE_CALLS.get(),
+                            state_names=DEFAULT_STATE_NAMES + settings.CAPTURE_STATE.get(),
+                            max_bytes=settings.CAPTURE_MAX_BYTES.get(), torch_ops=settings.CAPTURE_TORCH_OPS.get())
 
 
 # CUDA graphs ------------------------------------------------------------------------------------

@@ -48,9 +48,16 @@ class RecordingOptions:
             and config. False records registered and captured functions only.
         only, skip: globs of the kernels whose launches are recorded (all, when `only` is empty)
             and of those that are not, matched against `package.module.kernel` and the bare name.
-        launches: (first, end): of each kernel, the launches numbered first (from 0) up to end
+        calls: (first, end): of each kernel, the launches numbered first (from 0) up to end
             (exclusive; None: all).
         state_names: a launch's tensor parameters of these names are its runtime state.
+        torch_ops: every PyTorch operator call (aten, torch.library custom ops) made outside a
+            recorded call on the thread that starts the recording is a call of its own
+            (replay/torch_ops/): views, factories and random draws excepted.
+        max_bytes: a budget: once the calls handed to the writers hold this many bytes (their
+            copies and each new blob), the recording stops, saying so in the manifest and on
+            stderr; the program goes on. The call that crosses it is kept whole. 0: no budget.
+            A flight recording is bounded by `ring_bytes` instead.
     """
 
     notes: str = ""
@@ -67,11 +74,15 @@ class RecordingOptions:
     triton: bool = True
     only: tuple[str, ...] = ()
     skip: tuple[str, ...] = ()
-    launches: tuple[int, int | None] = (0, None)
+    calls: tuple[int, int | None] = (0, None)
     state_names: tuple[str, ...] = DEFAULT_STATE_NAMES
+    torch_ops: bool = False
+    max_bytes: int = 0
 
     def __post_init__(self) -> None:
         check_options(self.queue_depth, self.when_full)
-        first, end = self.launches
+        first, end = self.calls
         if first < 0 or (end is not None and end < first):
-            raise ValueError(f"launches={self.launches!r}: a range (first, end) with 0 <= first <= end")
+            raise ValueError(f"calls={self.calls!r}: a range (first, end) with 0 <= first <= end")
+        if self.max_bytes < 0:
+            raise ValueError(f"max_bytes={self.max_bytes}: a number of bytes, or 0 for no budget")

@@ -110,6 +110,8 @@ class Recording(GraphRecording):
         self._dropped: collections.Counter[tuple[int, str]] = collections.Counter()
         self._unrecorded_calls = 0  # captured into CUDA graphs the recording cannot follow
         self._unrecorded_replays = 0  # of graphs captured with no recording active
+        self._spent = 0  # bytes of the calls handed to the writers (options.max_bytes)
+        self.torch_ops: Any = None  # the dispatch mode recording operator calls (options.torch_ops), while on
         GraphRecording.__init__(self)
 
     @property
@@ -196,9 +198,22 @@ class Recording(GraphRecording):
         """The blob of a read-only tensor: the one taken already, while its version is the same."""
         blob = self._blob_ids.get(t)
         if blob is None:
-            blob = BlobRef(copier.copy(t, landed=True, geometry=geometry))
+            copy = copier.copy(t, landed=True, geometry=geometry)
+            blob = BlobRef(copy)
             self._blob_ids.put(t, blob)
+            self.spend(copy.nbytes)
         return blob
+
+    def spend(self, nbytes: int) -> None:
+        """Count bytes handed to the writers against the budget (options.max_bytes); past it, stop."""
+        if not self.options.max_bytes or self.ring is not None:
+            return
+        with self._report_lock:
+            self._spent += nbytes
+            over = self._spent >= self.options.max_bytes
+        if over:
+            self.report(f"the byte budget is spent: {self._spent} bytes recorded, max_bytes={self.options.max_bytes}; "
+                        f"recording stopped after call {self.writer.next_index - 1} (the program went on)", stop=True)
 
     def record(self, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature,
                args: tuple, kwargs: dict) -> Any:
@@ -259,6 +274,7 @@ class Recording(GraphRecording):
             self.ring.add(call)
         else:
             self.calls.submit(call)
+            self.spend(call.nbytes)
 
     def count_unrecorded(self, *, calls: int = 0, replays: int = 0) -> None:
         with self._report_lock:

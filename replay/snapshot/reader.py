@@ -73,6 +73,7 @@ class CallRecord:
     # as recorded: a far offset is rebuilt nearer (docs/FORMAT.md), so a tensor's own may differ
     recorded_offsets: dict[str, int] = field(default_factory=dict)
     triton: dict[str, Any] | None = None  # a recorded Triton launch: grid, options, config (docs/FORMAT.md)
+    torch_op: dict[str, Any] | None = None  # a recorded PyTorch operator call: its typed and list arguments
 
     def role(self, role: str) -> dict[str, torch.Tensor]:
         """Tensors of one role ('in', 'out', 'state', 'tag'), by name, in recorded order."""
@@ -84,7 +85,8 @@ class CallRecord:
         index and tensors."""
         return {"op": self.op, "variant": self.variant, "provider": self.provider, "args": self.args,
                 "launch": self.launch, "meta": self.meta, "returns_json": self.returns_json,
-                **({"triton": self.triton} if self.triton is not None else {})}
+                **({"triton": self.triton} if self.triton is not None else {}),
+                **({"torch_op": self.torch_op} if self.torch_op is not None else {})}
 
     def arguments(self) -> dict[str, Any]:
         """Arguments by name in call order: tensors (inputs and state) and decoded JSON."""
@@ -324,7 +326,7 @@ class Snapshot:
                           blobs={k: g["blob"] for k, g in header["tensors"].items() if "blob" in g},
                           chunked=frozenset(k for k, g in header["tensors"].items() if "chunks" in g),
                           recorded_offsets={k: g["storage_offset"] for k, g in header["tensors"].items()},
-                          triton=header.get("triton"))
+                          triton=header.get("triton"), torch_op=header.get("torch_op"))
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from replay.triton_launches.writes import written_parameters
+from replay.triton_launches.writes import read_parameters, written_parameters
 
 _cache: dict[int, tuple[Any, "KernelInfo"]] = {}  # id(kernel) -> (kernel, info): kernels live as long as their module
 _lock = threading.Lock()
@@ -30,6 +30,12 @@ class KernelInfo:
     source: str | None
     source_sha256: str | None
     written: frozenset[str]  # parameters a written pointer is computed from (writes.py)
+    read: frozenset[str]  # parameters a loaded pointer is computed from
+
+    @property
+    def write_only(self) -> frozenset[str]:
+        """Output buffers: written through, never read (what they held before is no input)."""
+        return self.written - self.read
 
     @property
     def name(self) -> str:
@@ -77,7 +83,7 @@ def _work_out(fn: Callable[..., Any]) -> KernelInfo:
         defaults={n: p.default for n, p in signature.parameters.items() if p.default is not p.empty},
         constexprs=frozenset(n for n, p in signature.parameters.items() if _is_constexpr(p.annotation)),
         source=source, source_sha256=hashlib.sha256(source.encode()).hexdigest() if source is not None else None,
-        written=written_parameters(fn, source))
+        written=written_parameters(fn, source), read=read_parameters(fn, source))
 
 
 def _is_constexpr(annotation: Any) -> bool:

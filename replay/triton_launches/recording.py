@@ -11,17 +11,15 @@ once per snapshot, by its hash.
 """
 from __future__ import annotations
 
-import fnmatch
 import inspect
 import threading
-from collections import Counter
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from replay.context import compiled_details
 from replay.recorder.options import RecordingOptions
+from replay.recorder.selection import Selection
 from replay.recorder.staging import CallSpec
 from replay.snapshot import jsonargs
 from replay.triton_launches import kernels
@@ -29,35 +27,13 @@ from replay.triton_launches import kernels
 VARIANT = "triton"
 
 
-@dataclass(frozen=True)
-class LaunchFilter:
-    """Which launches are recorded: kernels whose name (`module.kernel`, or the bare kernel name)
-    matches a glob of `only` (all, when empty) and none of `skip`; of each, the launches numbered
-    `first` (from 0) up to `end` (exclusive; None: all)."""
-
-    only: tuple[str, ...] = ()
-    skip: tuple[str, ...] = ()
-    first: int = 0
-    end: int | None = None
-
-    def kernel_wanted(self, name: str) -> bool:
-        names = (name, name.rsplit(".", 1)[-1])
-        matches = lambda globs: any(fnmatch.fnmatchcase(n, g) for g in globs for n in names)  # noqa: E731
-        return (not self.only or matches(self.only)) and not matches(self.skip)
-
-    def ordinal_wanted(self, ordinal: int) -> bool:
-        return ordinal >= self.first and (self.end is None or ordinal < self.end)
-
-
 class LaunchRecorder:
     """Turns the launches the door hands over into calls of `recording` (a replay.recorder Recording)."""
 
     def __init__(self, recording: Any, options: RecordingOptions):
         self.recording = recording
-        self.filter = LaunchFilter(options.only, options.skip, *options.launches)
+        self.selection = Selection(options)
         self.state_names = frozenset(options.state_names)
-        self._wanted: dict[str, bool] = {}  # kernel name -> its launches pass the name filter
-        self._seen: Counter[str] = Counter()  # launches of each wanted kernel so far
         self._sources: set[str] = set()  # source hashes stored in this snapshot
         self._lock = threading.Lock()
 
@@ -65,7 +41,7 @@ class LaunchRecorder:
                autotuner: Any) -> Any:
         """Launch `kernel` through Triton's own `original` run, recorded when the filter wants it."""
         info = kernels.info_of(kernel)
-        if not self._counted_in(info.name):
+        if not self.selection.keeps(info.name):
             return original(kernel, *args, grid=grid, warmup=False, **kwargs)
         live = _bound(info, args, kwargs)  # the values launched
         options = {k: v for k, v in kwargs.items() if k not in live}
@@ -86,17 +62,6 @@ class LaunchRecorder:
         self.recording.record(spec, launch_now, signature, (), params)
         return launched.get("kernel")
 
-    def _counted_in(self, name: str) -> bool:
-        with self._lock:
-            wanted = self._wanted.get(name)
-            if wanted is None:
-                wanted = self._wanted[name] = self.filter.kernel_wanted(name)
-            if not wanted:
-                return False
-            ordinal = self._seen[name]
-            self._seen[name] += 1
-        return self.filter.ordinal_wanted(ordinal)
-
     def _describe(self, info: kernels.KernelInfo, params: dict[str, Any], options: dict[str, Any],
                   grid: tuple, autotuner: Any) -> dict[str, Any]:
         dtypes = {n: str(v) for n, v in params.items() if _is_triton_dtype(v)}
@@ -106,6 +71,7 @@ class LaunchRecorder:
             "qualname": info.qualname, "grid": [int(g) for g in grid],
             "options": {k: _json(v) for k, v in options.items()},
             "constexprs": sorted(n for n in info.constexprs if n in params), "dtypes": dtypes,
+            "write_only": sorted(n for n in info.write_only if isinstance(params.get(n), torch.Tensor)),
             "source_sha256": self._store_source(info)}
         config = getattr(autotuner, "best_config", None)
         if config is not None:

@@ -61,7 +61,7 @@ def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Toleranc
                              f"{', '.join(repr(n) for n in unknown)} (it takes {', '.join(params)})")
     outputs = tuple(n for n in record.role("out") if n in recorded)
     op = Op(record.op, module, state=tuple(record.role("state")), mutates=outputs,
-            tolerance={dtype: tolerance or EXACT for dtype in DEFAULT})
+            tolerance={dtype: tolerance for dtype in DEFAULT} if tolerance else {}, rerun_tolerance=tolerance or EXACT)
     op.variant(VARIANT)(_relaunch(kernel, launch))
     reference = _references.get(record.op)
     if reference is not None:

@@ -1,4 +1,4 @@
-"""Which pointer parameters a Triton kernel writes through, read from its source.
+"""Which pointer parameters a Triton kernel writes through (and reads through), from its source.
 
 A kernel recorded without registration has no `mutates` list: the tensors it writes are found
 from its code. A store or atomic (`tl.store(p, ...)`, `tl.atomic_add(p, ...)`, `desc.store(...)`)
@@ -6,7 +6,9 @@ writes every parameter its pointer is computed from (`out_ptr + offs`, a block p
 it, a loop variable advanced from it). A parameter handed to a helper `@triton.jit` function is
 followed into the helper; handed to anything that cannot be read, it counts as written. The answer
 errs on the side of "written": a parameter taken for written costs a copy after the launch, one
-missed would lose an output.
+missed would lose an output. Reads are found the same way (a load or atomic through a pointer
+computed from the parameter, or handed to code that cannot be read): a parameter written and not
+read is an output buffer whose contents before the launch are not the kernel's input.
 
 Why the source and not the compiled IR: it is there before the first launch, in the interpreter
 (which compiles nothing) as on a GPU, and the same for every specialisation of the kernel.
@@ -28,10 +30,20 @@ READ_RESULTS = frozenset({"load", "load_tensor_descriptor"}) | (WRITING_CALLS - 
 MAX_DEPTH = 8  # helpers calling helpers: deeper than this, what they are handed counts as written
 
 
-def written_parameters(fn: Callable[..., Any], source: str | None = None, depth: int = 0) -> frozenset[str]:
+def written_parameters(fn: Callable[..., Any], source: str | None = None) -> frozenset[str]:
     """The parameters of the Python function behind a Triton kernel that a written pointer is
     computed from (offsets and sizes too: the caller keeps those it passed a tensor); with the
     source unreadable, every parameter."""
+    return _accessed(fn, WRITING_CALLS, source, 0)
+
+
+def read_parameters(fn: Callable[..., Any], source: str | None = None) -> frozenset[str]:
+    """The parameters a loaded (or atomically updated) pointer is computed from, as
+    written_parameters finds those written; with the source unreadable, every parameter."""
+    return _accessed(fn, READ_RESULTS, source, 0)
+
+
+def _accessed(fn: Callable[..., Any], through: frozenset[str], source: str | None, depth: int) -> frozenset[str]:
     params = list(inspect.signature(fn).parameters)
     try:
         tree = ast.parse(textwrap.dedent(source if source is not None else inspect.getsource(fn)))
@@ -40,14 +52,16 @@ def written_parameters(fn: Callable[..., Any], source: str | None = None, depth:
     defs = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
     if not defs:
         return frozenset(params)
-    return _Flow(defs[0], params, getattr(fn, "__globals__", {}), depth).written()
+    return _Flow(defs[0], params, getattr(fn, "__globals__", {}), through, depth).accessed()
 
 
 class _Flow:
-    """Def-use over one function body, flow-insensitive: which parameters each name is computed from."""
+    """Def-use over one function body, flow-insensitive: which parameters each name is computed
+    from, and which of them the pointers of `through` calls (stores, or loads) are."""
 
-    def __init__(self, node: ast.FunctionDef, params: list[str], globals_: Mapping[str, Any], depth: int):
-        self.node, self.globals, self.depth = node, globals_, depth
+    def __init__(self, node: ast.FunctionDef, params: list[str], globals_: Mapping[str, Any],
+                 through: frozenset[str], depth: int):
+        self.node, self.globals, self.through, self.depth = node, globals_, through, depth
         self.sources: dict[str, set[str]] = {p: {p} for p in params}
         self._propagate()
 
@@ -94,18 +108,18 @@ class _Flow:
             pending.extend(ast.iter_child_nodes(node))
         return out
 
-    def written(self) -> frozenset[str]:
-        written: set[str] = set()
+    def accessed(self) -> frozenset[str]:
+        accessed: set[str] = set()
         for node in ast.walk(self.node):
             if isinstance(node, ast.Call):
-                written |= self._written_by(node)
-        return frozenset(written)
+                accessed |= self._accessed_by(node)
+        return frozenset(accessed)
 
-    def _written_by(self, call: ast.Call) -> set[str]:
+    def _accessed_by(self, call: ast.Call) -> set[str]:
         func = call.func
         name = _called_name(func)
         root = _root(func)
-        if name in WRITING_CALLS:
+        if name in self.through:
             if isinstance(func, ast.Attribute) and root not in READING_ROOTS:
                 return self.derived(func.value)  # a method: desc.store(offsets, value), ptr.store(...)
             pointer = call.args[0] if call.args else next((k.value for k in call.keywords
@@ -142,11 +156,11 @@ class _Flow:
         return out
 
     def _into_helper(self, helper: Any, call: ast.Call) -> set[str]:
-        """What a helper `@triton.jit` function writes, mapped back to what it was handed."""
+        """What a helper `@triton.jit` function accesses, mapped back to what it was handed."""
         inner = _python_function(helper)
         if inner is None or self.depth >= MAX_DEPTH:
             return self._handed(call)
-        writes = written_parameters(inner, depth=self.depth + 1)
+        writes = _accessed(inner, self.through, None, self.depth + 1)
         params = list(inspect.signature(inner).parameters)
         out: set[str] = set()
         for position, arg in enumerate(call.args):

@@ -103,7 +103,7 @@ def test_a_reference_named_for_a_kernel_that_disagrees_is_reported(tmp_path: Pat
 @pytest.mark.parametrize("options, kept", [
     ({"only": ("plain",)}, [DOUBLE] * 3),
     ({"skip": ("writes_cases.*",)}, ["door_kernels.cast_kernel"] * 3),
-    ({"launches": (1, 2)}, [DOUBLE, "door_kernels.cast_kernel"]),  # the second launch of each kernel
+    ({"calls": (1, 2)}, [DOUBLE, "door_kernels.cast_kernel"]),  # the second launch of each kernel
     ({"triton": False}, []),
 ])
 def test_filters_choose_the_launches_recorded(tmp_path: Path, device: str, options: dict, kept: list[str]) -> None:

@@ -2,7 +2,7 @@
 import pytest
 
 import replay  # noqa: F401 (the interpreter, without a GPU)
-from replay.triton_launches.writes import written_parameters
+from replay.triton_launches.writes import read_parameters, written_parameters
 
 import writes_cases as cases
 
@@ -24,3 +24,16 @@ def test_a_kernel_whose_source_cannot_be_read_writes_every_parameter():
     exec_globals: dict = {}
     exec("def made(a_ptr, b_ptr, n):\n    pass\n", exec_globals)  # no file to read it from
     assert written_parameters(exec_globals["made"]) == {"a_ptr", "b_ptr", "n"}
+
+
+@pytest.mark.parametrize("kernel, read", [
+    (cases.plain, {"x_ptr"}),
+    (cases.through_helpers, {"x_ptr"}),  # the helper that loads, not the one that stores
+    (cases.advanced_pointer, {"x_ptr", "lock_ptr"}),  # an atomic reads what it updates
+    (cases.block_pointer, {"x_ptr"}),
+    (cases.hands_to_unknown, {"x_ptr"}),  # handed to code that cannot be read: it may read it
+    (cases.indirect, {"src_ptr", "position_buf", "cache_ptr"}),  # the atomic reads the cache it adds into
+])
+def test_the_parameters_a_kernel_reads_through(kernel, read):
+    pointers = {name for name in kernel.arg_names if name.endswith(("_ptr", "_buf"))}
+    assert read_parameters(kernel.fn) & pointers == read
