@@ -6,6 +6,7 @@ import torch
 from liger_kernel.transformers.functional import liger_cross_entropy, liger_rms_norm, liger_rope, liger_swiglu
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# python block.py [TOKENS HIDDEN HEADS FFN VOCAB]: the shapes (scripts/bench_launches.py passes larger ones)
 TOKENS, HIDDEN, HEADS, FFN, VOCAB = (int(v) for v in sys.argv[1:6]) if len(sys.argv) > 5 else (8, 64, 2, 128, 96)
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
 # Triton's interpreter (no GPU) cannot run Liger's RMSNorm and SwiGLU: they call `.to()` on a float

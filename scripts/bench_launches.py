@@ -1,0 +1,179 @@
+"""What recording every Triton launch costs a real program: Liger-Kernel's llama block
+(tests/liger_block/block.py: RMSNorm, RoPE, SwiGLU, cross-entropy; forward and backward), each way
+of running it in a process of its own, the same batch every step:
+
+    bare                nothing installed
+    door                a recording whose filter keeps no launch: the cost of the door alone
+    record              kernel-replay recording every launch's inputs and outputs
+    tritonparse         tritonparse tracing launches (metadata, no tensors)
+    tritonparse-blobs   tritonparse tracing launches with its tensor blobs on (inputs only)
+
+    python scripts/bench_launches.py                       # on a GPU: 2048 tokens, hidden 4096, bf16
+    python scripts/bench_launches.py --shape 8 64 2 128 96 --steps 3 --modes bare,door,record   # CPU smoke
+
+The first timed step comes after one warm-up step that compiles every kernel. Printed: per mode,
+the first step and the median of the later ones (ms), each against bare, the extra microseconds a
+launch, the bytes written and what was captured; with the D2H and disk floors of the recorded
+bytes (the capture issue's bound: 1.25x the larger of bare, D2H and disk).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK = ROOT / "tests" / "liger_block" / "block.py"
+MODES = ("bare", "door", "record", "tritonparse", "tritonparse-blobs")
+CAPTURED = {"bare": "nothing", "door": "nothing (every launch filtered out)", "record": "inputs and outputs",
+            "tritonparse": "launch metadata", "tritonparse-blobs": "launch metadata and input tensors"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", nargs=5, type=int, metavar=("TOKENS", "HIDDEN", "HEADS", "FFN", "VOCAB"),
+                        default=[2048, 4096, 32, 11008, 32000])
+    parser.add_argument("--steps", type=int, default=13, help="timed steps after the warm-up one")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, of: " + ", ".join(MODES))
+    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(run_mode(args.child, args.shape, args.steps, Path(args.dir))))
+        return
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"--modes: unknown {unknown}; known: {', '.join(MODES)}")
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bench-launches-", dir=os.environ.get("BENCH_DIR")) as tmp:
+        for mode in modes:
+            target = Path(tmp) / mode
+            done = subprocess.run([sys.executable, __file__, "--child", mode, "--dir", str(target), "--steps",
+                                   str(args.steps), "--shape", *map(str, args.shape)],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                results[mode] = {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+                continue
+            results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        floors = bandwidth_floors(Path(tmp))
+    print_table(results, args, floors)
+
+
+def load_block(shape: list[int]) -> Any:
+    sys.argv = [str(BLOCK), *map(str, shape)]  # block.py reads its shapes from its command line
+    spec = importlib.util.spec_from_file_location("liger_block", BLOCK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@contextlib.contextmanager
+def running(mode: str, target: Path) -> Iterator[None]:
+    if mode in ("bare",):
+        yield
+    elif mode in ("door", "record"):
+        import replay
+
+        only = ("kernel-replay-bench-keeps-no-kernel",) if mode == "door" else ()
+        with replay.recording(target, only=only):
+            yield
+    else:
+        import tritonparse.structured_logging as tritonparse
+
+        target.mkdir(parents=True)
+        tritonparse.init(str(target), enable_trace_launch=True, enable_tensor_blob_storage=mode.endswith("blobs"))
+        yield
+
+
+def run_mode(mode: str, shape: list[int], steps: int, target: Path) -> dict[str, Any]:
+    import torch
+
+    import replay  # noqa: F401 (without a GPU: Triton's interpreter, before Liger imports triton; else nothing)
+
+    block = load_block(shape)
+    cuda = block.DEVICE == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    gen = torch.Generator().manual_seed(0)
+    weights, (cos, sin) = block.weights(gen), block.rope_tables()
+    x = torch.randn(1, block.TOKENS, block.HIDDEN, generator=gen).to(block.DEVICE, block.DTYPE)
+    target_ids = torch.randint(0, block.VOCAB, (block.TOKENS,), generator=gen).to(block.DEVICE)
+    block.step(weights, x, target_ids, cos, sin)  # compiles every kernel, outside any recording
+    sync()
+    times = []
+    started = time.perf_counter()
+    with running(mode, target):
+        for _ in range(steps):
+            sync()
+            step_started = time.perf_counter()
+            block.step(weights, x, target_ids, cos, sin)
+            sync()
+            times.append(time.perf_counter() - step_started)
+        program = time.perf_counter() - started
+    closed = time.perf_counter() - started
+    files = [f for f in target.rglob("*") if f.is_file()] if target.exists() else []
+    launches = None
+    if mode == "record":
+        from replay.snapshot import Snapshot
+
+        launches = len(Snapshot(target)) / steps
+    return {"steps": times, "program_s": program, "closed_s": closed, "bytes": sum(f.stat().st_size for f in files),
+            "files": len(files), "launches_per_step": launches, "device": torch.cuda.get_device_name() if cuda else "cpu"}
+
+
+def bandwidth_floors(directory: Path) -> dict[str, float]:
+    """Pinned device-to-host and disk-write GB/s, measured as scripts/bench_capture.py does."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_capture import d2h_gbps, disk_gbps
+
+    floors = {"disk": disk_gbps(directory, nbytes=256 << 20)}
+    if torch.cuda.is_available():
+        floors["d2h"] = d2h_gbps(256 << 20)
+    return floors
+
+
+def print_table(results: dict[str, dict[str, Any]], args: argparse.Namespace, floors: dict[str, float]) -> None:
+    bare = results.get("bare", {})
+    bare_later = statistics.median(bare["steps"][1:] or bare["steps"]) if "steps" in bare else None
+    launches = results.get("record", {}).get("launches_per_step")
+    device = next((r["device"] for r in results.values() if "device" in r), "?")
+    print(f"{device}; shape {' '.join(map(str, args.shape))}; {args.steps} timed steps; launches a step: "
+          f"{launches if launches is not None else '?'}; disk {floors['disk']:.2f} GB/s"
+          + (f", pinned D2H {floors['d2h']:.1f} GB/s" if "d2h" in floors else "") + "\n")
+    print("| mode | first step ms (x bare) | later steps ms, median (x bare) | extra us a launch, later steps "
+          "| closed s | bytes written (files) | captured |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | --- |")
+    for mode, result in results.items():
+        if "error" in result:
+            print(f"| {mode} | failed: {result['error']} | | | | | |")
+            continue
+        first, later = result["steps"][0], statistics.median(result["steps"][1:] or result["steps"])
+        ratio = (lambda t: f" ({t / bare_later:.2f}x)") if bare_later else (lambda t: "")
+        extra = f"{(later - bare_later) / launches * 1e6:.1f}" if bare_later and launches else "?"
+        print(f"| {mode} | {first * 1e3:.1f}{ratio(first)} | {later * 1e3:.1f}{ratio(later)} | {extra} "
+              f"| {result['closed_s']:.2f} | {result['bytes'] / 1e6:.1f} MB ({result['files']}) | {CAPTURED[mode]} |")
+    record = results.get("record", {})
+    if "bytes" in record and bare_later:
+        per_step = record["bytes"] / args.steps
+        bounds = {"bare": bare_later, "disk": per_step / (floors["disk"] * 1e9)}
+        if "d2h" in floors:
+            bounds["D2H"] = per_step / (floors["d2h"] * 1e9)
+        print(f"\nrecorded bytes a step {per_step / 1e6:.1f} MB; floors a step: "
+              + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in bounds.items())
+              + f"; the bound 1.25x the largest: {1.25 * max(bounds.values()) * 1e3:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
