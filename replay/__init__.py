@@ -26,14 +26,14 @@ use_interpreter_without_gpu(warn_if_late=True)
 from replay.kernel_rules import KernelRules
 from replay.launches import launch
 from replay.recorder import dump, flush, recapture_needed, recording
-from replay.context import launches_wanted, record_launch, scope, tag
+from replay.context import launches_wanted, record_launch, scope, step, tag
 from replay.registry import Op, capture, get_op, op
 from replay.tolerance import Tolerance
 from replay.triton_launches.relaunch import reference_for
 from replay.verify import verify
 
 __all__ = ["KernelRules", "Op", "Tolerance", "capture", "dump", "flush", "get_op", "launch", "launches_wanted", "op",
-           "recapture_needed", "record_launch", "recording", "reference_for", "scope", "tag", "verify"]
+           "recapture_needed", "record_launch", "recording", "reference_for", "scope", "step", "tag", "verify"]
 
 if settings.CAPTURE.is_set:
     from replay.recorder import start_from_env

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
@@ -130,6 +131,30 @@ def scope(name: str, value: int | float | str | bool) -> Iterator[None]:
 def current_scope() -> dict[str, Any]:
     """The labels of the scopes around the running code, outermost first."""
     return dict(_scope.get())
+
+
+_steps = itertools.count(1)
+_step = 0  # the program's step now: 0 before its first replay.step()
+
+
+def step() -> int:
+    """Mark the start of the program's next step (a training step, a decode step) and return its
+    number, from 1. A recording made with `--steps A:B` (`steps=(A, B)`) keeps the unregistered
+    calls (Triton launches, torch ops) of steps A to B-1 only; calls before the first mark are
+    step 0. Costs a counter's step with no recording active.
+
+    Example:
+        for batch in loader:
+            replay.step()
+            train_step(batch)
+    """
+    global _step
+    _step = next(_steps)
+    return _step
+
+
+def current_step() -> int:
+    return _step
 
 
 def launches_wanted() -> bool:

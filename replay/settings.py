@@ -105,6 +105,9 @@ CAPTURE_ONLY: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_ONLY", _names, 
 CAPTURE_SKIP: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_SKIP", _names, (), "do not record the launches of these kernels", "glob,glob,...")
 CAPTURE_CALLS: Setting[tuple[int, int | None]] = Setting("REPLAY_CAPTURE_CALLS", _range, (0, None), "of each kernel, record the launches "
                            "numbered first (from 0) up to end", "first:end (either may be left out)")
+CAPTURE_STEPS: Setting[tuple[int, int | None]] = Setting("REPLAY_CAPTURE_STEPS", _range, (0, None), "record the "
+                         "launches made in the program's steps first up to end (replay.step() marks them; 0 before the "
+                         "first mark)", "first:end (either may be left out)")
 CAPTURE_MAX_BYTES = Setting("REPLAY_CAPTURE_MAX_BYTES", _size, 0, "stop recording once the calls "
                             "recorded hold this many bytes (the manifest and stderr say so); 0: no budget",
                             "a size: 500M, 2G, 1048576 (K, M, G, T: powers of 1024)")
@@ -121,5 +124,5 @@ READ_LIMIT_MIB = Setting("REPLAY_READ_LIMIT_MIB", _whole, 256, "what reading one
 TRACEBACK = Setting("REPLAY_TRACEBACK", _flag, False, "print the traceback of an internal error (a bug in "
                     "kernel-replay) besides its one line", "1 or 0")
 
-ALL: tuple[Setting, ...] = (CAPTURE, CAPTURE_STRICT, CAPTURE_TRITON, CAPTURE_TORCH_OPS, CAPTURE_ONLY, CAPTURE_SKIP, CAPTURE_CALLS,
+ALL: tuple[Setting, ...] = (CAPTURE, CAPTURE_STRICT, CAPTURE_TRITON, CAPTURE_TORCH_OPS, CAPTURE_ONLY, CAPTURE_SKIP, CAPTURE_CALLS, CAPTURE_STEPS,
                             CAPTURE_STATE, CAPTURE_MAX_BYTES, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB, TRACEBACK)

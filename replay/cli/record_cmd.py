@@ -20,6 +20,8 @@ from replay.record_program import default_snapshot, record_program
 @click.option("--skip", metavar="GLOB,...", help="Do not record the launches of these kernels.")
 @click.option("--calls", metavar="FIRST:END", help="Of each kernel, record the launches numbered FIRST (from 0) "
               "up to END (either may be left out): 100:110 skips warm-up.")
+@click.option("--steps", metavar="FIRST:END", help="Record the launches made in the program's steps FIRST up to "
+              "END, where it marks them with replay.step() (0 before the first mark).")
 @click.option("--max-bytes", metavar="SIZE", help="Stop recording once the recorded calls hold SIZE bytes (500M, "
               "2G); the snapshot's manifest and stderr say where it stopped. The program runs on.")
 @click.option("--state", metavar="NAME,...", help="More parameter names that hold runtime state (besides "
@@ -29,7 +31,8 @@ from replay.record_program import default_snapshot, record_program
 @click.option("--no-triton", is_flag=True, help="Record registered ops and replay.capture functions only, not "
               "every Triton launch.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(snapshot: Path | None, only: str | None, skip: str | None, calls: str | None, max_bytes: str | None,
+def command(snapshot: Path | None, only: str | None, skip: str | None, calls: str | None, steps: str | None,
+            max_bytes: str | None,
             state: str | None, torch_ops: bool, no_triton: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged, recording from its first line: every Triton kernel launch (its
     arguments before, what it writes after, its grid and config) and every call of a registered
@@ -50,7 +53,7 @@ def command(snapshot: Path | None, only: str | None, skip: str | None, calls: st
     snapshot = snapshot or default_snapshot(list(command))
     given: list[tuple[settings.Setting[Any], str, str | None]] = [
         (settings.CAPTURE_ONLY, "--only", only), (settings.CAPTURE_SKIP, "--skip", skip),
-        (settings.CAPTURE_CALLS, "--calls", calls), (settings.CAPTURE_MAX_BYTES, "--max-bytes", max_bytes),
+        (settings.CAPTURE_CALLS, "--calls", calls), (settings.CAPTURE_STEPS, "--steps", steps), (settings.CAPTURE_MAX_BYTES, "--max-bytes", max_bytes),
         (settings.CAPTURE_STATE, "--state", state), (settings.CAPTURE_TRITON, "--no-triton", "0" if no_triton else None),
         (settings.CAPTURE_TORCH_OPS, "--torch-ops", "1" if torch_ops else None)]
     environment = {setting.name: _checked(setting, option, value) for setting, option, value in given

@@ -149,7 +149,7 @@ def recording(path: str | Path, **options: Any) -> Iterator[Recording]:
             notes, tag_level, strict, blob_threshold, chunk_threshold, asynchronous, queue_depth,
             when_full ("block" or "drop"), durability ("close" or "call"), ring (a flight
             recording of the last N calls), ring_bytes; triton (every Triton launch outside a
-            recorded call is a call: on by default), only, skip, calls, state_names;
+            recorded call is a call: on by default), only, skip, calls, steps, state_names;
             max_bytes (stop once the recorded calls hold this many bytes).
 
     Returns:
@@ -190,6 +190,7 @@ def options_from_env() -> RecordingOptions:
     """The options REPLAY_CAPTURE_* set (README lists them)."""
     return RecordingOptions(triton=settings.CAPTURE_TRITON.get(), only=settings.CAPTURE_ONLY.get(),
                             skip=settings.CAPTURE_SKIP.get(), calls=settings.CAPTURE_CALLS.get(),
+                            steps=settings.CAPTURE_STEPS.get(),
                             state_names=DEFAULT_STATE_NAMES + settings.CAPTURE_STATE.get(),
                             max_bytes=settings.CAPTURE_MAX_BYTES.get(), torch_ops=settings.CAPTURE_TORCH_OPS.get())
 

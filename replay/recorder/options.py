@@ -50,6 +50,8 @@ class RecordingOptions:
             and of those that are not, matched against `package.module.kernel` and the bare name.
         calls: (first, end): of each kernel, the launches numbered first (from 0) up to end
             (exclusive; None: all).
+        steps: (first, end): keep the unregistered calls made in the program's steps first up to
+            end (exclusive; None: all), as `replay.step()` numbers them (0 before the first).
         state_names: a launch's tensor parameters of these names are its runtime state.
         torch_ops: every PyTorch operator call (aten, torch.library custom ops) made outside a
             recorded call on the thread that starts the recording is a call of its own
@@ -75,14 +77,15 @@ class RecordingOptions:
     only: tuple[str, ...] = ()
     skip: tuple[str, ...] = ()
     calls: tuple[int, int | None] = (0, None)
+    steps: tuple[int, int | None] = (0, None)
     state_names: tuple[str, ...] = DEFAULT_STATE_NAMES
     torch_ops: bool = False
     max_bytes: int = 0
 
     def __post_init__(self) -> None:
         check_options(self.queue_depth, self.when_full)
-        first, end = self.calls
-        if first < 0 or (end is not None and end < first):
-            raise ValueError(f"calls={self.calls!r}: a range (first, end) with 0 <= first <= end")
+        for name, (first, end) in (("calls", self.calls), ("steps", self.steps)):
+            if first < 0 or (end is not None and end < first):
+                raise ValueError(f"{name}={(first, end)!r}: a range (first, end) with 0 <= first <= end")
         if self.max_bytes < 0:
             raise ValueError(f"max_bytes={self.max_bytes}: a number of bytes, or 0 for no budget")

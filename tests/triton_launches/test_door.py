@@ -137,3 +137,14 @@ def test_a_launch_inside_a_cuda_graph_is_recorded_at_every_replay(tmp_path: Path
         assert call.triton["grid"] == [2]
     assert torch.equal(out, fed[-1] * 2)
     assert replayed(tmp_path / "snap")["passed"]
+
+
+def test_steps_a_program_marks_choose_the_launches_recorded(tmp_path: Path, device: str) -> None:
+    now = replay.step()  # the counter is the process's: count from where it is
+    x = torch.ones(20, device=device)
+    with replay.recording(tmp_path / "snap", steps=(now + 2, now + 4)):
+        for _ in range(5):
+            marked = replay.step()
+            k.double(x * marked)  # the input says which step launched it
+    kept = [call.role("in")["x_ptr"][0].item() for call in Snapshot(tmp_path / "snap")]
+    assert kept == [now + 2, now + 3]
