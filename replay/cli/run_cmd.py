@@ -16,8 +16,9 @@ from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTA
 @click.option("--golden-data", "golden", is_flag=False, flag_value="", default=None, metavar="[DIR]",
               help="Compare the recorded variant's rerun with the recorded outputs (or those of snapshot DIR), "
                    "bitwise unless --atol/--rtol are given.")
-@click.option("--atol", type=ToleranceValue(), help="Absolute tolerance for --golden-data (default: bitwise).")
-@click.option("--rtol", type=ToleranceValue(), help="Relative tolerance for --golden-data (default: bitwise).")
+@click.option("--atol", type=ToleranceValue(), help="Absolute tolerance against --golden-data, and of a recorded "
+              "Triton launch's or torch op's rerun against its recording (default: bitwise).")
+@click.option("--rtol", type=ToleranceValue(), help="Relative tolerance, as --atol (default: bitwise).")
 @click.option("--oracle", type=click.Choice(["all", "reference"]), default="all", show_default=True,
               help="What the variants answer to: 'all' is the reference, each other, the op's contracts and the "
                    "recorded outputs (within the op's tolerance); 'reference' leaves the recorded outputs out, for a "
@@ -41,12 +42,16 @@ from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTA
 @click.option("--provider", "providers", multiple=True, metavar="MOD",
               help="Trust module or package MOD as a provider the snapshot may name (repeatable). Without it only "
                    "packages declaring a 'replay.providers' entry point, and --code DIR, are imported.")
+@click.option("--trust-recorded-source", is_flag=True, help="Run kernels generated when recorded (torch.compile's, "
+              "whose modules cannot be imported) from the source the snapshot stores. That source is code: "
+              "only for snapshots you trust as you trust your own code.")
 @click.option("-v", "--verbose", is_flag=True, help="List every call, not just the failing ones, for long runs.")
 @json_option
 def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, oracle: str,
             save_outputs: Path | None, readable: bool, repeat: int,
             ops: tuple[str, ...], calls: tuple[int, ...], variants: tuple[str, ...], fail_fast: bool,
-            device: str | None, code_dir: Path | None, providers: tuple[str, ...], verbose: bool,
+            device: str | None, code_dir: Path | None, providers: tuple[str, ...], trust_recorded_source: bool,
+            verbose: bool,
             json_target: str | None) -> None:
     """Replay SNAPSHOT: re-run every recorded call against each variant of its op
     (batched on the recorded batch, single row by row, and the reference) and
@@ -79,9 +84,8 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         ops=frozenset(ops) or None, calls=frozenset(calls) or None, variants=frozenset(variants) or None,
         golden=golden is not None, golden_dir=Path(golden) if golden else None,
         atol=atol, rtol=rtol, repeat=repeat, fail_fast=fail_fast, providers=frozenset(providers),
-        compare_recorded=oracle == "all", save_outputs=save_outputs, readable=readable)
-    if (atol is not None or rtol is not None) and golden is None:
-        raise click.BadParameter("only applies with --golden-data", param_hint="--atol/--rtol")
+        compare_recorded=oracle == "all", save_outputs=save_outputs, readable=readable,
+        trust_recorded_source=trust_recorded_source)
     if oracle != "all" and golden is not None:
         raise click.BadParameter("--golden-data takes the recorded outputs as the oracle", param_hint="--oracle")
     with call_progress(quiet=json_target == "-") as progress:

@@ -43,6 +43,7 @@ class ReplayOptions:
     compare_recorded: bool = True
     save_outputs: Path | None = None  # a new snapshot: the recorded inputs, this code's outputs
     readable: bool = False  # what cannot be read is a warning, not bad input: the readable calls decide
+    trust_recorded_source: bool = False  # run generated kernels (torch.compile's) from the source recorded
 
     @property
     def explicit_tolerance(self) -> Tolerance | None:
@@ -162,6 +163,7 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
     code = KernelCode(options.code_dir, options.providers)
     outputs = _OutputWriter(options.save_outputs, path, options.code_dir) if options.save_outputs else None
     inputs_differ: list[str] = []
+    reruns = 0  # recorded Triton launches and torch ops: what --atol/--rtol apply to without golden data
     try:
         for done, entry in enumerate(entries, start=1):
             load_started = time.perf_counter()
@@ -171,11 +173,12 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
             except SnapshotError as exc:  # said, and the other calls replayed all the same
                 damaged.append(str(exc))
                 continue
+            reruns += record.triton is not None or record.torch_op is not None
             if golden is not None and not _same_inputs(record, golden):
                 inputs_differ.append(str(entry.index))
             load_seconds = time.perf_counter() - load_started
             try:
-                op = _op_for(code, record, snapshot.path, options)
+                op = _op_for(code, record, snapshot, options)
             except _CannotMake as exc:
                 call_report = CallReport(record.index, record.op, record.variant, untestable=str(exc))
             else:
@@ -192,6 +195,9 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
     finally:
         if outputs is not None:
             outputs.close()
+    if options.explicit_tolerance is not None and not options.golden and not reruns:
+        report.warnings.append("--atol/--rtol were not used: they apply to --golden-data and to recorded Triton "
+                               "launches and torch ops, and this replay had neither")
     if inputs_differ:
         report.warnings.append(f"{options.golden_dir}: the inputs of call(s) {', '.join(inputs_differ[:8])}"
                                f"{' and more' if len(inputs_differ) > 8 else ''} differ from {path}'s: its "
@@ -204,14 +210,16 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
     return report
 
 
-def _op_for(code: KernelCode, record: CallRecord, snapshot: Path, options: ReplayOptions) -> Op:
+def _op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: ReplayOptions) -> Op:
     """The op of a recorded call, its provider imported first (a recorded Triton launch: the op
     that launches its kernel again); _CannotMake where this code cannot make the call."""
-    where = f"{snapshot}: call {record.index}"
+    where = f"{snapshot.path}: call {record.index}"
     if record.triton is not None or record.torch_op is not None:
-        rerun = relaunch if record.triton is not None else torch_ops_rerun
         try:
-            return rerun.op_for(code, record, where, options.explicit_tolerance)
+            if record.triton is not None:
+                return relaunch.op_for(code, record, where, options.explicit_tolerance,
+                                       snapshot.source if options.trust_recorded_source else None)
+            return torch_ops_rerun.op_for(code, record, where, options.explicit_tolerance)
         except relaunch.KernelNotFound as exc:
             raise _CannotMake(str(exc)) from None
         except ValueError as exc:  # a typed argument that names nothing

@@ -4,12 +4,15 @@ A kernel is the object `@triton.jit` made (a JITFunction, or under TRITON_INTERP
 InterpretedFunction), possibly wrapped by `@triton.autotune` and `@triton.heuristics` (each of
 which keeps the kernel it wraps as `.fn`). Its name is its module and qualified name; its source,
 stored as data in the snapshot, is hashed so that two recordings can tell whether they ran the
-same code.
+same code. A kernel whose module no import by name finds again (written at run time, as
+torch.compile's are) is `generated`: its whole module's text is stored too, the only way to run
+it again (`replay run --trust-recorded-source`).
 """
 from __future__ import annotations
 
-import hashlib
+import importlib.machinery
 import inspect
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -28,9 +31,9 @@ class KernelInfo:
     defaults: dict[str, Any]
     constexprs: frozenset[str]
     source: str | None
-    source_sha256: str | None
     written: frozenset[str]  # parameters a written pointer is computed from (writes.py)
     read: frozenset[str]  # parameters a loaded pointer is computed from
+    generated: bool  # its module cannot be imported by name: written at run time
 
     @property
     def write_only(self) -> frozenset[str]:
@@ -82,8 +85,27 @@ def _work_out(fn: Callable[..., Any]) -> KernelInfo:
         module=fn.__module__, qualname=fn.__qualname__, params=tuple(signature.parameters),
         defaults={n: p.default for n, p in signature.parameters.items() if p.default is not p.empty},
         constexprs=frozenset(n for n, p in signature.parameters.items() if _is_constexpr(p.annotation)),
-        source=source, source_sha256=hashlib.sha256(source.encode()).hexdigest() if source is not None else None,
-        written=written_parameters(fn, source), read=read_parameters(fn, source))
+        source=source,
+        written=written_parameters(fn, source), read=read_parameters(fn, source),
+        generated=_generated(fn.__module__))
+
+
+def module_source(info: KernelInfo) -> str | None:
+    """The text of the kernel's whole module (a generated kernel's imports and helpers with it)."""
+    module = sys.modules.get(info.module)
+    try:
+        return inspect.getsource(module) if module is not None else None
+    except (OSError, TypeError):
+        return None
+
+
+def _generated(module: str) -> bool:
+    """A top-level module that no search of the import path finds (torch.compile loads its
+    kernels' modules from a cache directory by file name). A program's own script (`__main__`)
+    is not: its text is the program, never something to run again."""
+    if module == "__main__" or "." in module:
+        return False
+    return importlib.machinery.PathFinder.find_spec(module) is None
 
 
 def _is_constexpr(annotation: Any) -> bool:

@@ -11,6 +11,7 @@ once per snapshot, by its hash.
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import threading
 from typing import Any, Callable
@@ -72,7 +73,10 @@ class LaunchRecorder:
             "options": {k: _json(v) for k, v in options.items()},
             "constexprs": sorted(n for n in info.constexprs if n in params), "dtypes": dtypes,
             "write_only": sorted(n for n in info.write_only if isinstance(params.get(n), torch.Tensor)),
-            "source_sha256": self._store_source(info)}
+            "source_sha256": self._store_source(info.name, info.source)}
+        if info.generated:  # its module's text is the only way to run it again
+            described["generated"] = True
+            described["module_source_sha256"] = self._store_source(info.name, kernels.module_source(info))
         config = getattr(autotuner, "best_config", None)
         if config is not None:
             described["autotune"] = {k: _json(v) for k, v in getattr(config, "all_kwargs", dict)().items()}
@@ -81,18 +85,20 @@ class LaunchRecorder:
             described["stream"] = torch.cuda.current_stream(device).cuda_stream
         return described
 
-    def _store_source(self, info: kernels.KernelInfo) -> str | None:
-        if info.source is None or info.source_sha256 is None:
+    def _store_source(self, kernel: str, text: str | None) -> str | None:
+        """Store `text` once per snapshot; its sha256 (None where there is no text)."""
+        if text is None:
             return None
+        digest = hashlib.sha256(text.encode()).hexdigest()
         with self._lock:
-            known = info.source_sha256 in self._sources
-            self._sources.add(info.source_sha256)
+            known = digest in self._sources
+            self._sources.add(digest)
         if not known:
             try:
-                self.recording.writer.put_source(info.source)
+                self.recording.writer.put_source(text)
             except OSError as exc:
-                self.recording.report(f"kernel {info.name}: its source could not be stored: {exc}", stop=False)
-        return info.source_sha256
+                self.recording.report(f"kernel {kernel}: its source could not be stored: {exc}", stop=False)
+        return digest
 
 
 def _bound(info: kernels.KernelInfo, args: tuple, kwargs: dict) -> dict[str, Any]:

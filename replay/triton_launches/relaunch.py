@@ -9,12 +9,18 @@ never picks the code that runs.
 """
 from __future__ import annotations
 
+import atexit
 import importlib
+import importlib.util
+import shutil
 import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 from replay.code import KernelCode
-from replay.errors import ReplayError
+from replay.errors import ReplayError, UntrustedProviderError
 from replay.registry import REFERENCE, Op
 from replay.snapshot import CallRecord
 from replay.tolerance import DEFAULT, EXACT, Tolerance
@@ -44,13 +50,20 @@ def reference_for(kernel: str) -> Callable[[Callable[..., Any]], Callable[..., A
     return register
 
 
-def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Tolerance | None = None) -> Op:
+def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Tolerance | None = None,
+           recorded_source: Callable[[str], str] | None = None) -> Op:
     """The op that replays the launch `record` (a call with a `triton` field): KernelNotFound when
-    the kernel is not in this code or no longer takes the recorded arguments."""
+    the kernel is not in this code or no longer takes the recorded arguments. A kernel generated
+    at record time (torch.compile's) runs from the module text the snapshot stores, read through
+    `recorded_source` (given only when the user trusts it: --trust-recorded-source)."""
     launch = record.triton or {}
     module, qualname = record.provider or "", str(launch.get("qualname", ""))
-    code.import_provider(module, where)
-    kernel = kernels.unwrap(_attribute(sys.modules.get(module) or importlib.import_module(module), qualname))
+    if launch.get("generated"):
+        found = _recorded_module(module, launch, where, recorded_source)
+    else:
+        code.import_provider(module, where)
+        found = sys.modules.get(module) or importlib.import_module(module)
+    kernel = kernels.unwrap(_attribute(found, qualname))
     if kernel is None:
         raise KernelNotFound(f"kernel {record.op}: module '{module}' has no Triton kernel '{qualname}' in this code")
     params = kernels.info_of(kernel).params
@@ -67,6 +80,38 @@ def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Toleranc
     if reference is not None:
         op.variant(REFERENCE)(reference)
     return op
+
+
+def _recorded_module(module: str, launch: dict[str, Any], where: str,
+                     recorded_source: Callable[[str], str] | None) -> ModuleType:
+    """The generated module a launch's kernel came from, made again from the text the snapshot
+    stores (its hash checked by the reader), in a file of its own so that Triton can read it."""
+    digest = launch.get("module_source_sha256")
+    if recorded_source is None:
+        raise UntrustedProviderError(
+            f"{where}: kernel {module}.{launch.get('qualname')} was generated when recorded (its module '{module}' "
+            "cannot be imported); the snapshot holds its source, which is code: run it with --trust-recorded-source")
+    if not isinstance(digest, str):
+        raise KernelNotFound(f"kernel {module}.{launch.get('qualname')}: generated, and its module's source was "
+                             "not recorded")
+    text = recorded_source(digest)  # read (and its hash checked) every time: the snapshot may have changed
+    name = f"replay_recorded_{digest[:16]}"
+    if name not in sys.modules:
+        folder = tempfile.mkdtemp(prefix="replay-recorded-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)  # Triton reads the file while it runs
+        path = Path(folder) / f"{name}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        made = importlib.util.module_from_spec(spec)
+        sys.modules[name] = made
+        try:
+            spec.loader.exec_module(made)
+        except Exception as exc:  # the recorded text is code: whatever it raises, it does not build here
+            del sys.modules[name]
+            raise KernelNotFound(f"kernel {module}.{launch.get('qualname')}: its recorded source does not run "
+                                 f"here: {type(exc).__name__}: {exc}") from None
+    return sys.modules[name]
 
 
 def _attribute(module: Any, qualname: str) -> Any:
