@@ -133,6 +133,24 @@ def current_scope() -> dict[str, Any]:
     return dict(_scope.get())
 
 
+_recorder_busy: contextvars.ContextVar[bool] = contextvars.ContextVar("replay_recorder_busy", default=False)
+
+
+@contextlib.contextmanager
+def recorder_work() -> Iterator[None]:
+    """Mark the block as the recorder's own work (its copies, an autotuner's timing runs, a launch
+    it lets pass): the PyTorch operators it runs are not the program's calls (--torch-ops)."""
+    token = _recorder_busy.set(True)
+    try:
+        yield
+    finally:
+        _recorder_busy.reset(token)
+
+
+def recorder_busy() -> bool:
+    return _recorder_busy.get()
+
+
 _steps = itertools.count(1)
 _step = 0  # the program's step now: 0 before its first replay.step()
 

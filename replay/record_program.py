@@ -56,7 +56,9 @@ def record_program(command: list[str], snapshot: Path, environment: dict[str, st
         raise SnapshotError(f"{snapshot}: already holds a snapshot; record into a new directory")
     path = [str(BOOTSTRAP), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, **environment, "REPLAY_CAPTURE": str(snapshot.resolve()), "PYTHONPATH": os.pathsep.join(path)}
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the program's: it stops and writes
+    # Ctrl-C is the program's (it stops and writes): this process waits it out. A handler, not
+    # SIG_IGN, which the program would inherit through exec and never see a Ctrl-C at all
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
     try:
         exit_code = subprocess.run(command, env=env).returncode
     finally:

@@ -100,14 +100,14 @@ CAPTURE_TRITON = Setting("REPLAY_CAPTURE_TRITON", _flag, True, "a recording keep
                          "a recorded call as a call of its own", "1 or 0")
 CAPTURE_TORCH_OPS = Setting("REPLAY_CAPTURE_TORCH_OPS", _flag, False, "a recording keeps every PyTorch operator "
                             "call (aten, torch.library custom ops) made outside a recorded call", "1 or 0")
-CAPTURE_ONLY: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_ONLY", _names, (), "record the launches of these kernels only (globs on "
-                       "module.kernel or the bare name)", "glob,glob,...")
-CAPTURE_SKIP: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_SKIP", _names, (), "do not record the launches of these kernels", "glob,glob,...")
-CAPTURE_CALLS: Setting[tuple[int, int | None]] = Setting("REPLAY_CAPTURE_CALLS", _range, (0, None), "of each kernel, record the launches "
-                           "numbered first (from 0) up to end", "first:end (either may be left out)")
+CAPTURE_ONLY: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_ONLY", _names, (), "record the calls of these kernels (and torch ops) only "
+                       "(globs on module.kernel, aten.op.overload, or the last part)", "glob,glob,...")
+CAPTURE_SKIP: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_SKIP", _names, (), "do not record the calls of these kernels (and torch ops)", "glob,glob,...")
+CAPTURE_CALLS: Setting[tuple[int, int | None]] = Setting("REPLAY_CAPTURE_CALLS", _range, (0, None), "of each kernel (and torch op), record "
+                           "the calls numbered first (from 0) up to end", "first:end (either may be left out)")
 CAPTURE_STEPS: Setting[tuple[int, int | None]] = Setting("REPLAY_CAPTURE_STEPS", _range, (0, None), "record the "
-                         "launches made in the program's steps first up to end (replay.step() marks them; 0 before the "
-                         "first mark)", "first:end (either may be left out)")
+                         "calls (launches, torch ops) made in the program's steps first up to end (replay.step() marks "
+                         "them; 0 before the first mark)", "first:end (either may be left out)")
 CAPTURE_MAX_BYTES = Setting("REPLAY_CAPTURE_MAX_BYTES", _size, 0, "stop recording once the calls "
                             "recorded hold this many bytes (the manifest and stderr say so); 0: no budget",
                             "a size: 500M, 2G, 1048576 (K, M, G, T: powers of 1024)")

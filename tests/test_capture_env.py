@@ -75,3 +75,10 @@ def test_a_byte_budget_stops_the_recording_and_says_where(tmp_path: Path) -> Non
 def test_a_malformed_byte_budget_is_named(value: str, tmp_path: Path) -> None:
     done = run_program(REPLAY_CAPTURE=str(tmp_path / "snap"), REPLAY_CAPTURE_MAX_BYTES=value)
     assert done.returncode == 0 and "REPLAY_CAPTURE_MAX_BYTES" in done.stderr, done.stderr  # the program still runs
+
+
+def test_a_byte_budget_stops_a_strict_recording_without_raising(tmp_path: Path) -> None:
+    done = run_program(REPLAY_CAPTURE=str(tmp_path / "snap"), REPLAY_CAPTURE_MAX_BYTES="60",
+                       REPLAY_CAPTURE_STRICT="1")
+    assert done.returncode == 0 and done.stdout.strip() == "[3.0, 3.0, 3.0]", done.stderr
+    assert len(Snapshot(tmp_path / "snap")) == 2 and "the byte budget is spent" in done.stderr

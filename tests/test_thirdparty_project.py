@@ -85,6 +85,14 @@ def test_a_kernel_gone_from_the_code_is_untestable_and_says_what_was_looked_for(
     assert "module 'tinylib.kernels' has no Triton kernel 'append_kv_kernel'" in " ".join(done.stdout.split())
 
 
+def test_a_module_gone_from_the_package_is_untestable(good: Project, tmp_path: Path) -> None:
+    edited = edited_copy(good, tmp_path, "import torch\n", "import torch\n")
+    (edited / "tinylib" / "kernels.py").unlink()
+    done = shell(f"replay run snapshots/serve_001 --code {edited}", good.path)
+    assert done.returncode == 125, done.stdout + done.stderr
+    assert "module 'tinylib.kernels' is not in this code" in " ".join(done.stdout.split())
+
+
 def test_a_snapshot_does_not_choose_the_code_it_runs(good: Project, tmp_path: Path) -> None:
     done = shell(f"replay run {good.path / 'snapshots' / 'serve_001'}", tmp_path)  # nothing trusted here
     assert done.returncode == 2 and "provider module 'tinylib.kernels' is not trusted" in done.stderr

@@ -61,3 +61,38 @@ def test_views_and_in_place_operators_round_trip(recorded: Path) -> None:
 def test_a_custom_op_whose_library_is_not_loaded_is_untestable(recorded: Path, tmp_path: Path) -> None:
     done = shell(f"replay run {recorded / 'snapshots' / 'prog_001'} --op rowlib.rowscale.default", tmp_path)
     assert done.returncode == 2 and "provider module 'rowlib' is not trusted" in done.stderr
+
+
+def test_stopped_from_another_thread_the_operator_recording_records_nothing_more(tmp_path: Path) -> None:
+    import threading
+
+    import torch
+
+    from replay.recorder.lifecycle import start, stop
+    from replay.recorder.options import RecordingOptions
+    from replay.snapshot import Snapshot
+
+    x = torch.ones(3)
+    start(tmp_path / "snap", RecordingOptions(torch_ops=True, triton=False))
+    x + 1
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    stopper.join()
+    x * 2  # after the stop, on the thread whose dispatch stack still holds the mode
+    assert [call.op for call in Snapshot(tmp_path / "snap")] == ["aten.add.Tensor"]
+
+
+def test_a_launch_let_pass_runs_no_operator_into_the_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    import replay
+    from replay.snapshot import Snapshot
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "triton_launches"))
+    from writes_cases import plain
+
+    x = torch.ones(16, device="cuda" if torch.cuda.is_available() else "cpu")
+    out = torch.empty_like(x)
+    with replay.recording(tmp_path / "snap", torch_ops=True, only=("no_such_kernel",)):
+        plain[(1,)](x, out, 16, BLOCK=16)  # the interpreter copies tensors with torch operators
+    assert len(Snapshot(tmp_path / "snap")) == 0

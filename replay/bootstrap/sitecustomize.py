@@ -25,6 +25,8 @@ def _run_shadowed_sitecustomize() -> None:
 
 
 def _start_recording() -> None:
+    if not os.environ.get("REPLAY_CAPTURE"):  # a child of the recorded process: nothing to load
+        return
     try:
         import replay  # noqa: F401 (starts recording from REPLAY_CAPTURE)
     except Exception as exc:  # the program runs all the same, unrecorded: say why

@@ -15,13 +15,13 @@ from replay.record_program import default_snapshot, record_program
 @click.command("record", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output", "snapshot", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
               help="The snapshot directory (new). Default: snapshots/<program>_NNN, the first number free.")
-@click.option("--only", metavar="GLOB,...", help="Record the launches of these kernels only: globs on "
-              "package.module.kernel or the bare kernel name.")
-@click.option("--skip", metavar="GLOB,...", help="Do not record the launches of these kernels.")
-@click.option("--calls", metavar="FIRST:END", help="Of each kernel, record the launches numbered FIRST (from 0) "
-              "up to END (either may be left out): 100:110 skips warm-up.")
-@click.option("--steps", metavar="FIRST:END", help="Record the launches made in the program's steps FIRST up to "
-              "END, where it marks them with replay.step() (0 before the first mark).")
+@click.option("--only", metavar="GLOB,...", help="Record the launches of these kernels (and, with --torch-ops, "
+              "calls of these operators) only: globs on package.module.kernel, aten.op.overload or the last part.")
+@click.option("--skip", metavar="GLOB,...", help="Do not record the calls of these kernels (or operators).")
+@click.option("--calls", metavar="FIRST:END", help="Of each kernel (or operator), record the calls numbered FIRST "
+              "(from 0) up to END (either may be left out): 100:110 skips warm-up.")
+@click.option("--steps", metavar="FIRST:END", help="Record the launches (and operator calls) made in the program's "
+              "steps FIRST up to END, where it marks them with replay.step() (0 before the first mark).")
 @click.option("--max-bytes", metavar="SIZE", help="Stop recording once the recorded calls hold SIZE bytes (500M, "
               "2G); the snapshot's manifest and stderr say where it stopped. The program runs on.")
 @click.option("--state", metavar="NAME,...", help="More parameter names that hold runtime state (besides "

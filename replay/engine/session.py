@@ -222,8 +222,6 @@ def _op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: R
             return torch_ops_rerun.op_for(code, record, where, options.explicit_tolerance)
         except relaunch.KernelNotFound as exc:
             raise _CannotMake(str(exc)) from None
-        except ValueError as exc:  # a typed argument that names nothing
-            raise SnapshotError(f"{where}: {exc}") from None
     if record.provider:
         code.import_provider(record.provider, where)
     try:

@@ -25,6 +25,8 @@ from replay.recorder import graphs, intercept
 from replay.recorder.options import DEFAULT_STATE_NAMES, RecordingOptions
 from replay.recorder.session import Recording
 from replay.errors import CaptureError, ReplayError
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
 from replay.torch_ops.recording import TorchOpRecorder, guarded
 from replay.triton_launches import door
 from replay.triton_launches.recording import LaunchRecorder
@@ -85,10 +87,14 @@ def _stop_torch_ops(rec: Recording | None) -> None:
     if rec is None or rec.torch_ops is None:
         return
     mode, rec.torch_ops = rec.torch_ops, None
-    try:
+    mode.on = False  # inert from now on, wherever it is
+    stack = _get_current_dispatch_mode_stack()
+    if threading.get_ident() == mode.thread and stack and stack[-1] is mode:
         mode.__exit__(None, None, None)
-    except (AssertionError, RuntimeError, IndexError) as exc:  # another thread, or a mode pushed over it
-        log.warning(f"replay: capture: the torch-op recording could not be left cleanly: {exc}")
+    else:  # stopped from another thread, or a mode the program pushed sits above it: left, inert
+        log.warning("replay: capture: the torch-op recording stopped where its dispatch mode could not be "
+                    "popped (another thread, or a mode pushed after it); it stays on that thread's stack, "
+                    "recording nothing")
 
 
 def set_verifier(op: str, hook: Callable[..., Any] | None) -> None:

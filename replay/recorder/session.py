@@ -172,6 +172,10 @@ class Recording(GraphRecording):
             if message in self._reported:
                 return
             self._reported.add(message)
+        self._say(message)
+
+    def _say(self, message: str) -> None:
+        """On stderr (through logging) and in the manifest."""
         log.warning(f"replay: capture: {message}")
         try:
             self.writer.record_error(message)
@@ -210,10 +214,11 @@ class Recording(GraphRecording):
             return
         with self._report_lock:
             self._spent += nbytes
-            over = self._spent >= self.options.max_bytes
-        if over:
-            self.report(f"the byte budget is spent: {self._spent} bytes recorded, max_bytes={self.options.max_bytes}; "
-                        f"recording stopped after call {self.writer.next_index - 1} (the program went on)", stop=True)
+            if self._spent < self.options.max_bytes or self.stopped:
+                return
+            self.stopped = True  # a budget the user set, no failure: said, never raised, even when strict
+        self._say(f"the byte budget is spent: {self._spent} bytes recorded, max_bytes={self.options.max_bytes}; "
+                  f"recording stopped after call {self.writer.next_index - 1} (the program went on)")
 
     def record(self, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature,
                args: tuple, kwargs: dict) -> Any:

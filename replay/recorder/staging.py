@@ -9,9 +9,10 @@ calls write it in place (`persistent`: a KV cache, stored in chunks).
 """
 from __future__ import annotations
 
+import inspect
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol
 
 import torch
 
@@ -49,6 +50,12 @@ class Tensor:
 
 class Stage(Protocol):
     def __call__(self, tensor: Tensor) -> None: ...
+
+
+def keyword_only(names: Iterable[str]) -> inspect.Signature:
+    """A signature taking `names` by keyword: how a recorder hands over a call it built itself (a
+    Triton launch, an operator call) with its values already named."""
+    return inspect.Signature([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names])
 
 
 def arguments(spec: CallSpec, bound: Mapping[str, Any], stage: Stage) -> list[dict[str, Any]]:

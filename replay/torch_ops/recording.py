@@ -11,22 +11,20 @@ business and pass straight through.
 """
 from __future__ import annotations
 
-import contextvars
 import functools
-import inspect
+import threading
 from typing import Any, Callable
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from replay.context import launches_wanted
+from replay.context import launches_wanted, recorder_busy, recorder_work
 from replay.recorder.options import RecordingOptions
 from replay.recorder.selection import Selection
-from replay.recorder.staging import CallSpec
+from replay.recorder.staging import CallSpec, keyword_only
 from replay.torch_ops.schema import (OpSchema, as_json_values, expanded, joined, provider_of, schema_of,
                                      split_tensor_lists, typed)
 
 VARIANT = "torch"
-_busy: contextvars.ContextVar[bool] = contextvars.ContextVar("replay_recorder_busy", default=False)
 
 
 def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -34,11 +32,8 @@ def guarded(method: Callable[..., Any]) -> Callable[..., Any]:
     copies, the function it records) kept out of the torch-op recording."""
     @functools.wraps(method)
     def run(*args: Any, **kwargs: Any) -> Any:
-        token = _busy.set(True)
-        try:
+        with recorder_work():
             return method(*args, **kwargs)
-        finally:
-            _busy.reset(token)
     return run
 
 
@@ -49,11 +44,13 @@ class TorchOpRecorder(TorchDispatchMode):
         super().__init__()
         self.recording = recording
         self.selection = Selection(options)
+        self.on = True  # False once the recording stops, even where the mode cannot be popped
+        self.thread = threading.get_ident()  # the only thread whose dispatch stack holds it
         self._schemas: dict[Any, OpSchema] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if _busy.get() or launches_wanted():
+        if not self.on or recorder_busy() or launches_wanted():
             return func(*args, **kwargs)
         schema = self._schemas.get(func)
         if schema is None:
@@ -75,6 +72,5 @@ class TorchOpRecorder(TorchDispatchMode):
         mutates = expanded(schema.mutates, lists)  # a list's tensors, when it writes one
         spec = CallSpec(schema.name, VARIANT, provider_of(func), mutates=mutates,
                         header_extra={"torch_op": {"typed": kinds, "lists": lists}})
-        signature = inspect.Signature([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in values])
-        self.recording.record(spec, run, signature, (), values)
+        self.recording.record(spec, run, keyword_only(values), (), values)
         return returned[0]

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from replay.code import KernelCode
+from replay.errors import SnapshotError
 from replay.registry import REFERENCE, Op
 from replay.snapshot import CallRecord
 from replay.tolerance import EXACT, Tolerance
@@ -33,6 +34,11 @@ def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Toleranc
         raise KernelNotFound(f"op {record.op}: no such operator in torch {torch.__version__}{hint}")
     described = record.torch_op or {}
     kinds, lists = dict(described.get("typed", {})), dict(described.get("lists", {}))
+    recorded = record.arguments()
+    try:  # made once here, so that a name that makes nothing is bad input, not a divergence
+        typed({name: recorded[name] for name in kinds if name in recorded}, kinds)
+    except ValueError as exc:
+        raise SnapshotError(f"{where}: {exc}") from None
     written = expanded(schema_of(func).mutates, lists)
     mutated = tuple(n for n in record.role("out") if n in written)
     outputs = tuple(n for n in record.role("out") if n not in mutated)

@@ -17,7 +17,7 @@ import functools
 import threading
 from typing import Any, Callable, Protocol
 
-from replay.context import launches_wanted
+from replay.context import launches_wanted, recorder_work
 
 _benchmarking: contextvars.ContextVar[bool] = contextvars.ContextVar("replay_autotune_bench", default=False)
 _autotuner: contextvars.ContextVar[Any] = contextvars.ContextVar("replay_autotuner", default=None)
@@ -71,19 +71,24 @@ def _replace(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable
 def _recorded_run(original: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         target = _target
-        if target is None or warmup or _benchmarking.get() or launches_wanted():
+        if target is None:
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        if warmup or _benchmarking.get() or launches_wanted():  # not a call of its own
+            with recorder_work():
+                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
         return target.launch(self, original, args, grid, kwargs, _autotuner.get())
     return run
 
 
 def _marked(flag: contextvars.ContextVar[Any], value: Callable[[Any], Any]) -> Callable[..., Any]:
-    """A method that runs with `flag` set to value(self) (the autotuner running, or benchmarking)."""
+    """A method that runs with `flag` set to value(self) (the autotuner running, or benchmarking),
+    as the recorder's own work: its hooks' and timing runs' tensor operators are not the program's."""
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def marked(self: Any, *args: Any, **kwargs: Any) -> Any:
             token = flag.set(value(self))
             try:
-                return original(self, *args, **kwargs)
+                with recorder_work():
+                    return original(self, *args, **kwargs)
             finally:
                 flag.reset(token)
         return marked

@@ -10,7 +10,7 @@ it again (`replay run --trust-recorded-source`).
 """
 from __future__ import annotations
 
-import importlib.machinery
+import hashlib
 import inspect
 import sys
 import threading
@@ -31,9 +31,12 @@ class KernelInfo:
     defaults: dict[str, Any]
     constexprs: frozenset[str]
     source: str | None
+    source_sha256: str | None
     written: frozenset[str]  # parameters a written pointer is computed from (writes.py)
     read: frozenset[str]  # parameters a loaded pointer is computed from
     generated: bool  # its module cannot be imported by name: written at run time
+    module_source: str | None  # a generated kernel's whole module, the only way to run it again
+    module_source_sha256: str | None
 
     @property
     def write_only(self) -> frozenset[str]:
@@ -81,18 +84,25 @@ def _work_out(fn: Callable[..., Any]) -> KernelInfo:
         source: str | None = inspect.getsource(fn)
     except (OSError, TypeError):  # made by exec, or its file is gone
         source = None
+    module = fn.__module__ or "__main__"  # exec'd without a __name__: found nowhere, like a script's
+    generated = _generated(module)
+    whole = _module_source(module) if generated else None
     return KernelInfo(
-        module=fn.__module__, qualname=fn.__qualname__, params=tuple(signature.parameters),
+        module=module, qualname=fn.__qualname__, params=tuple(signature.parameters),
         defaults={n: p.default for n, p in signature.parameters.items() if p.default is not p.empty},
         constexprs=frozenset(n for n, p in signature.parameters.items() if _is_constexpr(p.annotation)),
-        source=source,
+        source=source, source_sha256=_sha256(source),
         written=written_parameters(fn, source), read=read_parameters(fn, source),
-        generated=_generated(fn.__module__))
+        generated=generated, module_source=whole, module_source_sha256=_sha256(whole))
 
 
-def module_source(info: KernelInfo) -> str | None:
-    """The text of the kernel's whole module (a generated kernel's imports and helpers with it)."""
-    module = sys.modules.get(info.module)
+def _sha256(text: str | None) -> str | None:
+    return hashlib.sha256(text.encode()).hexdigest() if text is not None else None
+
+
+def _module_source(name: str) -> str | None:
+    """The text of a module (a generated kernel's, with its imports and helpers)."""
+    module = sys.modules.get(name)
     try:
         return inspect.getsource(module) if module is not None else None
     except (OSError, TypeError):
@@ -100,12 +110,18 @@ def module_source(info: KernelInfo) -> str | None:
 
 
 def _generated(module: str) -> bool:
-    """A top-level module that no search of the import path finds (torch.compile loads its
-    kernels' modules from a cache directory by file name). A program's own script (`__main__`)
-    is not: its text is the program, never something to run again."""
+    """A top-level module that no finder of the import system finds by name (torch.compile loads
+    its kernels' modules from a cache directory by file name). A program's own script
+    (`__main__`) is not: its text is the program, never something to run again."""
     if module == "__main__" or "." in module:
         return False
-    return importlib.machinery.PathFinder.find_spec(module) is None
+    for finder in sys.meta_path:  # editable installs and zip imports have finders of their own
+        try:
+            if getattr(finder, "find_spec", None) and finder.find_spec(module, None) is not None:
+                return False
+        except (ImportError, ValueError, AttributeError):
+            continue
+    return True
 
 
 def _is_constexpr(annotation: Any) -> bool:

@@ -11,17 +11,15 @@ once per snapshot, by its hash.
 """
 from __future__ import annotations
 
-import hashlib
-import inspect
 import threading
 from typing import Any, Callable
 
 import torch
 
-from replay.context import compiled_details
+from replay.context import compiled_details, recorder_work
 from replay.recorder.options import RecordingOptions
 from replay.recorder.selection import Selection
-from replay.recorder.staging import CallSpec
+from replay.recorder.staging import CallSpec, keyword_only
 from replay.snapshot import jsonargs
 from replay.triton_launches import kernels
 
@@ -41,14 +39,23 @@ class LaunchRecorder:
     def launch(self, kernel: Any, original: Callable[..., Any], args: tuple, grid: Any, kwargs: dict,
                autotuner: Any) -> Any:
         """Launch `kernel` through Triton's own `original` run, recorded when the filter wants it."""
-        info = kernels.info_of(kernel)
-        if not self.selection.keeps(info.name):
+        if self.recording.stopped:
             return original(kernel, *args, grid=grid, warmup=False, **kwargs)
-        live = _bound(info, args, kwargs)  # the values launched
-        options = {k: v for k, v in kwargs.items() if k not in live}
-        grid = tuple(grid(live) if callable(grid) else grid)
-        params = dict(live)  # the values recorded: a constexpr dtype (tl.float16) as its name
-        described = self._describe(info, params, options, grid, autotuner)
+        try:
+            info = kernels.info_of(kernel)
+            if not self.selection.keeps(info.name):
+                with recorder_work():  # a launch let pass: its operators are no calls either
+                    return original(kernel, *args, grid=grid, warmup=False, **kwargs)
+            live = _bound(info, args, kwargs)  # the values launched
+            options = {k: v for k, v in kwargs.items() if k not in live}
+            grid = tuple(grid(live) if callable(grid) else grid)
+            params = dict(live)  # the values recorded: a constexpr dtype (tl.float16) as its name
+            described = self._describe(info, params, options, grid, autotuner)
+        except Exception as exc:  # recording never breaks the program: this launch goes unrecorded
+            name = getattr(getattr(kernel, "fn", None), "__qualname__", repr(kernel))
+            self.recording.report(f"kernel {name}: a launch could not be recorded: {type(exc).__name__}: {exc}",
+                                  stop=False)
+            return original(kernel, *args, grid=grid, warmup=False, **kwargs)
         launched: dict[str, Any] = {}
 
         def launch_now(**_: Any) -> None:  # the recorder runs this between its copies
@@ -59,8 +66,7 @@ class LaunchRecorder:
         spec = CallSpec(info.name, VARIANT, info.module, state=tuple(n for n in tensors if n in self.state_names),
                         mutates=tuple(n for n in tensors if n in info.written),
                         header_extra={"triton": described})
-        signature = inspect.Signature([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in params])
-        self.recording.record(spec, launch_now, signature, (), params)
+        self.recording.record(spec, launch_now, keyword_only(params), (), params)
         return launched.get("kernel")
 
     def _describe(self, info: kernels.KernelInfo, params: dict[str, Any], options: dict[str, Any],
@@ -73,10 +79,11 @@ class LaunchRecorder:
             "options": {k: _json(v) for k, v in options.items()},
             "constexprs": sorted(n for n in info.constexprs if n in params), "dtypes": dtypes,
             "write_only": sorted(n for n in info.write_only if isinstance(params.get(n), torch.Tensor)),
-            "source_sha256": self._store_source(info.name, info.source)}
+            "source_sha256": self._store_source(info.name, info.source, info.source_sha256)}
         if info.generated:  # its module's text is the only way to run it again
             described["generated"] = True
-            described["module_source_sha256"] = self._store_source(info.name, kernels.module_source(info))
+            described["module_source_sha256"] = self._store_source(info.name, info.module_source,
+                                                                   info.module_source_sha256)
         config = getattr(autotuner, "best_config", None)
         if config is not None:
             described["autotune"] = {k: _json(v) for k, v in getattr(config, "all_kwargs", dict)().items()}
@@ -85,11 +92,10 @@ class LaunchRecorder:
             described["stream"] = torch.cuda.current_stream(device).cuda_stream
         return described
 
-    def _store_source(self, kernel: str, text: str | None) -> str | None:
-        """Store `text` once per snapshot; its sha256 (None where there is no text)."""
-        if text is None:
+    def _store_source(self, kernel: str, text: str | None, digest: str | None) -> str | None:
+        """Store `text` (whose sha256 is `digest`) once per snapshot; its digest."""
+        if text is None or digest is None:
             return None
-        digest = hashlib.sha256(text.encode()).hexdigest()
         with self._lock:
             known = digest in self._sources
             self._sources.add(digest)

@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from replay.code import KernelCode
-from replay.errors import ReplayError, UntrustedProviderError
+from replay.errors import ReplayError, SnapshotError, UntrustedProviderError
 from replay.registry import REFERENCE, Op
 from replay.snapshot import CallRecord
 from replay.tolerance import DEFAULT, EXACT, Tolerance
@@ -28,6 +28,12 @@ from replay.triton_launches import kernels
 from replay.triton_launches.recording import VARIANT
 
 _references: dict[str, Callable[..., Any]] = {}  # kernel name -> the user's reference for it
+# what a launch may pass besides the kernel's parameters, and the type of each (Triton's options
+# for NVIDIA and AMD GPUs that choose how a kernel is compiled and launched, nothing that names code)
+LAUNCH_OPTIONS: dict[str, type] = {"num_warps": int, "num_stages": int, "num_ctas": int, "maxnreg": int,
+                                   "enable_fp_fusion": bool, "launch_cooperative_grid": bool, "launch_pdl": bool,
+                                   "debug": bool, "sanitize_overflow": bool,
+                                   "waves_per_eu": int, "matrix_instr_nonkdim": int, "kpack": int}
 
 
 class KernelNotFound(ReplayError):
@@ -58,11 +64,18 @@ def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Toleranc
     `recorded_source` (given only when the user trusts it: --trust-recorded-source)."""
     launch = record.triton or {}
     module, qualname = record.provider or "", str(launch.get("qualname", ""))
+    if module == "__main__":
+        raise KernelNotFound(f"kernel {record.op}: defined in the recorded program's own script, which replay does "
+                             "not run; move the kernel into a module the script imports, and record again")
+    options = _checked_options(launch.get("options", {}), where)
     if launch.get("generated"):
         found = _recorded_module(module, launch, where, recorded_source)
     else:
         code.import_provider(module, where)
-        found = sys.modules.get(module) or importlib.import_module(module)
+        try:
+            found = sys.modules.get(module) or importlib.import_module(module)
+        except ImportError as exc:
+            raise KernelNotFound(f"kernel {record.op}: module '{module}' is not in this code ({exc})") from None
     kernel = kernels.unwrap(_attribute(found, qualname))
     if kernel is None:
         raise KernelNotFound(f"kernel {record.op}: module '{module}' has no Triton kernel '{qualname}' in this code")
@@ -75,7 +88,7 @@ def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Toleranc
     outputs = tuple(n for n in record.role("out") if n in recorded)
     op = Op(record.op, module, state=tuple(record.role("state")), mutates=outputs,
             tolerance={dtype: tolerance for dtype in DEFAULT} if tolerance else {}, rerun_tolerance=tolerance or EXACT)
-    op.variant(VARIANT)(_relaunch(kernel, launch))
+    op.variant(VARIANT)(_relaunch(kernel, launch, options, _dtypes(launch, where)))
     reference = _references.get(record.op)
     if reference is not None:
         op.variant(REFERENCE)(reference)
@@ -123,14 +136,37 @@ def _attribute(module: Any, qualname: str) -> Any:
     return found
 
 
-def _relaunch(kernel: Any, launch: dict[str, Any]) -> Callable[..., None]:
+def _checked_options(options: Any, where: str) -> dict[str, Any]:
+    """The launch options a relaunch passes on: only those that tune how the kernel is compiled
+    and run (an option such as `ir_override` would let a snapshot choose the device code)."""
+    unknown = sorted(set(options) - set(LAUNCH_OPTIONS))
+    if unknown:
+        raise SnapshotError(f"{where}: launch option(s) {', '.join(map(repr, unknown))} are not relaunched "
+                            f"(replay passes on only {', '.join(LAUNCH_OPTIONS)})")
+    wrong = [k for k, v in options.items() if not isinstance(v, LAUNCH_OPTIONS[k]) or isinstance(v, bool) is not
+             (LAUNCH_OPTIONS[k] is bool)]
+    if wrong:
+        raise SnapshotError(f"{where}: launch option(s) {', '.join(map(repr, wrong))} have values of the wrong type")
+    return dict(options)
+
+
+def _dtypes(launch: dict[str, Any], where: str) -> dict[str, Any]:
+    """The constexpr dtypes the launch recorded by name (tl.float16 as "fp16"), made again."""
+    import triton.language as tl
+
+    made = {}
+    for name, text in dict(launch.get("dtypes", {})).items():
+        try:
+            made[name] = tl.dtype(text)
+        except (AssertionError, ValueError, TypeError, KeyError):
+            raise SnapshotError(f"{where}: argument {name!r}: {text!r} is no Triton dtype") from None
+    return made
+
+
+def _relaunch(kernel: Any, launch: dict[str, Any], options: dict[str, Any],
+              dtypes: dict[str, Any]) -> Callable[..., None]:
     grid = tuple(int(g) for g in launch.get("grid", ()))
-    options = dict(launch.get("options", {}))
-    dtypes = dict(launch.get("dtypes", {}))
 
     def relaunch(**values: Any) -> None:
-        if dtypes:
-            import triton.language as tl
-            values.update({name: tl.dtype(text) for name, text in dtypes.items()})
-        kernel[grid](**values, **options)
+        kernel[grid](**{**values, **dtypes}, **options)
     return relaunch

@@ -66,7 +66,7 @@ class _Flow:
         self._propagate()
 
     def _propagate(self) -> None:
-        assignments = [(targets, value) for targets, value in self._assignments()]
+        assignments = self._assignments()
         changed = True
         while changed:  # to a fixed point: a loop variable may be advanced from itself
             changed = False

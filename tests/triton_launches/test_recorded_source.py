@@ -3,11 +3,13 @@ loads them by file): recorded with its module's text, which is code, so replayin
 `--trust-recorded-source`, and runs from the snapshot after the cache is gone."""
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import json
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from click.testing import CliRunner
 
@@ -62,3 +64,26 @@ def test_a_generated_kernel_replays_only_from_trusted_recorded_source(tmp_path: 
     stored.write_text(stored.read_text().replace("SCALE = 3.0", "SCALE = 4.0"))  # tampered with
     code, said = run(str(tmp_path / "snap"), "--trust-recorded-source")
     assert code == 2 and "sha256 mismatch" in said
+
+
+def test_a_module_an_import_finder_serves_is_not_generated(tmp_path: Path, device: str,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # an editable install serves its packages through a finder on sys.meta_path, not sys.path
+    (tmp_path / "served").mkdir()
+    (tmp_path / "served" / "mkserved.py").write_text(GENERATED)
+
+    class Served(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):  # type: ignore[no-untyped-def]
+            if name != "mkserved":
+                return None
+            return importlib.util.spec_from_file_location(name, tmp_path / "served" / "mkserved.py")
+
+    monkeypatch.setattr(sys, "meta_path", [Served(), *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "mkserved", raising=False)
+    import mkserved  # type: ignore[import-not-found]
+
+    x = torch.arange(10.0, device=device)
+    with replay.recording(tmp_path / "snap"):
+        mkserved.triton_poi_fused_mul_0[(1,)](x, torch.empty_like(x), 10, XBLOCK=16)
+    (call,) = Snapshot(tmp_path / "snap")
+    assert "generated" not in call.triton and call.provider == "mkserved"
