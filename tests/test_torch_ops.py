@@ -96,3 +96,19 @@ def test_a_launch_let_pass_runs_no_operator_into_the_recording(tmp_path: Path, m
     with replay.recording(tmp_path / "snap", torch_ops=True, only=("no_such_kernel",)):
         plain[(1,)](x, out, 16, BLOCK=16)  # the interpreter copies tensors with torch operators
     assert len(Snapshot(tmp_path / "snap")) == 0
+
+
+def test_diff_does_not_compare_what_an_out_buffer_held_before(tmp_path: Path) -> None:
+    import torch
+    from click.testing import CliRunner
+
+    import replay
+    from replay.cli import main
+
+    x = torch.arange(4.0)
+    for name, leftover in (("a", 7.0), ("b", 9.0)):  # two runs, two different leftovers in the buffer
+        buffer = torch.full((4,), leftover)
+        with replay.recording(tmp_path / name, torch_ops=True, triton=False):
+            torch.add(x, 1, out=buffer)
+    result = CliRunner().invoke(main, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--json", "-"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["calls_compared"] == 1, result.output

@@ -80,10 +80,10 @@ def _difference(key: str, problem: str, comparison: Comparison | None = None) ->
 
 def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None) -> list[dict[str, Any]]:
     """Differences between two recordings of one call, in data-flow order. What a Triton launch's
-    output buffers held before it (its `write_only` parameters: torch.empty's leftovers) is no
-    input of it, and is not compared."""
+    or an operator's output buffers held before it (its `write_only` arguments: torch.empty's
+    leftovers) is no input of it, and is not compared."""
     found = []
-    ignored = {f"in/{name}" for name in (a.triton or {}).get("write_only", ())}
+    ignored = {f"in/{name}" for name in (a.triton or a.torch_op or {}).get("write_only", ())}
     if a.args != b.args:
         names = [x["name"] for x in a.args if x not in b.args]
         found.append(_difference("args", f"non-tensor arguments differ ({', '.join(names) or 'order'})"))

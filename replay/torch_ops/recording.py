@@ -71,6 +71,7 @@ class TorchOpRecorder(TorchDispatchMode):
 
         mutates = expanded(schema.mutates, lists)  # a list's tensors, when it writes one
         spec = CallSpec(schema.name, VARIANT, provider_of(func), mutates=mutates,
-                        header_extra={"torch_op": {"typed": kinds, "lists": lists}})
+                        header_extra={"torch_op": {"typed": kinds, "lists": lists,
+                                                   "write_only": list(expanded(schema.write_only, lists))}})
         self.recording.record(spec, run, keyword_only(values), (), values)
         return returned[0]

@@ -24,25 +24,28 @@ class OpSchema:
     name: str  # "aten.add.Tensor": namespace, operator, overload
     signature: inspect.Signature  # its arguments by their schema names
     mutates: tuple[str, ...]  # arguments it writes (in place, or out=)
+    write_only: tuple[str, ...]  # of those, the out= buffers: what they held before is no input
     returns_alias: bool  # what it returns is an argument it wrote: not stored twice
     recordable: bool  # not a view, an alias, a factory or a random draw
 
 
 def schema_of(func: Any) -> OpSchema:
     schema = func._schema
-    parameters, mutates = [], []
+    parameters, mutates, write_only = [], [], []
     for arg in schema.arguments:
         kind = inspect.Parameter.KEYWORD_ONLY if arg.kwarg_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
         default = arg.default_value if arg.has_default_value() else inspect.Parameter.empty
         parameters.append(inspect.Parameter(arg.name, kind, default=default))
         if arg.alias_info is not None and arg.alias_info.is_write:
             mutates.append(arg.name)
+            if arg.is_out:
+                write_only.append(arg.name)
     aliasing = [r for r in schema.returns if r.alias_info is not None]
     takes_tensor = any("Tensor" in str(arg.type) for arg in schema.arguments)
     returns_tensor = any("Tensor" in str(r.type) for r in schema.returns)
     random = torch.Tag.nondeterministic_seeded in func.tags or schema.name.split("::")[-1] in _UNINITIALISED
     view = func.is_view or any(not r.alias_info.is_write for r in aliasing)
-    return OpSchema(str(func), inspect.Signature(parameters), tuple(mutates), bool(aliasing),
+    return OpSchema(str(func), inspect.Signature(parameters), tuple(mutates), tuple(write_only), bool(aliasing),
                     takes_tensor and returns_tensor and not random and not view)
 
 
