@@ -18,6 +18,7 @@ import threading
 from typing import Any, Callable, Protocol
 
 from replay.context import launches_wanted, recorder_work
+from replay.triton_launches.kernels import unwrap
 
 _benchmarking: contextvars.ContextVar[bool] = contextvars.ContextVar("replay_autotune_bench", default=False)
 _autotuner: contextvars.ContextVar[Any] = contextvars.ContextVar("replay_autotuner", default=None)
@@ -76,7 +77,9 @@ def _recorded_run(original: Callable[..., Any]) -> Callable[..., Any]:
         if warmup or _benchmarking.get() or launches_wanted():  # not a call of its own
             with recorder_work():
                 return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-        return target.launch(self, original, args, grid, kwargs, _autotuner.get())
+        autotuner = _autotuner.get()  # its config is this launch's only if it tunes this kernel (not a hook's)
+        tuned = autotuner is not None and unwrap(autotuner) is self  # through @triton.heuristics too
+        return target.launch(self, original, args, grid, kwargs, autotuner if tuned else None)
     return run
 
 

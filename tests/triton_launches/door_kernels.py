@@ -56,3 +56,25 @@ def doubled_by_triton(x: torch.Tensor) -> torch.Tensor:
 @replay.reference_for("door_kernels.cast_kernel")
 def cast_reference(x_ptr, out_ptr, n, OUT_DTYPE, BLOCK):
     out_ptr[:n].copy_(x_ptr[:n])
+
+
+def launch_double_first(args, **_):
+    """A pre-hook that launches another kernel, as a hook that zeroes a buffer with Triton may."""
+    double(args["x_ptr"])
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32}, pre_hook=launch_double_first)], key=["n"])
+@triton.jit
+def hooked_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) + 1, mask=mask)
+
+
+@triton.autotune(configs=[triton.Config({"BLOCK": 32})], key=["n"])
+@triton.heuristics({"EVEN": lambda args: args["n"] % args["BLOCK"] == 0})
+@triton.jit
+def tuned_heuristic_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) - 1, mask=mask)

@@ -148,3 +148,21 @@ def test_steps_a_program_marks_choose_the_launches_recorded(tmp_path: Path, devi
             k.double(x * marked)  # the input says which step launched it
     kept = [call.role("in")["x_ptr"][0].item() for call in Snapshot(tmp_path / "snap")]
     assert kept == [now + 2, now + 3]
+
+
+def test_a_kernel_a_config_hook_launches_is_not_given_the_tuned_kernels_config(tmp_path: Path, device: str) -> None:
+    x = torch.arange(20.0, device=device)
+    with replay.recording(tmp_path / "snap"):
+        k.hooked_kernel[(1,)](x, torch.empty_like(x), 20)
+    hook_launch, tuned = Snapshot(tmp_path / "snap")
+    assert (hook_launch.op, tuned.op) == (DOUBLE, "door_kernels.hooked_kernel")
+    assert "autotune" not in hook_launch.triton and tuned.triton["autotune"]["BLOCK"] == 32
+
+
+def test_an_autotuned_kernel_under_heuristics_keeps_its_config_and_replays(tmp_path: Path, device: str) -> None:
+    x = torch.arange(20.0, device=device)
+    with replay.recording(tmp_path / "snap"):
+        k.tuned_heuristic_kernel[(1,)](x, torch.empty_like(x), 20)
+    (call,) = Snapshot(tmp_path / "snap")
+    assert call.triton["autotune"]["BLOCK"] == 32 and call.arguments()["EVEN"] is False  # 20 % 32
+    assert replayed(tmp_path / "snap")["passed"]
