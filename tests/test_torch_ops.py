@@ -73,13 +73,16 @@ def test_stopped_from_another_thread_the_operator_recording_records_nothing_more
     from replay.snapshot import Snapshot
 
     x = torch.ones(3)
-    start(tmp_path / "snap", RecordingOptions(torch_ops=True, triton=False))
+    mode = start(tmp_path / "snap", RecordingOptions(torch_ops=True, triton=False)).torch_ops
     x + 1
     stopper = threading.Thread(target=stop)
     stopper.start()
     stopper.join()
-    x * 2  # after the stop, on the thread whose dispatch stack still holds the mode
-    assert [call.op for call in Snapshot(tmp_path / "snap")] == ["aten.add.Tensor"]
+    try:
+        x * 2  # after the stop, on the thread whose dispatch stack still holds the mode
+        assert [call.op for call in Snapshot(tmp_path / "snap")] == ["aten.add.Tensor"]
+    finally:
+        mode.__exit__(None, None, None)  # what the program's thread is left to do (torch.compile minds it)
 
 
 def test_a_launch_let_pass_runs_no_operator_into_the_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,7 +94,8 @@ def _stop_torch_ops(rec: Recording | None) -> None:
     else:  # stopped from another thread, or a mode the program pushed sits above it: left, inert
         log.warning("replay: capture: the torch-op recording stopped where its dispatch mode could not be "
                     "popped (another thread, or a mode pushed after it); it stays on that thread's stack, "
-                    "recording nothing")
+                    "recording nothing (torch.compile sees it there): stop a --torch-ops recording on the "
+                    "thread that started it")
 
 
 def set_verifier(op: str, hook: Callable[..., Any] | None) -> None:
