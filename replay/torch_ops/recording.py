@@ -21,8 +21,8 @@ from replay.context import launches_wanted, recorder_busy, recorder_work
 from replay.recorder.options import RecordingOptions
 from replay.recorder.selection import Selection
 from replay.recorder.staging import CallSpec, keyword_only
-from replay.torch_ops.schema import (OpSchema, as_json_values, expanded, joined, provider_of, schema_of,
-                                     split_tensor_lists, typed)
+from replay.torch_ops.schema import (OpSchema, as_json_values, expanded, joined, schema_of, split_tensor_lists,
+                                     typed)
 
 VARIANT = "torch"
 
@@ -70,7 +70,7 @@ class TorchOpRecorder(TorchDispatchMode):
             return None if schema.returns_alias else returned[0]  # an in-place op returns what it wrote
 
         mutates = expanded(schema.mutates, lists)  # a list's tensors, when it writes one
-        spec = CallSpec(schema.name, VARIANT, provider_of(func), mutates=mutates,
+        spec = CallSpec(schema.name, VARIANT, schema.provider, mutates=mutates,
                         header_extra={"torch_op": {"typed": kinds, "lists": lists,
                                                    "write_only": list(expanded(schema.write_only, lists))}})
         self.recording.record(spec, run, keyword_only(values), (), values)

@@ -39,13 +39,14 @@ def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Toleranc
         typed({name: recorded[name] for name in kinds if name in recorded}, kinds)
     except ValueError as exc:
         raise SnapshotError(f"{where}: {exc}") from None
-    written = expanded(schema_of(func).mutates, lists)
+    schema = schema_of(func)
+    written = expanded(schema.mutates, lists)
     mutated = tuple(n for n in record.role("out") if n in written)
     outputs = tuple(n for n in record.role("out") if n not in mutated)
     op = Op(record.op, record.provider or "", mutates=mutated, outputs=outputs,
             batch_axes={name: 0 for name in record.role("out")},
             tolerance={}, rerun_tolerance=tolerance or EXACT)
-    run = _runner(func, kinds, lists)
+    run = _runner(func, schema.returns_alias, kinds, lists)
     op.variant(VARIANT)(run)
     op.variant(REFERENCE)(_in_float64(run, mutated))
     return op
@@ -63,9 +64,7 @@ def _overload(name: str) -> Any:
     return found if isinstance(found, torch._ops.OpOverload) else None
 
 
-def _runner(func: Any, kinds: dict[str, str], lists: dict[str, int]) -> Callable[..., Any]:
-    returns_alias = schema_of(func).returns_alias
-
+def _runner(func: Any, returns_alias: bool, kinds: dict[str, str], lists: dict[str, int]) -> Callable[..., Any]:
     def run(**given: Any) -> Any:
         result = func(**typed(joined(given, lists), kinds))
         return None if returns_alias else result  # an in-place op's result is what it wrote

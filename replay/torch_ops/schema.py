@@ -27,6 +27,7 @@ class OpSchema:
     write_only: tuple[str, ...]  # of those, the out= buffers: what they held before is no input
     returns_alias: bool  # what it returns is an argument it wrote: not stored twice
     recordable: bool  # not a view, an alias, a factory or a random draw
+    provider: str | None  # the module that defined it, for a custom op
 
 
 def schema_of(func: Any) -> OpSchema:
@@ -46,7 +47,7 @@ def schema_of(func: Any) -> OpSchema:
     random = torch.Tag.nondeterministic_seeded in func.tags or schema.name.split("::")[-1] in _UNINITIALISED
     view = func.is_view or any(not r.alias_info.is_write for r in aliasing)
     return OpSchema(str(func), inspect.Signature(parameters), tuple(mutates), tuple(write_only), bool(aliasing),
-                    takes_tensor and returns_tensor and not random and not view)
+                    takes_tensor and returns_tensor and not random and not view, _provider_of(func))
 
 
 def as_json_values(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -114,7 +115,7 @@ def expanded(names: tuple[str, ...] | dict[str, int], lists: dict[str, int]) -> 
                  for part in ([f"{name}_{i}" for i in range(lists[name])] if name in lists else [name]))
 
 
-def provider_of(func: Any) -> str | None:
+def _provider_of(func: Any) -> str | None:
     """The module that defined a `torch.library.custom_op` (what a replay must import to have the
     op again); None for PyTorch's own operators, and for ops defined another way."""
     if func.namespace in ("aten", "prims", "quantized", "_c10d_functional"):

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from replay.triton_launches.writes import read_parameters, written_parameters
+from replay.triton_launches.writes import accessed_parameters
 
 _cache: dict[int, tuple[Any, "KernelInfo"]] = {}  # id(kernel) -> (kernel, info): kernels live as long as their module
 _lock = threading.Lock()
@@ -84,6 +84,7 @@ def _work_out(fn: Callable[..., Any]) -> KernelInfo:
         source: str | None = inspect.getsource(fn)
     except (OSError, TypeError):  # made by exec, or its file is gone
         source = None
+    written, read = accessed_parameters(fn, source)
     module = fn.__module__ or "__main__"  # exec'd without a __name__: found nowhere, like a script's
     generated = _generated(module)
     whole = _module_source(module) if generated else None
@@ -92,7 +93,7 @@ def _work_out(fn: Callable[..., Any]) -> KernelInfo:
         defaults={n: p.default for n, p in signature.parameters.items() if p.default is not p.empty},
         constexprs=frozenset(n for n, p in signature.parameters.items() if _is_constexpr(p.annotation)),
         source=source, source_sha256=_sha256(source),
-        written=written_parameters(fn, source), read=read_parameters(fn, source),
+        written=written, read=read,
         generated=generated, module_source=whole, module_source_sha256=_sha256(whole))
 
 

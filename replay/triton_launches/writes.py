@@ -30,38 +30,35 @@ READ_RESULTS = frozenset({"load", "load_tensor_descriptor"}) | (WRITING_CALLS - 
 MAX_DEPTH = 8  # helpers calling helpers: deeper than this, what they are handed counts as written
 
 
-def written_parameters(fn: Callable[..., Any], source: str | None = None) -> frozenset[str]:
+def accessed_parameters(fn: Callable[..., Any], source: str | None = None) -> tuple[frozenset[str], frozenset[str]]:
     """The parameters of the Python function behind a Triton kernel that a written pointer is
-    computed from (offsets and sizes too: the caller keeps those it passed a tensor); with the
-    source unreadable, every parameter."""
-    return _accessed(fn, WRITING_CALLS, source, 0)
+    computed from (offsets and sizes too: the caller keeps those it passed a tensor), and those a
+    loaded (or atomically updated) pointer is; with the source unreadable, every parameter each."""
+    flow = _flow(fn, source, 0)
+    if flow is None:
+        every = frozenset(inspect.signature(fn).parameters)
+        return every, every
+    return flow.accessed(WRITING_CALLS), flow.accessed(READ_RESULTS)
 
 
-def read_parameters(fn: Callable[..., Any], source: str | None = None) -> frozenset[str]:
-    """The parameters a loaded (or atomically updated) pointer is computed from, as
-    written_parameters finds those written; with the source unreadable, every parameter."""
-    return _accessed(fn, READ_RESULTS, source, 0)
-
-
-def _accessed(fn: Callable[..., Any], through: frozenset[str], source: str | None, depth: int) -> frozenset[str]:
-    params = list(inspect.signature(fn).parameters)
+def _flow(fn: Callable[..., Any], source: str | None, depth: int) -> "_Flow | None":
+    """The def-use of `fn`'s body, parsed once; None where its source cannot be read."""
     try:
         tree = ast.parse(textwrap.dedent(source if source is not None else inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
-        return frozenset(params)
+        return None
     defs = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
     if not defs:
-        return frozenset(params)
-    return _Flow(defs[0], params, getattr(fn, "__globals__", {}), through, depth).accessed()
+        return None
+    return _Flow(defs[0], list(inspect.signature(fn).parameters), getattr(fn, "__globals__", {}), depth)
 
 
 class _Flow:
     """Def-use over one function body, flow-insensitive: which parameters each name is computed
     from, and which of them the pointers of `through` calls (stores, or loads) are."""
 
-    def __init__(self, node: ast.FunctionDef, params: list[str], globals_: Mapping[str, Any],
-                 through: frozenset[str], depth: int):
-        self.node, self.globals, self.through, self.depth = node, globals_, through, depth
+    def __init__(self, node: ast.FunctionDef, params: list[str], globals_: Mapping[str, Any], depth: int):
+        self.node, self.globals, self.depth = node, globals_, depth
         self.sources: dict[str, set[str]] = {p: {p} for p in params}
         self._propagate()
 
@@ -108,18 +105,19 @@ class _Flow:
             pending.extend(ast.iter_child_nodes(node))
         return out
 
-    def accessed(self) -> frozenset[str]:
+    def accessed(self, through: frozenset[str]) -> frozenset[str]:
+        """The parameters the pointers handed to `through` calls (stores, or loads) come from."""
         accessed: set[str] = set()
         for node in ast.walk(self.node):
             if isinstance(node, ast.Call):
-                accessed |= self._accessed_by(node)
+                accessed |= self._accessed_by(node, through)
         return frozenset(accessed)
 
-    def _accessed_by(self, call: ast.Call) -> set[str]:
+    def _accessed_by(self, call: ast.Call, through: frozenset[str]) -> set[str]:
         func = call.func
         name = _called_name(func)
         root = _root(func)
-        if name in self.through:
+        if name in through:
             if isinstance(func, ast.Attribute) and root not in READING_ROOTS:
                 return self.derived(func.value)  # a method: desc.store(offsets, value), ptr.store(...)
             pointer = call.args[0] if call.args else next((k.value for k in call.keywords
@@ -130,7 +128,7 @@ class _Flow:
         helper = self._resolve(func)
         if helper is _VALUE_METHOD:  # x_ptr.to(...), offs.reshape(...): a value's own method reads it
             return set()
-        return self._into_helper(helper, call) if helper is not None else self._handed(call)
+        return self._into_helper(helper, call, through) if helper is not None else self._handed(call)
 
     def _resolve(self, func: ast.AST) -> Any:
         """What a called name is in the kernel's globals (`helper`, `module.helper`); _VALUE_METHOD
@@ -155,13 +153,14 @@ class _Flow:
             out |= self.derived(arg)
         return out
 
-    def _into_helper(self, helper: Any, call: ast.Call) -> set[str]:
+    def _into_helper(self, helper: Any, call: ast.Call, through: frozenset[str]) -> set[str]:
         """What a helper `@triton.jit` function accesses, mapped back to what it was handed."""
         inner = _python_function(helper)
         if inner is None or self.depth >= MAX_DEPTH:
             return self._handed(call)
-        writes = _accessed(inner, self.through, None, self.depth + 1)
         params = list(inspect.signature(inner).parameters)
+        flow = _flow(inner, None, self.depth + 1)
+        writes = flow.accessed(through) if flow is not None else frozenset(params)
         out: set[str] = set()
         for position, arg in enumerate(call.args):
             if isinstance(arg, ast.Starred) or position >= len(params) or params[position] in writes:
