@@ -9,6 +9,12 @@ chosen config's values as arguments; the autotuner's benchmarking launches go th
 (Autotuner._bench is marked), and the config it chose is kept (Autotuner.run is marked).
 A launch made inside a call already being recorded (a registered op's kernel) is that call's,
 not one of its own.
+
+torch.compile's kernels are launched by Inductor's CachingAutotuner.run, which on a GPU calls
+the compiled binary itself and never reaches JITFunction.run; its `run` is replaced too, once the
+program imports Inductor's runtime (after_import.py: importing it here would cost every program a
+second). Under TRITON_INTERPRET=1 CachingAutotuner.run ends in the kernel's own `run`, which is
+then part of the compiled launch's call.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ import threading
 from typing import Any, Callable, Protocol
 
 from replay.context import launches_wanted, recorder_work
+from replay.triton_launches.after_import import when_imported
 from replay.triton_launches.kernels import unwrap
 
 _benchmarking: contextvars.ContextVar[bool] = contextvars.ContextVar("replay_autotune_bench", default=False)
@@ -25,16 +32,21 @@ _autotuner: contextvars.ContextVar[Any] = contextvars.ContextVar("replay_autotun
 _lock = threading.Lock()
 _replaced: dict[tuple[type, str], Callable[..., Any]] = {}  # (class, method) -> the original
 _target: "LaunchTarget | None" = None
+_stop_watching: Callable[[], None] = lambda: None
+INDUCTOR_RUNTIME = "torch._inductor.runtime.triton_heuristics"
 
 
 class LaunchTarget(Protocol):
     def launch(self, kernel: Any, original: Callable[..., Any], args: tuple, grid: Any, kwargs: dict,
                autotuner: Any) -> Any: ...
 
+    def launch_compiled(self, launcher: Any, original: Callable[..., Any], args: tuple, stream: Any,
+                        kwargs: dict) -> Any: ...
+
 
 def install(target: LaunchTarget) -> None:
     """Send every Triton launch to `target` from now on (a recording's LaunchRecorder)."""
-    global _target
+    global _target, _stop_watching
     with _lock:
         _target = target
         if _replaced:
@@ -45,11 +57,13 @@ def install(target: LaunchTarget) -> None:
         if autotuner is not None:
             _replace(autotuner, "_bench", _marked(_benchmarking, lambda self: True))
             _replace(autotuner, "run", _marked(_autotuner, lambda self: self))
+    _stop_watching = when_imported(INDUCTOR_RUNTIME, _replace_inductor_run)
 
 
 def uninstall() -> None:
     """Put Triton's own methods back: launches cost what they cost before."""
     global _target
+    _stop_watching()
     with _lock:
         _target = None
         for (cls, name), original in _replaced.items():
@@ -80,6 +94,25 @@ def _recorded_run(original: Callable[..., Any]) -> Callable[..., Any]:
         autotuner = _autotuner.get()  # its config is this launch's only if it tunes this kernel (not a hook's)
         tuned = autotuner is not None and unwrap(autotuner) is self  # through @triton.heuristics too
         return target.launch(self, original, args, grid, kwargs, autotuner if tuned else None)
+    return run
+
+
+def _replace_inductor_run(module: Any) -> None:
+    launcher = getattr(module, "CachingAutotuner", None)
+    with _lock:
+        if _target is not None and launcher is not None and (launcher, "run") not in _replaced:
+            _replace(launcher, "run", _recorded_compiled_run)
+
+
+def _recorded_compiled_run(original: Callable[..., Any]) -> Callable[..., Any]:
+    def run(self: Any, *args: Any, stream: Any, benchmark_run: bool = False, **kwargs: Any) -> Any:
+        target = _target
+        if target is None:
+            return original(self, *args, stream=stream, benchmark_run=benchmark_run, **kwargs)
+        if benchmark_run or _benchmarking.get() or launches_wanted():  # not a call of its own
+            with recorder_work():
+                return original(self, *args, stream=stream, benchmark_run=benchmark_run, **kwargs)
+        return target.launch_compiled(self, original, args, stream, kwargs)
     return run
 
 

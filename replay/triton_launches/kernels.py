@@ -19,6 +19,12 @@ from typing import Any, Callable
 
 from replay.triton_launches.writes import accessed_parameters
 
+# what a launch may pass besides the kernel's parameters, and the type of each (Triton's options
+# for NVIDIA and AMD GPUs that choose how a kernel is compiled and launched, nothing that names code)
+LAUNCH_OPTIONS: dict[str, type] = {"num_warps": int, "num_stages": int, "num_ctas": int, "maxnreg": int,
+                                   "enable_fp_fusion": bool, "launch_cooperative_grid": bool, "launch_pdl": bool,
+                                   "debug": bool, "sanitize_overflow": bool,
+                                   "waves_per_eu": int, "matrix_instr_nonkdim": int, "kpack": int}
 _cache: dict[int, tuple[Any, "KernelInfo"]] = {}  # id(kernel) -> (kernel, info): kernels live as long as their module
 _lock = threading.Lock()
 
@@ -42,6 +48,11 @@ class KernelInfo:
     def write_only(self) -> frozenset[str]:
         """Output buffers: written through, never read (what they held before is no input)."""
         return self.written - self.read
+
+    @property
+    def runtime_params(self) -> tuple[str, ...]:
+        """The parameters passed at launch, in order: all but the constexprs."""
+        return tuple(n for n in self.params if n not in self.constexprs)
 
     @property
     def name(self) -> str:
@@ -111,14 +122,21 @@ def _module_source(name: str) -> str | None:
 
 
 def _generated(module: str) -> bool:
-    """A top-level module that no finder of the import system finds by name (torch.compile loads
-    its kernels' modules from a cache directory by file name). A program's own script
-    (`__main__`) is not: its text is the program, never something to run again."""
-    if module == "__main__" or "." in module:
+    """A module that no finder of the import system finds by name (torch.compile loads its kernels'
+    modules from a cache directory by file name, some under a dotted name whose parent is no
+    package). A program's own script (`__main__`) is not: its text is the program, never
+    something to run again."""
+    if module == "__main__":
         return False
+    parent, _, _ = module.rpartition(".")
+    path = None
+    if parent:
+        path = getattr(sys.modules.get(parent), "__path__", None)
+        if path is None:  # its parent is no package (or not imported): nothing imports it by name
+            return True
     for finder in sys.meta_path:  # editable installs and zip imports have finders of their own
         try:
-            if getattr(finder, "find_spec", None) and finder.find_spec(module, None) is not None:
+            if getattr(finder, "find_spec", None) and finder.find_spec(module, path) is not None:
                 return False
         except (ImportError, ValueError, AttributeError):
             continue

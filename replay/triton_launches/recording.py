@@ -39,35 +39,85 @@ class LaunchRecorder:
     def launch(self, kernel: Any, original: Callable[..., Any], args: tuple, grid: Any, kwargs: dict,
                autotuner: Any) -> Any:
         """Launch `kernel` through Triton's own `original` run, recorded when the filter wants it."""
-        if self.recording.stopped:
+        def run_unrecorded() -> Any:
             return original(kernel, *args, grid=grid, warmup=False, **kwargs)
         try:
-            info = kernels.info_of(kernel)
-            if not self.selection.keeps(info.name):
-                with recorder_work():  # a launch let pass: its operators are no calls either
-                    return original(kernel, *args, grid=grid, warmup=False, **kwargs)
+            info = self._wanted(kernel)
+            if info is None:
+                return self._let_pass(run_unrecorded)
             live = _bound(info, args, kwargs)  # the values launched
             options = {k: v for k, v in kwargs.items() if k not in live}
             grid = tuple(grid(live) if callable(grid) else grid)
             params = dict(live)  # the values recorded: a constexpr dtype (tl.float16) as its name
             described = self._describe(info, params, options, grid, autotuner)
         except Exception as exc:  # recording never breaks the program: this launch goes unrecorded
-            name = getattr(getattr(kernel, "fn", None), "__qualname__", repr(kernel))
-            self.recording.report(f"kernel {name}: a launch could not be recorded: {type(exc).__name__}: {exc}",
-                                  stop=False)
-            return original(kernel, *args, grid=grid, warmup=False, **kwargs)
+            return self._unrecordable(kernel, exc, run_unrecorded)
+
+        def launch_now() -> Any:
+            launched = original(kernel, grid=grid, warmup=False, **live, **options)
+            described["compiled"] = compiled_details(launched)
+            return launched
+        return self._record(info, params, described, launch_now)
+
+    def launch_compiled(self, launcher: Any, original: Callable[..., Any], args: tuple, stream: Any,
+                        kwargs: dict) -> Any:
+        """Launch a torch.compile kernel through Inductor's own `original` run (its CachingAutotuner's),
+        recorded when the filter wants it. Inductor passes the kernel's non-constexpr parameters in
+        order (then any arguments only its grid needs); the config it launched with (tuned on the
+        first launch, inside `original`) gives the constexprs, warps, stages and grid, read after."""
+        def run_unrecorded() -> Any:
+            return original(launcher, *args, stream=stream, **kwargs)
+        try:
+            kernel = kernels.unwrap(launcher)
+            info = self._wanted(kernel)
+            if info is None:
+                return self._let_pass(run_unrecorded)
+            params = dict(zip(info.runtime_params, args))
+            if len(params) != len(info.runtime_params):
+                raise TypeError(f"{len(args)} arguments for parameters {', '.join(info.runtime_params)}")
+            described = self._describe(info, dict(params), {}, (), None)
+        except Exception as exc:
+            return self._unrecordable(launcher, exc, run_unrecorded)
+
+        def launch_now() -> Any:
+            result = run_unrecorded()
+            described.update(_compiled_launch(launcher, info, args, params))
+            return result
+        return self._record(info, params, described, launch_now)
+
+    def _wanted(self, kernel: Any) -> kernels.KernelInfo | None:
+        """The kernel's details, or None when this launch is not to be recorded."""
+        if self.recording.stopped:
+            return None
+        info = kernels.info_of(kernel)
+        return info if self.selection.keeps(info.name) else None
+
+    @staticmethod
+    def _let_pass(run: Callable[[], Any]) -> Any:
+        with recorder_work():  # a launch let pass: its operators are no calls either
+            return run()
+
+    def _unrecordable(self, kernel: Any, exc: Exception, run: Callable[[], Any]) -> Any:
+        """Recording never breaks the program: a launch it cannot describe goes unrecorded."""
+        name = getattr(getattr(kernels.unwrap(kernel), "fn", None), "__qualname__", repr(kernel))
+        self.recording.report(f"kernel {name}: a launch could not be recorded: {type(exc).__name__}: {exc}",
+                              stop=False)
+        return run()
+
+    def _record(self, info: kernels.KernelInfo, params: dict[str, Any], described: dict[str, Any],
+                launch_now: Callable[[], Any]) -> Any:
+        """Record the launch `launch_now` makes (the recorder runs it between its copies)."""
         launched: dict[str, Any] = {}
 
-        def launch_now(**_: Any) -> None:  # the recorder runs this between its copies
-            launched["kernel"] = original(kernel, grid=grid, warmup=False, **live, **options)
-            described["compiled"] = compiled_details(launched["kernel"])
+        def launch(**_: Any) -> None:
+            launched["result"] = launch_now()
 
         tensors = [n for n, v in params.items() if isinstance(v, torch.Tensor)]
         spec = CallSpec(info.name, VARIANT, info.module, state=tuple(n for n in tensors if n in self.state_names),
                         mutates=tuple(n for n in tensors if n in info.written),
                         header_extra={"triton": described})
-        self.recording.record(spec, launch_now, keyword_only(params), (), params)
-        return launched.get("kernel")
+        self.recording.record(spec, launch, keyword_only(params), (), params)
+        return launched.get("result")
 
     def _describe(self, info: kernels.KernelInfo, params: dict[str, Any], options: dict[str, Any],
                   grid: tuple, autotuner: Any) -> dict[str, Any]:
@@ -105,6 +155,26 @@ class LaunchRecorder:
             except OSError as exc:
                 self.recording.report(f"kernel {kernel}: its source could not be stored: {exc}", stop=False)
         return digest
+
+
+def _compiled_launch(launcher: Any, info: kernels.KernelInfo, args: tuple,
+                     params: dict[str, Any]) -> dict[str, Any]:
+    """What an Inductor launch was made with, read from its CachingAutotuner after it: the config
+    (one launcher once tuned; its first config under the interpreter, which compiles none), the
+    constexprs that config and the kernel's constants gave (`config_args`, passed again on
+    relaunch), the grid the config makes of the arguments, and the options that shaped the binary."""
+    bound = launcher.launchers[0] if len(launcher.launchers) == 1 else None
+    config = bound.config if bound is not None else launcher.configs[0]
+    constants = {k: v for k, v in dict(launcher.triton_meta.get("constants", {})).items()
+                 if k in info.constexprs and k not in params}
+    config_args = {**constants, **{k: v for k, v in config.kwargs.items() if k in info.constexprs}}
+    options = {k: v for k, v in launcher.triton_meta.items() if k in kernels.LAUNCH_OPTIONS}
+    options.update(num_warps=config.num_warps, num_stages=config.num_stages)
+    _, grid = launcher._interpret_args_grid(args, config)  # Inductor's own grid arithmetic
+    return {"grid": [int(g) for g in grid], "options": {k: _json(v) for k, v in options.items()},
+            "config_args": {k: _json(v) for k, v in config_args.items()},
+            "autotune": {k: _json(v) for k, v in config.all_kwargs().items()},
+            "compiled": compiled_details(getattr(bound, "bin", None))}
 
 
 def _bound(info: kernels.KernelInfo, args: tuple, kwargs: dict) -> dict[str, Any]:

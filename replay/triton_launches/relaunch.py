@@ -28,14 +28,6 @@ from replay.triton_launches import kernels
 from replay.triton_launches.recording import VARIANT
 
 _references: dict[str, Callable[..., Any]] = {}  # kernel name -> the user's reference for it
-# what a launch may pass besides the kernel's parameters, and the type of each (Triton's options
-# for NVIDIA and AMD GPUs that choose how a kernel is compiled and launched, nothing that names code)
-LAUNCH_OPTIONS: dict[str, type] = {"num_warps": int, "num_stages": int, "num_ctas": int, "maxnreg": int,
-                                   "enable_fp_fusion": bool, "launch_cooperative_grid": bool, "launch_pdl": bool,
-                                   "debug": bool, "sanitize_overflow": bool,
-                                   "waves_per_eu": int, "matrix_instr_nonkdim": int, "kpack": int}
-
-
 class KernelNotFound(ReplayError):
     """This code has no kernel to make a recorded launch with: the call is untestable (exit 125)."""
 
@@ -79,16 +71,18 @@ def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Toleranc
     kernel = kernels.unwrap(_attribute(found, qualname))
     if kernel is None:
         raise KernelNotFound(f"kernel {record.op}: module '{module}' has no Triton kernel '{qualname}' in this code")
-    params = kernels.info_of(kernel).params
+    info = kernels.info_of(kernel)
+    params = info.params
     recorded = [a["name"] for a in record.args]
     unknown = [n for n in recorded if n not in params]
     if unknown:
         raise KernelNotFound(f"kernel {record.op} no longer takes the recorded arguments: it has no parameter "
                              f"{', '.join(repr(n) for n in unknown)} (it takes {', '.join(params)})")
+    config_args = _config_args(launch, info, recorded, where)
     outputs = tuple(n for n in record.role("out") if n in recorded)
     op = Op(record.op, module, state=tuple(record.role("state")), mutates=outputs,
             tolerance={dtype: tolerance for dtype in DEFAULT} if tolerance else {}, rerun_tolerance=tolerance or EXACT)
-    op.variant(VARIANT)(_relaunch(kernel, launch, options, _dtypes(launch, where)))
+    op.variant(VARIANT)(_relaunch(kernel, launch, {**options, **config_args}, _dtypes(launch, where)))
     reference = _references.get(record.op)
     if reference is not None:
         op.variant(REFERENCE)(reference)
@@ -139,15 +133,30 @@ def _attribute(module: Any, qualname: str) -> Any:
 def _checked_options(options: Any, where: str) -> dict[str, Any]:
     """The launch options a relaunch passes on: only those that tune how the kernel is compiled
     and run (an option such as `ir_override` would let a snapshot choose the device code)."""
-    unknown = sorted(set(options) - set(LAUNCH_OPTIONS))
+    unknown = sorted(set(options) - set(kernels.LAUNCH_OPTIONS))
     if unknown:
         raise SnapshotError(f"{where}: launch option(s) {', '.join(map(repr, unknown))} are not relaunched "
-                            f"(replay passes on only {', '.join(LAUNCH_OPTIONS)})")
-    wrong = [k for k, v in options.items() if not isinstance(v, LAUNCH_OPTIONS[k]) or isinstance(v, bool) is not
-             (LAUNCH_OPTIONS[k] is bool)]
+                            f"(replay passes on only {', '.join(kernels.LAUNCH_OPTIONS)})")
+    wrong = [k for k, v in options.items() if not isinstance(v, kernels.LAUNCH_OPTIONS[k]) or isinstance(v, bool) is not
+             (kernels.LAUNCH_OPTIONS[k] is bool)]
     if wrong:
         raise SnapshotError(f"{where}: launch option(s) {', '.join(map(repr, wrong))} have values of the wrong type")
     return dict(options)
+
+
+def _config_args(launch: dict[str, Any], info: kernels.KernelInfo, recorded: list[str],
+                 where: str) -> dict[str, Any]:
+    """The constexprs a torch.compile launcher supplied from its config (`config_args`): only the
+    kernel's own constexpr parameters, as plain values, none the call's arguments already give."""
+    given = launch.get("config_args") or {}
+    if not isinstance(given, dict):
+        raise SnapshotError(f"{where}: config_args is not an object")
+    wrong = sorted(n for n, v in given.items() if n not in info.constexprs or n in recorded
+                   or not isinstance(v, (int, float, bool, str)))
+    if wrong:
+        raise SnapshotError(f"{where}: config_args {', '.join(map(repr, wrong))} are not constexpr parameters of "
+                            f"{info.name} given as plain values")
+    return dict(given)
 
 
 def _dtypes(launch: dict[str, Any], where: str) -> dict[str, Any]:

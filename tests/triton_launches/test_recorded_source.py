@@ -21,7 +21,7 @@ GENERATED = '''
 import triton
 import triton.language as tl
 
-SCALE = 3.0  # a module-level constant, as generated code has
+SCALE = tl.constexpr(3.0)  # a module-level constant, as generated code has
 
 
 @triton.jit
@@ -61,7 +61,7 @@ def test_a_generated_kernel_replays_only_from_trusted_recorded_source(tmp_path: 
     assert code == 0 and json.loads(said)["passed"], said
 
     stored = tmp_path / "snap" / "sources" / f"{call.triton['module_source_sha256']}.py"
-    stored.write_text(stored.read_text().replace("SCALE = 3.0", "SCALE = 4.0"))  # tampered with
+    stored.write_text(stored.read_text().replace("tl.constexpr(3.0)", "tl.constexpr(4.0)"))  # tampered with
     code, said = run(str(tmp_path / "snap"), "--trust-recorded-source")
     assert code == 2 and "sha256 mismatch" in said
 
