@@ -126,7 +126,14 @@ def _largest_difference(report: dict[str, Any] | None) -> float:
 
 def _testable(record: ProbeRecord, option: str) -> None:
     if record.outcome.verdict == SKIP:
-        raise BisectError(f"{option} {record.sha[:10]} cannot be tested ({record.outcome.reason})")
+        raise BisectError(_untestable(option, record))
+
+
+def _untestable(option: str, record: ProbeRecord) -> str:
+    """'--good 4d2c91a6aa cannot be tested (exit 2: ...; the probe said: its last line)'."""
+    said = next((line.strip() for line in reversed(record.outcome.output_tail.splitlines()) if line.strip()), "")
+    return (f"{option} {record.sha[:10]} cannot be tested ({record.outcome.reason}"
+            + (f"; the probe said: {said}" if said else "") + ")")
 
 
 def _held(oracle: Oracle, ends: dict[str, ProbeRecord], good: str, bad: str, hint: str = "",
@@ -139,9 +146,11 @@ def _held(oracle: Oracle, ends: dict[str, ProbeRecord], good: str, bad: str, hin
     if ends[bad].outcome.verdict == GOOD:
         problems.append(f"--bad {bad[:10]} is actually good under the {oracle.name} oracle ({oracle.note}): pick a "
                         "newer bad commit, or check the test")
-    for name, sha in (("--good", good), ("--bad", bad)):
-        if ends[sha].outcome.verdict == SKIP:
-            problems.append(f"{name} {sha[:10]} cannot be tested ({ends[sha].outcome.reason})")
+    untestable = [(name, sha) for name, sha in (("--good", good), ("--bad", bad)) if ends[sha].outcome.verdict == SKIP]
+    if len(untestable) == 2 and ends[good].outcome.output_tail == ends[bad].outcome.output_tail:
+        problems.append(_untestable(f"--good {good[:10]} and --bad", ends[bad]))  # one reason, said once
+    else:
+        problems += [_untestable(name, ends[sha]) for name, sha in untestable]
     if problems:
         raise BisectError("; ".join(problems))
     return oracle

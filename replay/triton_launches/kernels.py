@@ -25,6 +25,7 @@ LAUNCH_OPTIONS: dict[str, type] = {"num_warps": int, "num_stages": int, "num_cta
                                    "enable_fp_fusion": bool, "launch_cooperative_grid": bool, "launch_pdl": bool,
                                    "debug": bool, "sanitize_overflow": bool,
                                    "waves_per_eu": int, "matrix_instr_nonkdim": int, "kpack": int}
+GENERATED = "generated"  # the op names of generated kernels start so
 _cache: dict[int, tuple[Any, "KernelInfo"]] = {}  # id(kernel) -> (kernel, info): kernels live as long as their module
 _lock = threading.Lock()
 
@@ -56,8 +57,12 @@ class KernelInfo:
 
     @property
     def name(self) -> str:
-        """`package.module.kernel`: the op name its calls are recorded under."""
-        return f"{self.module}.{self.qualname}"
+        """`package.module.kernel`: the op name its calls are recorded under. A generated kernel's
+        module name is a cache key that changes with the code (torch.compile's
+        `torch._inductor.runtime.compile_tasks.<hash>`), so it is `generated.kernel`: two
+        recordings of a program before and after an edit still pair its launches (`replay diff`);
+        the call's provider keeps the module."""
+        return f"{GENERATED}.{self.qualname}" if self.generated else f"{self.module}.{self.qualname}"
 
 
 def is_kernel(value: Any) -> bool:

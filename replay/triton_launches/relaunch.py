@@ -96,10 +96,12 @@ def _recorded_module(module: str, launch: dict[str, Any], where: str,
     digest = launch.get("module_source_sha256")
     if recorded_source is None:
         raise UntrustedProviderError(
-            f"{where}: kernel {module}.{launch.get('qualname')} was generated when recorded (its module '{module}' "
-            "cannot be imported); the snapshot holds its source, which is code: run it with --trust-recorded-source")
+            f"{where}: kernel {launch.get('qualname')} was generated when recorded (its module '{module}' "
+            "cannot be imported); the snapshot holds its source, which is code: run it with --trust-recorded-source "
+            "(replay run only: that source is the recording's, the same at every commit, so bisect cannot test it; "
+            "bisect such a program with --run, recording it again at each commit)")
     if not isinstance(digest, str):
-        raise KernelNotFound(f"kernel {module}.{launch.get('qualname')}: generated, and its module's source was "
+        raise KernelNotFound(f"kernel {launch.get('qualname')}: generated, and its module's source was "
                              "not recorded")
     text = recorded_source(digest)  # read (and its hash checked) every time: the snapshot may have changed
     name = f"replay_recorded_{digest[:16]}"
@@ -116,7 +118,7 @@ def _recorded_module(module: str, launch: dict[str, Any], where: str,
             spec.loader.exec_module(made)
         except Exception as exc:  # the recorded text is code: whatever it raises, it does not build here
             del sys.modules[name]
-            raise KernelNotFound(f"kernel {module}.{launch.get('qualname')}: its recorded source does not run "
+            raise KernelNotFound(f"kernel {launch.get('qualname')}: its recorded source does not run "
                                  f"here: {type(exc).__name__}: {exc}") from None
     return sys.modules[name]
 

@@ -1,7 +1,10 @@
 """Commits that cannot be tested: exit 125, odd exit codes and timeouts are skipped with the reason kept."""
 from __future__ import annotations
 
+import pytest
 from bisect_helpers import git_bisect_run
+
+from replay.bisect import BisectError
 
 # A commit with SKIP cannot be built; one with FLAKY crashes oddly; one with HANG never finishes.
 PROBE = ("if test -f SKIP; then exit 125; fi; if test -f FLAKY; then exit 3; fi; "
@@ -50,3 +53,13 @@ def test_a_probe_past_the_timeout_is_killed_and_skipped(make_linear):
     assert hung.outcome.verdict == "skip" and hung.outcome.reason == "timed out after 0.5 s"
     assert hung.outcome.seconds < 5
     assert [c.sha for c in result.candidates] == history.shas[9:11]
+
+
+def test_ends_that_cannot_be_tested_say_what_the_probe_said_once(make_linear):
+    history = make_linear(6, bug_at=3)
+    probe = "echo 'replay: error: snap: call 0: kernel k was generated when recorded' >&2; exit 2"
+    with pytest.raises(BisectError) as raised:
+        history.bisect(run=probe)
+    said = str(raised.value)
+    assert said.startswith(f"--good {history.shas[0][:10]} and --bad ")
+    assert said.count("the probe said: replay: error: snap: call 0: kernel k was generated when recorded") == 1

@@ -72,3 +72,18 @@ def test_compiled_kernels_replay_only_with_trust_after_the_cache_is_gone(recorde
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["passed"] and len(result["calls"]) >= 2, result
+
+
+def test_two_compiles_of_edited_code_pair_launch_for_launch_in_diff(recorded: Path) -> None:
+    # the edit changes one generated kernel, so Inductor's module names (cache keys) change too
+    where = recorded.parent
+    (where / "edited.py").write_text(PROGRAM.replace("(x @ w).relu().sum(-1) * 2", "(x @ w).relu().sum(-1) * 3"))
+    done = shell(f"TORCHINDUCTOR_CACHE_DIR={where / 'cache-edited'} replay record -o edited -- python edited.py", where)
+    assert done.returncode == 0, done.stderr
+    done = shell(f"replay diff {recorded} edited --json -", where)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert not report["structural"], report["structural"]  # every launch found its partner
+    first = report["first_divergence"]
+    assert first["op"].startswith("generated.triton_") and first["index_a"] == first["index_b"], first
+    assert first["tensor"].startswith("out/"), first  # its inputs agree: the edited kernel wrote otherwise
