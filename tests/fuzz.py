@@ -1,8 +1,9 @@
 """Seeded mutations of a snapshot, every kind of file it has, for the fuzz test and
 scripts/fuzz_snapshots.py: the manifest, the index, call files (their JSON description, their
-safetensors header, their bytes), blobs, chunk lists and chunks. A mutated file is re-signed
-wherever a digest would otherwise stop the reader first (the index's sha256 of a call file; a
-blob's name, and every chunk list and call that names it), so that the deep parsers are reached.
+safetensors header, their bytes), blobs, chunk lists and packs of chunks. A mutated file is
+re-signed wherever a digest would otherwise stop the reader first (the index's sha256 of a call
+file; a blob's name, and every chunk list and call that names it), so that the deep parsers are
+reached; a pack is named by number, so its header is reached as mutated.
 
     path = record(directory / "pristine")
     case = mutate(copy_of_path, random.Random(seed))    # what was done, in words
@@ -157,32 +158,38 @@ def _rename_blob(path: Path, old: str, data: bytes) -> str:
     return new
 
 
+def _width(blob: Path) -> int | None:
+    """A chunk list's row width (32: format 2, 36: format 3), or None for another blob."""
+    header, _ = _split(blob.read_bytes())
+    shape = header.get("data", {}).get("shape", [])
+    return shape[1] if len(shape) == 2 and shape[1] in (32, 36) else None
+
+
 def _blobs(path: Path, chunk_lists: bool) -> list[Path]:
-    """The blobs that are chunk lists (their data a [pieces, 32] table), or the others."""
-    found = []
-    for blob in sorted((path / "blobs").iterdir()):
-        header, _ = _split(blob.read_bytes())
-        shape = header.get("data", {}).get("shape", [])
-        if (len(shape) == 2 and shape[1] == 32) == chunk_lists:
-            found.append(blob)
-    return found
+    """The blobs that are chunk lists (their data a [pieces, 32] or [pieces, 36] table), or the others."""
+    return [blob for blob in sorted((path / "blobs").iterdir()) if (_width(blob) is not None) == chunk_lists]
 
 
 def _chunk_list(data: bytes, rng: random.Random) -> tuple[bytes, str]:
-    """A chunk list's entries repeated, dropped, reordered, or one made a digest nothing has."""
+    """A chunk list's entries repeated, dropped, reordered, or one made a digest nothing has (or,
+    in a packed list, a pack that does not exist)."""
     header, body = _split(data)
-    rows = [body[i:i + 32] for i in range(0, len(body), 32)]
-    how = rng.choice(["repeat", "drop", "shuffle", "unknown"])
+    width = header["data"]["shape"][1]
+    rows = [body[i:i + width] for i in range(0, len(body), width)]
+    how = rng.choice(["repeat", "drop", "shuffle", "unknown"] + (["no such pack"] if width > 32 else []))
     if how == "repeat":
         rows = rows + [rng.choice(rows)] * rng.choice([10, 5000, 40_000])
     elif how == "drop":
         rows = rows[: rng.randrange(len(rows))]
     elif how == "shuffle":
         rng.shuffle(rows)
+    elif how == "unknown":
+        rows[rng.randrange(len(rows))] = bytes(width)
     else:
-        rows[rng.randrange(len(rows))] = bytes(32)
-    header["data"]["shape"] = [len(rows), 32]
-    header["data"]["data_offsets"] = [0, 32 * len(rows)]
+        at = rng.randrange(len(rows))
+        rows[at] = rows[at][:32] + struct.pack("<I", rng.choice([99_999_999, 2**32 - 1]))
+    header["data"]["shape"] = [len(rows), width]
+    header["data"]["data_offsets"] = [0, width * len(rows)]
     return _join(header, b"".join(rows)), f"{how} ({len(rows)} entries)"
 
 
@@ -217,6 +224,11 @@ def mutate(path: Path, rng: random.Random) -> str:
         file.write_bytes(data)
         _resign_calls(path, entries)
         how = f"{entry['file']}: {how}"
+    elif kind == "chunk" and (path / "packs").is_dir():  # format 3: a pack, named by number, mutated as it is
+        pack = rng.choice(sorted((path / "packs").iterdir()))
+        data, how = mutate_bytes(pack.read_bytes(), rng)
+        pack.write_bytes(data)
+        how = f"{pack.name}: {how}"
     else:
         pool = _blobs(path, chunk_lists=kind == "chunk list")
         if kind == "chunk":
@@ -230,8 +242,10 @@ def mutate(path: Path, rng: random.Random) -> str:
 
 
 def _rows(blob: Path) -> list[bytes]:
+    """A chunk list's digests."""
     _, body = _split(blob.read_bytes())
-    return [body[i:i + 32] for i in range(0, len(body), 32)]
+    width = _width(blob) or 32
+    return [body[i:i + 32] for i in range(0, len(body), width)]
 
 
 def check(path: Path, call: int, run: Callable[[list[str]], Any] | None = None) -> list[str]:

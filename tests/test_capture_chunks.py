@@ -1,5 +1,6 @@
-"""Large tensors that calls write (a KV cache) are stored as content-addressed 64 KiB chunks
-(snapshot format 2): they read back exactly, and a decode loop costs the pages it changed."""
+"""Large tensors that calls write (a KV cache) are stored as content-addressed 64 KiB chunks, the
+new ones of a tensor packed into one file (snapshot format 3): they read back exactly, and a
+decode loop costs the pages it changed."""
 from __future__ import annotations
 
 import json
@@ -39,7 +40,7 @@ def version(path: Path) -> int:
     return json.loads((path / "manifest.json").read_text())["format_version"]
 
 
-def test_written_state_reads_back_exactly_from_chunks_and_makes_the_snapshot_format_2(tmp_path: Path) -> None:
+def test_written_state_reads_back_exactly_from_chunks_and_makes_the_snapshot_format_3(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     base = torch.randn(3, 1400, 301, generator=gen).to(torch.bfloat16)  # 2.5 MB, not a multiple of 64 KiB
     view = base[1:, :, 7:].transpose(0, 1)  # a strided view with a storage offset
@@ -49,7 +50,7 @@ def test_written_state_reads_back_exactly_from_chunks_and_makes_the_snapshot_for
         total = update(view, 2.0)
         flip(flags)
     first, second = Snapshot(tmp_path / "snap")
-    assert version(tmp_path / "snap") == 2
+    assert version(tmp_path / "snap") == 3
     before, after = first.tensors["in/state"], first.tensors["out/state"]
     assert (before.shape, before.stride(), before.storage_offset(), before.dtype) == \
         (view.shape, view.stride(), view.storage_offset(), torch.bfloat16)

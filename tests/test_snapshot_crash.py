@@ -19,8 +19,9 @@ from fixtures.make_fixture_snapshot import make_fixture_snapshot
 from replay.errors import SnapshotError
 from replay.snapshot import Snapshot
 
-# Records forever: every call writes a 256 KiB blob (its input) and a 256 KiB inline
-# output, so most of the time goes into writing files and a kill lands mid-write.
+# Records forever: every step writes a 256 KiB blob (an input), a 256 KiB inline output and a
+# 2 MiB cache it changes a row of (in chunks, its new pieces packed), so most of the time goes
+# into writing files and a kill lands mid-write.
 RECORDER = textwrap.dedent("""
     import torch, replay
 
@@ -28,9 +29,15 @@ RECORDER = textwrap.dedent("""
     def double(x, step):
         return x * 2
 
+    @replay.capture("crash_fill", mutates=("cache",))
+    def fill(cache, step):
+        cache[step % 16] = float(step)
+
+    cache = torch.zeros(16, 32768)
     step = 0
     while True:
         double(torch.full((64, 1024), float(step)), step)
+        fill(cache, step)
         step += 1
 """)
 
@@ -67,6 +74,12 @@ def test_sigkill_mid_recording_leaves_finished_calls_readable(seed: int, tmp_pat
     assert len(read) >= calls_before_kill
     for record in read:
         step = record.arguments()["step"]
+        if record.op == "crash_fill":  # the row it wrote, and nothing else changed
+            before, after = record.tensors["in/cache"].clone(), record.tensors["out/cache"]
+            assert torch.equal(after[step % 16], torch.full((32768,), float(step)))
+            before[step % 16] = float(step)
+            assert torch.equal(before, after)
+            continue
         assert torch.equal(record.tensors["in/x"], torch.full((64, 1024), float(step)))
         assert torch.equal(record.tensors["out/out"], torch.full((64, 1024), 2.0 * step))
     assert sorted(e.index for e in read.entries) == list(range(len(read)))

@@ -7,10 +7,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 2  # the newest this tool reads and writes
-# A snapshot is written as version 1 until a tensor is stored in chunks (version 2): what
-# needs no chunks stays readable by tools that read version 1 only.
-FIRST_VERSION, CHUNKED_VERSION = 1, 2
+FORMAT_VERSION = 3  # the newest this tool reads and writes
+# A snapshot is written as version 1 until a tensor is stored in chunks: what needs no chunks
+# stays readable by tools that read version 1 only. Version 2 stored each chunk as a file of
+# its own; version 3 (what this tool writes) packs a tensor's new chunks into one file.
+FIRST_VERSION, CHUNKED_VERSION, PACKED_VERSION = 1, 2, 3
 
 
 def git_state(directory: Path) -> dict[str, Any] | None:

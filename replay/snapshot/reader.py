@@ -1,9 +1,11 @@
 """Reading and verifying a snapshot, one call at a time."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,15 +16,17 @@ import torch
 from replay import settings
 from replay.errors import SnapshotError
 from replay.snapshot import callfile, jsonargs, schema
-from replay.snapshot.files import sha256_bytes
-from replay.snapshot.manifest import FORMAT_VERSION
+from replay.snapshot.files import sha256_bytes, sha256_parts
+from replay.snapshot.manifest import FORMAT_VERSION, PACKED_VERSION
 from replay.snapshot.tensors import DTYPES, Geometry, rebuild
-from replay.snapshot.writer import INDEX, MANIFEST, blob_relpath, source_relpath
+from replay.snapshot.writer import INDEX, MANIFEST, PACKED_ROW, blob_relpath, pack_relpath, source_relpath
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_INDEX_BYTES = 1 << 30
 MAX_BLOB_BYTES = 1 << 40
 MAX_SOURCE_BYTES = 16 << 20
+MAX_PACK_HEADER_BYTES = 64 << 20  # ~100 bytes a piece: a pack of 40 GB of 64 KiB pieces
+PACK_INDEXES_KEPT = 64  # parsed pack headers kept between calls
 # What reading one call may cost in memory: the tensors it makes (blob copies, joined chunks) and
 # the views it hands out may each reach CALL_VIEW_RATIO times the distinct bytes the call stores on
 # disk (its file, and each blob or chunk it names, once however often it is named), or
@@ -69,7 +73,7 @@ class CallRecord:
     meta: dict[str, Any] = field(default_factory=dict)
     returns_json: dict[str, Any] = field(default_factory=dict)
     blobs: dict[str, str] = field(default_factory=dict)
-    chunked: frozenset[str] = frozenset()  # the keys of tensors stored as chunks (format 2)
+    chunked: frozenset[str] = frozenset()  # the keys of tensors stored as chunks (formats 2 and 3)
     # as recorded: a far offset is rebuilt nearer (docs/FORMAT.md), so a tensor's own may differ
     recorded_offsets: dict[str, int] = field(default_factory=dict)
     triton: dict[str, Any] | None = None  # a recorded Triton launch: grid, options, config (docs/FORMAT.md)
@@ -110,6 +114,7 @@ class Snapshot:
         self._blob_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._blob_cache_bytes = blob_cache_bytes
         self._blob_cache_size = 0  # bytes the cache holds
+        self._pack_indexes: OrderedDict[int, _PackIndex] = OrderedDict()
         try:
             if not self.path.is_dir():
                 what = "a file, not a snapshot directory" if self.path.exists() else "no such snapshot directory"
@@ -191,6 +196,19 @@ class Snapshot:
         """The bytes of `rel`: a regular file whose real path lies inside the snapshot, at most
         `limit` bytes (exactly `limit` when `exact`); never a link out, a device or a FIFO."""
         path = self.path / rel
+        with self._opened(rel, missing) as (fd, size):
+            if size > limit or (exact and self.verify and size != limit):
+                raise SnapshotError(f"{path}: {size} bytes, "
+                                    + (f"the index says {limit} (truncated or corrupt file)" if exact
+                                       else f"more than the {limit} this file may hold"))
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read(size)  # what fstat saw, even if the file grows meanwhile
+
+    @contextlib.contextmanager
+    def _opened(self, rel: str, missing: str) -> Iterator[tuple[int, int]]:
+        """`rel` opened for reading, with its size: a regular file whose real path lies inside the
+        snapshot, not mostly holes; never a link out, a device or a FIFO."""
+        path = self.path / rel
         if ".." in Path(rel).parts or Path(rel).is_absolute():
             raise SnapshotError(f"{self.path / INDEX}: refuses path {rel!r} outside the snapshot")
         real = os.path.realpath(path)
@@ -209,12 +227,7 @@ class Snapshot:
             if info.st_size > SPARSE_SLACK and info.st_blocks * 512 < info.st_size // 2:
                 raise SnapshotError(f"{path}: a sparse file ({info.st_size} bytes, {info.st_blocks * 512} on disk); "
                                     "refused")
-            if info.st_size > limit or (exact and self.verify and info.st_size != limit):
-                raise SnapshotError(f"{path}: {info.st_size} bytes, "
-                                    + (f"the index says {limit} (truncated or corrupt file)" if exact
-                                       else f"more than the {limit} this file may hold"))
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                return f.read(info.st_size)  # what fstat saw, even if the file grows meanwhile
+            yield fd, info.st_size
         finally:
             os.close(fd)
 
@@ -256,35 +269,117 @@ class Snapshot:
         except Exception as exc:  # safetensors raises several types for bad data
             raise SnapshotError(f"{self.path / rel}: unreadable tensor data: {_one_line(exc)}") from None
         budget.stores(digest, _nbytes(span))
+        self._keep_blob(digest, span)
+        return span
+
+    def _keep_blob(self, digest: str, span: torch.Tensor) -> None:
         self._blob_cache[digest] = span
         self._blob_cache_size += _nbytes(span)
         while self._blob_cache_size > self._blob_cache_bytes and len(self._blob_cache) > 1:  # oldest first
             _, evicted = self._blob_cache.popitem(last=False)
             self._blob_cache_size -= _nbytes(evicted)
-        return span
 
     def _chunked(self, path: Path, key: str, geo: dict[str, Any], budget: _Budget) -> torch.Tensor:
-        """A span stored as pieces of its bytes, each a blob, listed by a blob of their sha256s
-        (format 2), joined again once the budget allows what they join to."""
+        """A span stored as pieces of its bytes, listed by a blob of their sha256s (format 2: each
+        piece a blob) or of their sha256s and packs (format 3: each piece in a pack), joined again
+        once the budget allows what they join to."""
         table = self._blob(geo["chunks"], budget)
-        if table.dtype != torch.uint8 or table.dim() != 2 or table.shape[1] != 32 or table.shape[0] == 0:
-            raise SnapshotError(f"{path}: tensor {key!r}: its chunk list is not a [pieces, 32] table of sha256s")
-        digests = [bytes(row.tolist()).hex() for row in table]
-        sizes = {}
-        for digest in dict.fromkeys(digests):
-            piece = self._blob(digest, budget)
+        if (table.dtype != torch.uint8 or table.dim() != 2 or table.shape[1] not in (32, PACKED_ROW)
+                or table.shape[0] == 0):
+            raise SnapshotError(f"{path}: tensor {key!r}: its chunk list is not a [pieces, 32] table of sha256s "
+                                f"nor a [pieces, {PACKED_ROW}] table of sha256s and packs")
+        rows, width = table.numpy().tobytes(), table.shape[1]
+        if width == PACKED_ROW and self.manifest["format_version"] < PACKED_VERSION:
+            raise SnapshotError(f"{path}: tensor {key!r}: its chunk list names packs, which format version "
+                                f"{self.manifest['format_version']} has not")
+        listed: list[tuple[str, int | None]] = [
+            (rows[at:at + 32].hex(), struct.unpack("<I", rows[at + 32:at + width])[0] if width > 32 else None)
+            for at in range(0, len(rows), width)]
+        pieces: dict[tuple[str, int | None], torch.Tensor] = {}
+        packs: dict[int, _PackIndex] = {}  # each pack's index looked up once a tensor, however its rows cycle
+        for digest, pack in dict.fromkeys(listed):
+            piece = self._blob(digest, budget) if pack is None else self._packed(pack, digest, budget, packs)
             if piece.dtype != torch.uint8 or piece.dim() != 1:
                 raise SnapshotError(f"{path}: tensor {key!r}: a chunk is not a run of bytes")
-            sizes[digest] = piece.numel()
+            pieces[digest, pack] = piece
         # pieces repeat (a cache of zero pages is one piece), but a piece listed many times must not
         # blow memory up: the join is paid for from the call's budget before it is made
-        budget.spend(sum(sizes[d] for d in digests), f"tensor {key!r}: its chunks join to")
-        joined = torch.cat([self._blob(d, budget) for d in digests])
+        budget.spend(sum(pieces[row].numel() for row in listed), f"tensor {key!r}: its chunks join to")
+        joined = torch.cat([pieces[row] for row in listed])
         itemsize = torch.empty(0, dtype=DTYPES[geo["dtype"]]).element_size()
         if joined.numel() % itemsize:
             raise SnapshotError(f"{path}: tensor {key!r}: its chunks hold {joined.numel()} bytes, not a whole "
                                 f"number of {geo['dtype']} values")
         return joined.view(DTYPES[geo["dtype"]])
+
+    def _packed(self, pack: int, digest: str, budget: _Budget, packs: dict[int, _PackIndex]) -> torch.Tensor:
+        """The piece `digest` from pack `pack` (format 3), its digest checked (shared: callers
+        must not modify it), counted once in `budget` as bytes the call stores. `packs` holds the
+        pack indexes this tensor looked up."""
+        key = f"{digest}@{pack}"  # unchecked (verify=False), a packed piece must not stand for a blob
+        cached = self._blob_cache.get(key)
+        if cached is None:
+            index = packs.get(pack)
+            if index is None:
+                index = packs[pack] = self._pack_index(pack)
+            where = index.pieces.get(digest)
+            if where is None:
+                raise SnapshotError(f"{index.path}: holds no chunk {digest[:12]} (a chunk list names it there)")
+            start, length = where
+            with self._opened(pack_relpath(pack), "missing pack named by a chunk list") as (fd, size):
+                data = os.pread(fd, length, start) if start + length <= size else b""
+            if len(data) != length:
+                raise SnapshotError(f"{index.path}: chunk {digest[:12]} runs past the end of the file (truncated?)")
+            if self.verify and sha256_parts(callfile.blob_prefix(length), data) != digest:
+                raise SnapshotError(f"{index.path}: chunk {digest[:12]}: sha256 mismatch (corrupt or tampered)")
+            cached = torch.frombuffer(bytearray(data), dtype=torch.uint8) if length else torch.empty(0, dtype=torch.uint8)
+            self._keep_blob(key, cached)
+        else:
+            self._blob_cache.move_to_end(key)
+        budget.stores(digest, _nbytes(cached))
+        return cached
+
+    def _pack_index(self, pack: int) -> _PackIndex:
+        """Where each piece of pack `pack` lies, from its safetensors header, checked: 1-D U8
+        tensors named by sha256, lying inside the file."""
+        known = self._pack_indexes.get(pack)
+        if known is not None:
+            self._pack_indexes.move_to_end(pack)
+            return known
+        rel = pack_relpath(pack)
+        path = self.path / rel
+        with self._opened(rel, "missing pack named by a chunk list") as (fd, size):
+            head = os.pread(fd, 8, 0)
+            (length,) = struct.unpack("<Q", head) if len(head) == 8 else (None,)
+            if length is None or length > MAX_PACK_HEADER_BYTES or 8 + length > size:
+                raise SnapshotError(f"{path}: not a pack: its header is cut short or larger than "
+                                    f"{MAX_PACK_HEADER_BYTES} bytes")
+            text = os.pread(fd, length, 8)
+        try:
+            header = schema.parse(text, "document")
+        except schema.SchemaError as exc:
+            raise SnapshotError(f"{path}: unreadable pack header: {exc}") from None
+        base, pieces = 8 + length, {}
+        for name, entry in header.items():
+            if name == "__metadata__":
+                continue
+            offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+            if (not isinstance(entry, dict) or not re.fullmatch(r"[0-9a-f]{64}", name) or entry.get("dtype") != "U8"
+                    or not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+                    or entry.get("shape") != [offsets[1] - offsets[0]] or not 0 <= offsets[0] <= offsets[1]
+                    or base + offsets[1] > size):
+                raise SnapshotError(f"{path}: pack entry {name[:80]!r} is not a run of bytes named by its sha256 "
+                                    "lying inside the file")
+            pieces[name] = (base + offsets[0], offsets[1] - offsets[0])
+        ranges = sorted(pieces.values())
+        if any(start + count > after for (start, count), (after, _) in zip(ranges, ranges[1:])):
+            # overlapping pieces would let a small pack read as many times its size
+            raise SnapshotError(f"{path}: pack entries overlap")
+        index = _PackIndex(path, pieces)
+        self._pack_indexes[pack] = index
+        while len(self._pack_indexes) > PACK_INDEXES_KEPT:
+            self._pack_indexes.popitem(last=False)
+        return index
 
     def load(self, entry: CallEntry | int) -> CallRecord:
         if isinstance(entry, int):
@@ -327,6 +422,12 @@ class Snapshot:
                           chunked=frozenset(k for k, g in header["tensors"].items() if "chunks" in g),
                           recorded_offsets={k: g["storage_offset"] for k, g in header["tensors"].items()},
                           triton=header.get("triton"), torch_op=header.get("torch_op"))
+
+
+@dataclass(frozen=True)
+class _PackIndex:
+    path: Path
+    pieces: dict[str, tuple[int, int]]  # a piece's digest -> (where its bytes start in the file, how many)
 
 
 def _nbytes(t: torch.Tensor) -> int:

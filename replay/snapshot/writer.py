@@ -4,10 +4,10 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import errno
-import functools
 import hashlib
 import json
 import os
+import struct
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -17,16 +17,18 @@ import torch
 from replay.errors import SnapshotError
 from replay.snapshot import callfile, schema
 from replay.snapshot.files import create_exclusive, fsync_paths, safe_component, sha256_parts, write_atomic
-from replay.snapshot.manifest import CHUNKED_VERSION, new_manifest
+from replay.snapshot.manifest import PACKED_VERSION, new_manifest
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 
 MANIFEST = "manifest.json"
 INDEX = "calls.jsonl"
 CALLS_DIR = "calls"
 BLOBS_DIR = "blobs"
+PACKS_DIR = "packs"
 SOURCES_DIR = "sources"
 DURABILITY = ("close", "call")
-CHUNK_BYTES = 64 * 1024  # a large tensor is stored as blobs of this many bytes (format 2)
+CHUNK_BYTES = 64 * 1024  # a large tensor is stored in pieces of this many bytes (formats 2 and 3)
+PACKED_ROW = 36  # a format-3 chunk list's row: the piece's sha256 and the number of its pack (uint32, LE)
 HASH_WHILE_WRITING_BYTES = 16 << 20  # blobs this large are hashed on a thread of their own as they are written
 # A chunked tensor's pieces are hashed this many to a task on a shared pool: sha256 lets go of the
 # interpreter lock on each 64 KiB piece, so the pool's threads hash side by side (one core hashes
@@ -69,6 +71,10 @@ def _piece_digests(pieces: Sequence[Any]) -> list[str]:
 
 def blob_relpath(digest: str) -> str:
     return f"{BLOBS_DIR}/{digest}.safetensors"
+
+
+def pack_relpath(number: int) -> str:
+    return f"{PACKS_DIR}/{number:08d}.safetensors"
 
 
 def source_relpath(digest: str) -> str:
@@ -116,12 +122,15 @@ class SnapshotWriter:
         self._manifest_stale = False  # an error recorded in memory that the manifest does not hold yet
         self.unsaved_errors: OSError | None = None  # why, after close(), the manifest still does not
         self._known_blobs: set[str] = set()
+        self._piece_homes: dict[str, bytes] = {}  # a chunk's digest -> the number of its pack (4 bytes, LE)
+        self._packs = 0  # packs written
         self.manifest = new_manifest(schema.as_text(notes), source_dir)
         try:
             (self.path / CALLS_DIR).mkdir(parents=True, exist_ok=True)
             (self.path / BLOBS_DIR).mkdir(exist_ok=True)
             # Calls of another recording without a manifest: new calls would reuse their indices.
-            leftover = next((name for name in (INDEX, CALLS_DIR, BLOBS_DIR) if _holds_files(self.path / name)), None)
+            leftover = next((name for name in (INDEX, CALLS_DIR, BLOBS_DIR, PACKS_DIR)
+                             if _holds_files(self.path / name)), None)
             # Looked at after the leftovers: calls written meanwhile by a writer that got the manifest are its own.
             taken = (self.path / MANIFEST).exists()
             if not taken and leftover is None:
@@ -200,23 +209,34 @@ class SnapshotWriter:
         return digest
 
     def put_chunks(self, span: torch.Tensor) -> str:
-        """Store a tensor span as CHUNK_BYTES pieces of its bytes, each a blob named by its content,
-        and the list of their sha256s (a [pieces, 32] uint8 blob) likewise; return the list's
+        """Store a tensor span as CHUNK_BYTES pieces of its bytes, each named by its content: the
+        pieces no call stored before go into one pack file (format 3), and the list of every
+        piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return the list's
         digest. A piece or a list another call already stored costs nothing."""
         with self._lock:
-            if self.manifest["format_version"] < CHUNKED_VERSION:
-                self.manifest["format_version"] = CHUNKED_VERSION
+            if self.manifest["format_version"] < PACKED_VERSION:
+                (self.path / PACKS_DIR).mkdir(exist_ok=True)
+                self.manifest["format_version"] = PACKED_VERSION
                 self._write_manifest()
         raw = span.reshape(-1).view(torch.uint8).numpy()
         pieces = [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]
         digests = _piece_digests(pieces)
-        for piece, digest in zip(pieces, digests):  # written one after another: the disk is one
-            self._put(digest, functools.partial(self._write_piece, piece))
-        table = torch.frombuffer(bytearray(bytes.fromhex("".join(digests))), dtype=torch.uint8)
-        return self.put_blob(table.view(len(digests), 32))
-
-    def _write_piece(self, piece: Any, target: Path) -> None:
-        self._write(target, (callfile.blob_prefix(len(piece)), piece))
+        with self._lock:
+            homes = [self._piece_homes.get(digest) for digest in digests]
+        new = {digest: piece for digest, piece, home in zip(digests, pieces, homes) if home is None}
+        packed = b""  # the new pieces' pack, when there are any
+        if new:
+            with self._lock:
+                number, self._packs = self._packs, self._packs + 1
+            self._write(self.path / pack_relpath(number),
+                        callfile.serialize_parts(None, {digest: torch.from_numpy(piece) for digest, piece in new.items()}))
+            packed = struct.pack("<I", number)
+            with self._lock:  # another writer thread may have packed a piece too: both packs are whole
+                for digest in new:
+                    self._piece_homes.setdefault(digest, packed)
+        rows = b"".join(bytes.fromhex(digest) + (home or packed) for digest, home in zip(digests, homes))
+        table = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
+        return self.put_blob(table.view(len(digests), PACKED_ROW))
 
     def _write(self, target: Path, data: Sequence[Any]) -> None:
         write_atomic(target, data, sync=self._sync)
