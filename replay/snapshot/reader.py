@@ -296,12 +296,16 @@ class Snapshot:
             (rows[at:at + 32].hex(), struct.unpack("<I", rows[at + 32:at + width])[0] if width > 32 else None)
             for at in range(0, len(rows), width)]
         pieces: dict[tuple[str, int | None], torch.Tensor] = {}
-        packs: dict[int, _PackIndex] = {}  # each pack's index looked up once a tensor, however its rows cycle
+        in_packs: dict[int, list[str]] = {}  # pack -> the pieces wanted from it: each pack opened once a tensor
         for digest, pack in dict.fromkeys(listed):
-            piece = self._blob(digest, budget) if pack is None else self._packed(pack, digest, budget, packs)
-            if piece.dtype != torch.uint8 or piece.dim() != 1:
-                raise SnapshotError(f"{path}: tensor {key!r}: a chunk is not a run of bytes")
-            pieces[digest, pack] = piece
+            if pack is None:
+                pieces[digest, None] = self._blob(digest, budget)
+            else:
+                in_packs.setdefault(pack, []).append(digest)
+        for pack, digests in in_packs.items():
+            pieces.update(((digest, pack), piece) for digest, piece in zip(digests, self._packed(pack, digests, budget)))
+        if any(piece.dtype != torch.uint8 or piece.dim() != 1 for piece in pieces.values()):
+            raise SnapshotError(f"{path}: tensor {key!r}: a chunk is not a run of bytes")
         # pieces repeat (a cache of zero pages is one piece), but a piece listed many times must not
         # blow memory up: the join is paid for from the call's budget before it is made
         budget.spend(sum(pieces[row].numel() for row in listed), f"tensor {key!r}: its chunks join to")
@@ -312,32 +316,35 @@ class Snapshot:
                                 f"number of {geo['dtype']} values")
         return joined.view(DTYPES[geo["dtype"]])
 
-    def _packed(self, pack: int, digest: str, budget: _Budget, packs: dict[int, _PackIndex]) -> torch.Tensor:
-        """The piece `digest` from pack `pack` (format 3), its digest checked (shared: callers
-        must not modify it), counted once in `budget` as bytes the call stores. `packs` holds the
-        pack indexes this tensor looked up."""
-        key = f"{digest}@{pack}"  # unchecked (verify=False), a packed piece must not stand for a blob
-        cached = self._blob_cache.get(key)
-        if cached is None:
-            index = packs.get(pack)
-            if index is None:
-                index = packs[pack] = self._pack_index(pack)
-            where = index.pieces.get(digest)
-            if where is None:
-                raise SnapshotError(f"{index.path}: holds no chunk {digest[:12]} (a chunk list names it there)")
-            start, length = where
-            with self._opened(pack_relpath(pack), "missing pack named by a chunk list") as (fd, size):
-                data = os.pread(fd, length, start) if start + length <= size else b""
-            if len(data) != length:
-                raise SnapshotError(f"{index.path}: chunk {digest[:12]} runs past the end of the file (truncated?)")
-            if self.verify and sha256_parts(callfile.blob_prefix(length), data) != digest:
-                raise SnapshotError(f"{index.path}: chunk {digest[:12]}: sha256 mismatch (corrupt or tampered)")
-            cached = torch.frombuffer(bytearray(data), dtype=torch.uint8) if length else torch.empty(0, dtype=torch.uint8)
-            self._keep_blob(key, cached)
-        else:
+    def _packed(self, pack: int, digests: list[str], budget: _Budget) -> list[torch.Tensor]:
+        """The pieces `digests` from pack `pack` (format 3), each digest checked (shared: callers
+        must not modify them), each counted once in `budget` as bytes the call stores."""
+        keys = [f"{digest}@{pack}" for digest in digests]  # unchecked (verify=False), no stand-in for a blob
+        found = {key: self._blob_cache[key] for key in keys if key in self._blob_cache}
+        for key in found:
             self._blob_cache.move_to_end(key)
-        budget.stores(digest, _nbytes(cached))
-        return cached
+        if len(found) < len(keys):
+            index = self._pack_index(pack)
+            with self._opened(pack_relpath(pack), "missing pack named by a chunk list") as (fd, size):
+                for digest, key in zip(digests, keys):
+                    if key not in found:
+                        found[key] = self._read_piece(index, fd, size, digest)
+                        self._keep_blob(key, found[key])  # the cache may let it go: `found` keeps it here
+        for digest, key in zip(digests, keys):
+            budget.stores(digest, _nbytes(found[key]))
+        return [found[key] for key in keys]
+
+    def _read_piece(self, index: _PackIndex, fd: int, size: int, digest: str) -> torch.Tensor:
+        where = index.pieces.get(digest)
+        if where is None:
+            raise SnapshotError(f"{index.path}: holds no chunk {digest[:12]} (a chunk list names it there)")
+        start, length = where
+        data = os.pread(fd, length, start) if start + length <= size else b""
+        if len(data) != length:
+            raise SnapshotError(f"{index.path}: chunk {digest[:12]} runs past the end of the file (truncated?)")
+        if self.verify and sha256_parts(callfile.blob_prefix(length), data) != digest:
+            raise SnapshotError(f"{index.path}: chunk {digest[:12]}: sha256 mismatch (corrupt or tampered)")
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8) if length else torch.empty(0, dtype=torch.uint8)
 
     def _pack_index(self, pack: int) -> _PackIndex:
         """Where each piece of pack `pack` lies, from its safetensors header, checked: 1-D U8

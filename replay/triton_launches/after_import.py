@@ -26,7 +26,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
             return None
         sys.meta_path.remove(self)  # a module is imported once
         for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
+            if not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:

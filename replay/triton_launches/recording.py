@@ -75,7 +75,7 @@ class LaunchRecorder:
             params = dict(zip(info.runtime_params, args))
             if len(params) != len(info.runtime_params):
                 raise TypeError(f"{len(args)} arguments for parameters {', '.join(info.runtime_params)}")
-            described = self._describe(info, dict(params), {}, (), None)
+            described = self._describe(info, params, {}, (), None)
         except Exception as exc:
             return self._unrecordable(launcher, exc, run_unrecorded)
 
