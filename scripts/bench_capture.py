@@ -16,23 +16,19 @@
     disk with the bytes the steps changed, and the time with the loop alone.
 (c) --gpu: the tiny model (hidden 256 and 2048: a 64-token prefill, a 16-step decode loop)
     and a 7B-shaped MLP block (bf16, 64 rows, 8 times), each run bare, recorded through the
-    pipeline (the default) and recorded writing each call before going on
-    (asynchronous=False) and as a flight recording of the last 64 calls; the pipeline's
-    throughput (bytes written / time until the recording is closed) against a pinned
-    device-to-host copy and a sequential write of the same disk, both measured in the same
-    run, and against the floor of any recorder that keeps a file a call: the same bytes written
-    as the same number of files, the way a snapshot's files are written, with no header built
-    and nothing hashed. Each time is the median of --runs. The decode loop runs its CUDA graph,
-    recorded or not; its eager time is given too. Then the flight recorder in steady state: a step of the
-    graph decode loop after the graph is captured, bare and recorded into a ring, against the
-    floor of one device-to-host copy of the bytes a replay stages. --profile: where the
-    program's time goes.
+    pipeline (the default) and as a flight recording of the last 64 calls; the time until the
+    recording is closed against its floor, the largest of the bare run, a pinned
+    device-to-host copy of the bytes written and a sequential disk write of them (both rates
+    measured in the same run). Each time is the median of --runs. The decode loop runs its
+    CUDA graph, recorded or not; its eager time is given too. Then the flight recorder in
+    steady state: a step of the graph decode loop after the graph is captured, bare and
+    recorded into a ring, against the floor of one device-to-host copy of the bytes a replay
+    stages. --profile: where the program's time goes.
 Prints Markdown tables (pasted into docs/PERFORMANCE.md).
 """
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import os
 import platform
@@ -47,9 +43,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 import replay
-from replay.recorder.pipeline import WRITER_THREADS
 from replay.snapshot import Snapshot
-from replay.snapshot.files import fsync_paths, write_atomic
 
 if TYPE_CHECKING:
     from replay_kernels.model import TinyLlama
@@ -215,35 +209,14 @@ def timed(fn: Callable[[], object], record_into: Path | None, runs: int,
     return statistics.median(program), statistics.median(total), size, files
 
 
-def files_floor_gbps(directory: Path, count: int, nbytes: int) -> float:
-    """GB/s of writing `nbytes` as `count` files of equal size the way a snapshot's files are
-    written (a temporary name, the bytes, a rename; all fsynced once at the end), on as many
-    threads as the recorder's writers: what any recorder keeping a file a call pays on this disk
-    before it builds a header or hashes a byte."""
-    size = max(1, nbytes // max(count, 1))
-    data = os.urandom(size)
-    target = directory / "floor"
-    target.mkdir()
-    paths = [target / f"{n:06d}.safetensors" for n in range(count)]
-    started = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(WRITER_THREADS) as pool:
-        list(pool.map(lambda path: write_atomic(path, data, sync=False), paths))
-    fsync_paths(paths)
-    seconds = time.perf_counter() - started
-    shutil.rmtree(target)
-    return count * size / seconds / 1e9
-
-
 def gpu_table(runs: int) -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         d2h, disk = d2h_gbps(), disk_gbps(Path(tmp))
-        floor = min(d2h, disk)
         print(f"{torch.cuda.get_device_name()}; pinned device-to-host {d2h:.1f} GB/s; disk write ({tmp}) "
               f"{disk:.2f} GB/s\n")
-        print("| workload | bare ms (eager) | pipelined: program ms / closed ms (x bare) | synchronous ms (x bare) "
-              "| flight recorder, ring=64 ms (x bare; x eager) | MB written (files) | pipeline GB/s | of min(D2H, disk) "
-              "| a file a call, floor GB/s (of min) |")
-        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| workload | bare ms (eager) | recorded: program ms / closed ms | MB written (files) "
+              "| floor ms: max(bare, D2H, disk) | closed / floor | flight recorder, ring=64 ms (x bare; x eager) |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for name, (fn, use_graph) in gpu_workloads().items():
             fn()  # compile the kernels (and capture the CUDA graph)
             bare = eager = timed(fn, None, runs)[0]
@@ -253,16 +226,12 @@ def gpu_table(runs: int) -> None:
                 eager = timed(fn, None, runs)[0]
                 use_graph(True)
             program, closed, size, files = timed(fn, Path(tmp) / "pipe", runs)
-            files_floor = files_floor_gbps(Path(tmp), files, size)
-            synchronous = timed(fn, Path(tmp) / "sync", runs, asynchronous=False)[1]
             flight = timed(fn, Path(tmp) / "ring", runs, ring=64)[1]
+            floor = max(bare, size / d2h / 1e9, size / disk / 1e9)
             print(f"| {name} | {bare * 1e3:.1f}" + (f" ({eager * 1e3:.1f})" if eager != bare else "")
-                  + f" | {program * 1e3:.1f} / {closed * 1e3:.1f} ({closed / bare:.1f}x) "
-                  f"| {synchronous * 1e3:.1f} ({synchronous / bare:.1f}x) "
-                  f"| {flight * 1e3:.1f} ({flight / bare:.2f}x; {flight / eager:.2f}x) "
-                  f"| {size / 1e6:.0f} ({files}) "
-                  f"| {size / closed / 1e9:.2f} | {size / closed / 1e9 / floor:.0%} "
-                  f"| {files_floor:.2f} ({files_floor / floor:.0%}) |", flush=True)
+                  + f" | {program * 1e3:.1f} / {closed * 1e3:.1f} | {size / 1e6:.0f} ({files}) "
+                  f"| {floor * 1e3:.1f} | {closed / floor:.2f}x "
+                  f"| {flight * 1e3:.1f} ({flight / bare:.2f}x; {flight / eager:.2f}x) |", flush=True)
     flight_table(runs)
 
 

@@ -137,7 +137,7 @@ def _resign_calls(path: Path, entries: list[dict[str, Any]], old: str | None = N
         data = file.read_bytes()
         if old is not None and old.encode() in data:
             header, body = _split(data)
-            header["__metadata__"]["replay.call"] = header["__metadata__"]["replay.call"].replace(old, new)
+            header["__metadata__"] = {key: text.replace(old, new) for key, text in header["__metadata__"].items()}
             data = _join(header, body)
             file.write_bytes(data)
             entry["blobs"] = [new if b == old else b for b in entry.get("blobs", [])]
@@ -213,8 +213,9 @@ def mutate(path: Path, rng: random.Random) -> str:
         file = path / entry["file"]
         header, body = _split(file.read_bytes())
         if kind == "call description":
-            call, how = mutate_json(json.loads(header["__metadata__"]["replay.call"]), rng)
-            header["__metadata__"]["replay.call"] = _dumps(call)
+            key = entry["call"] + "replay.call"  # the call's description, among its segment's
+            call, how = mutate_json(json.loads(header["__metadata__"][key]), rng)
+            header["__metadata__"][key] = _dumps(call)
             data = _join(header, body)
         elif kind == "call header":
             header, how = mutate_json(header, rng)

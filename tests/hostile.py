@@ -15,6 +15,7 @@ import torch
 import replay
 
 PROVIDER = __name__
+FIRST_CALL = "c000000/replay.call"  # the first call's description, in its segment's metadata
 
 
 @replay.capture("hostile_scale", state=("position_buf",))
@@ -25,12 +26,14 @@ def scale(x: torch.Tensor, weight: torch.Tensor, position_buf: torch.Tensor, fac
 
 
 def record(path: Path) -> Path:
-    """Two calls: views with strides and an offset, a blob (the weight), state, a tag, JSON arguments."""
+    """Two calls: views with strides and an offset, a blob (the weight), state, a tag, JSON arguments;
+    each in a segment of its own, so that a mutation of the first call's leaves the second readable."""
     weight = torch.arange(64.0)
     with replay.recording(path, blob_threshold=128):
         for _ in range(2):
             base = torch.arange(40.0).reshape(5, 8)
             scale(base[1:4, ::2], weight, torch.arange(4, dtype=torch.int32), factor=2.5)
+            replay.flush()
     return path
 
 
@@ -108,17 +111,17 @@ def edit_call_file(edit: Callable[[dict[str, Any], bytes], tuple[dict[str, Any] 
 def edit_call(edit: Callable[[dict[str, Any]], Any]) -> Callable[[Path], Path]:
     """Mutate the first call's replay.call metadata (in place, or return its replacement)."""
     def change(header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
-        call = json.loads(header["__metadata__"]["replay.call"])
+        call = json.loads(header["__metadata__"][FIRST_CALL])
         replaced = edit(call)
         # "OVERFLOW" stands for a number no float holds (json.dumps cannot write one)
-        header["__metadata__"]["replay.call"] = json.dumps(call if replaced is None else replaced).replace(
+        header["__metadata__"][FIRST_CALL] = json.dumps(call if replaced is None else replaced).replace(
             '"OVERFLOW"', "1e999")
         return header, body
     return edit_call_file(change)
 
 
 def raw_call_metadata(text: str) -> Callable[[Path], Path]:
-    return edit_call_file(lambda header, body: ({**header, "__metadata__": {"replay.call": text}}, body))
+    return edit_call_file(lambda header, body: ({**header, "__metadata__": {FIRST_CALL: text}}, body))
 
 
 def raw_safetensors_header(text: str) -> Callable[[Path], Path]:
@@ -206,9 +209,15 @@ HOSTILE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "index file with NUL": (edit_index(lambda e: e.update(file="calls/a\x00b")), "file"),
     "index file absolute": (edit_index(lambda e: e.update(file="/etc/passwd")), "file"),
     "index file dot-dot": (edit_index(lambda e: e.update(file="calls/../../x")), "file"),
-    "index file a directory": (lambda p: (edit_index(lambda e: e.update(file="calls"))(p), p / "calls")[-1],
+    "index file a directory": (lambda p: (edit_index(lambda e: e.update(file="segments"))(p), p / "segments")[-1],
                                "regular file"),
     "index line a list": (edit_index(lambda e: [e]), "index line"),
+    "index call another call's": (edit_index(lambda e: e.update(call="c000001/")), "another call's keys"),
+    "index call not a call prefix": (edit_index(lambda e: e.update(call="../in/")), "call"),
+    "index call in a segment without it": (lambda p: (write_lines(p, [dict(lines(p)[0], index=7, call="c000007/")]),
+                                                      p / lines(p)[0]["file"])[-1], "holds no call c000007"),
+    "segment tensor without a call prefix": (edit_call_file(lambda header, body: (
+        {("in/x" if key.endswith("/in/x") else key): value for key, value in header.items()}, body)), "names no call"),
     "index line NaN literal": (raw_index_line('{"index": NaN}'), "NaN"),
     "index line nested deep": (raw_index_line(nested(100_000)), "deep"),
     "index duplicate": (lambda p: (write_lines(p, [lines(p)[0], lines(p)[0]]), p / "calls.jsonl")[-1],

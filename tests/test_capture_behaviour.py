@@ -134,7 +134,7 @@ def failing_in(directory: str, real: Callable[..., None]) -> Callable[..., None]
     return write
 
 
-@pytest.mark.parametrize("directory", [writer.CALLS_DIR, writer.BLOBS_DIR])
+@pytest.mark.parametrize("directory", [writer.SEGMENTS_DIR, writer.BLOBS_DIR])
 def test_write_failure_is_reported_once_and_capture_stops(directory: str, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           said) -> None:
@@ -154,7 +154,7 @@ def test_write_failure_is_reported_once_and_capture_stops(directory: str, tmp_pa
 
 def test_strict_mode_raises_on_write_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REPLAY_CAPTURE_STRICT", "1")
-    monkeypatch.setattr(writer, "write_atomic", failing_in(writer.CALLS_DIR, writer.write_atomic))
+    monkeypatch.setattr(writer, "write_atomic", failing_in(writer.SEGMENTS_DIR, writer.write_atomic))
     with replay.recording(tmp_path / "snap"):
         with pytest.raises(CaptureError, match="No space left on device"):
             takes_anything(torch.zeros(2))
@@ -338,11 +338,11 @@ def test_callables_that_are_not_plain_functions_keep_their_own_calling_conventio
     assert replay.capture("kinds_object")(Scale())(4) == 8
 
 
-def test_a_call_file_that_cannot_be_written_never_reaches_the_program(tmp_path: Path,
-                                                                      said) -> None:
-    weight = torch.randn(128, 128)  # a blob, written before the call file
+def test_a_segment_that_cannot_be_written_never_reaches_the_program(tmp_path: Path,
+                                                                     said) -> None:
+    weight = torch.randn(128, 128)  # a blob, written before the call's segment
     with replay.recording(tmp_path / "snap") as rec:
-        (tmp_path / "snap" / "calls").rmdir()
-        (tmp_path / "snap" / "calls").write_text("in the way")
+        (tmp_path / "snap" / "segments").rmdir()
+        (tmp_path / "snap" / "segments").write_text("in the way")
         takes_anything(weight)
     assert rec.stopped and "writing call 0 failed" in "\n".join(said())

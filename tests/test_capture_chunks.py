@@ -40,7 +40,7 @@ def version(path: Path) -> int:
     return json.loads((path / "manifest.json").read_text())["format_version"]
 
 
-def test_written_state_reads_back_exactly_from_chunks_and_makes_the_snapshot_format_3(tmp_path: Path) -> None:
+def test_written_state_reads_back_exactly_from_chunks_in_packs(tmp_path: Path) -> None:
     gen = torch.Generator().manual_seed(0)
     base = torch.randn(3, 1400, 301, generator=gen).to(torch.bfloat16)  # 2.5 MB, not a multiple of 64 KiB
     view = base[1:, :, 7:].transpose(0, 1)  # a strided view with a storage offset
@@ -50,7 +50,7 @@ def test_written_state_reads_back_exactly_from_chunks_and_makes_the_snapshot_for
         total = update(view, 2.0)
         flip(flags)
     first, second = Snapshot(tmp_path / "snap")
-    assert version(tmp_path / "snap") == 3
+    assert version(tmp_path / "snap") == 4 and len(list((tmp_path / "snap" / "packs").iterdir())) == 4
     before, after = first.tensors["in/state"], first.tensors["out/state"]
     assert (before.shape, before.stride(), before.storage_offset(), before.dtype) == \
         (view.shape, view.stride(), view.storage_offset(), torch.bfloat16)
@@ -60,12 +60,12 @@ def test_written_state_reads_back_exactly_from_chunks_and_makes_the_snapshot_for
     assert [len(line["blobs"]) for line in index] == [2, 2]  # each call names its two chunk lists
 
 
-def test_fresh_outputs_stay_inline_and_the_snapshot_format_1(tmp_path: Path) -> None:
+def test_fresh_outputs_stay_inline_and_need_no_packs(tmp_path: Path) -> None:
     x = torch.randn(1 << 20)  # 4 MiB: read-only, so one blob; its product is a fresh output, inline
     with replay.recording(tmp_path / "snap"):
         out = scale(x, 2.0)
     (record,) = Snapshot(tmp_path / "snap")
-    assert version(tmp_path / "snap") == 1 and torch.equal(record.tensors["out/out"], out)
+    assert not (tmp_path / "snap" / "packs").exists() and torch.equal(record.tensors["out/out"], out)
     assert list(record.blobs) == ["in/x"]
 
 

@@ -225,7 +225,7 @@ def test_without_hard_links_the_manifest_is_still_created_exclusively(tmp_path: 
     won, refused = race(lambda who: writer.SnapshotWriter(path))
     assert len(won) == 1 and all(isinstance(exc, SnapshotError) for exc in refused), refused
     assert Snapshot(path).manifest["capture_errors"] == []
-    assert sorted(p.name for p in path.iterdir()) == ["blobs", "calls", "manifest.json"]
+    assert sorted(p.name for p in path.iterdir()) == ["blobs", "manifest.json", "segments"]
 
 
 def test_an_unwritable_parent_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

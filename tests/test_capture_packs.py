@@ -3,7 +3,9 @@
 A pack's pieces are checked against their names when read; a damaged pack is one line naming it."""
 from __future__ import annotations
 
+import errno
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 
 import replay
 from replay.errors import SnapshotError
-from replay.snapshot import Snapshot
+from replay.snapshot import Snapshot, writer
 
 MiB = 1 << 20
 
@@ -45,7 +47,7 @@ def test_a_tensors_new_pieces_are_one_file_and_read_back_exactly(tmp_path: Path)
     calls = list(Snapshot(snap))
     for call, before, after in zip(calls, seen, seen[1:]):
         assert torch.equal(call.tensors["in/state"], before) and torch.equal(call.tensors["out/state"], after)
-    assert json.loads((snap / "manifest.json").read_text())["format_version"] == 3
+    assert json.loads((snap / "manifest.json").read_text())["format_version"] == 4
 
 
 def test_pieces_another_call_stored_are_not_packed_again(tmp_path: Path) -> None:
@@ -57,6 +59,52 @@ def test_pieces_another_call_stored_are_not_packed_again(tmp_path: Path) -> None
     assert len(packs(tmp_path / "snap")) == 1
     first, second = Snapshot(tmp_path / "snap")
     assert torch.equal(second.tensors["out/state"], state) and torch.equal(first.tensors["in/state"], state)
+
+
+def pack_writes_held(monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> tuple[threading.Event, threading.Event]:
+    """Writing a pack waits for the second event once it has set the first (then fails, with `fail`)."""
+    started, release = threading.Event(), threading.Event()
+    real = writer.write_atomic
+
+    def held(path: Path, data: object, **options: object) -> None:
+        if path.parent.name == "packs":
+            started.set()
+            release.wait(30)
+            if fail:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data, **options)
+    monkeypatch.setattr(writer, "write_atomic", held)
+    return started, release
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["written", "failed"])
+def test_pieces_another_thread_is_packing_are_waited_for_not_packed_twice(tmp_path: Path, fail: bool,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # one call's output is the next one's input: two writer threads may chunk the same bytes at once
+    snap = writer.SnapshotWriter(tmp_path / "snap")
+    span = torch.arange(MiB // 4, dtype=torch.float32)  # 16 pieces
+    started, release = pack_writes_held(monkeypatch, fail)
+    outcomes: dict[str, object] = {}
+
+    def put(who: str) -> None:
+        try:
+            outcomes[who] = snap.put_chunks(span.clone())
+        except OSError as exc:
+            outcomes[who] = exc
+    first = threading.Thread(target=put, args=("first",))
+    first.start()
+    assert started.wait(30)
+    second = threading.Thread(target=put, args=("second",))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # the pieces are the first's pack's, which is not whole yet: it waits
+    release.set()
+    first.join()
+    second.join()
+    if fail:
+        assert all(isinstance(outcome, OSError) for outcome in outcomes.values())
+    else:
+        assert outcomes["first"] == outcomes["second"] and len(packs(tmp_path / "snap")) == 1
 
 
 def flip_a_byte(path: Path, at: int) -> None:

@@ -41,12 +41,13 @@ def workload(device: str = "cpu", steps: int = 6) -> None:
 
 
 def contents(path: Path) -> dict[str, Any]:
-    """What a snapshot holds, less what differs run to run (call timings, file hashes over them)."""
+    """What a snapshot holds, less what differs run to run (call timings, file hashes over them, and
+    which segment holds a call: one a call when synchronous, one for them all here when pipelined)."""
     snapshot = Snapshot(path)
     calls = []
     for entry, record in zip(snapshot.entries, snapshot):
         meta = {k: v for k, v in record.meta.items() if k not in ("start_s", "duration_s")}
-        calls.append((entry.index, entry.op, entry.variant, entry.file, entry.blobs, record.provider, record.args,
+        calls.append((entry.index, entry.op, entry.variant, entry.call, entry.blobs, record.provider, record.args,
                       record.launch, record.returns_json, record.blobs, meta,
                       {key: (t.dtype, t.shape, t.stride(), t.cpu().numpy().tobytes())
                        for key, t in record.tensors.items()}))
@@ -61,21 +62,23 @@ def test_a_pipelined_recording_is_the_same_snapshot_as_a_synchronous_one(tmp_pat
     pipelined, synchronous = contents(tmp_path / "True"), contents(tmp_path / "False")
     assert len(pipelined["calls"]) == 12 and len(pipelined["blobs"]) == 1
     assert pipelined == synchronous
+    segments = [len(list((tmp_path / name / "segments").iterdir())) for name in ("True", "False")]
+    assert segments == [1, 12]
 
 
 def slow_writes(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """Each call file takes `seconds` longer to write."""
+    """Each call takes `seconds` longer to write."""
     held_writes(monkeypatch, lambda index: time.sleep(seconds))
 
 
 def held_writes(monkeypatch: pytest.MonkeyPatch, hold: Any) -> None:
-    """hold(index) runs before call `index`'s file is written."""
-    real = SnapshotWriter.write_call_file
+    """hold(index) runs on a writer thread before call `index` is made ready for its segment."""
+    real = SnapshotWriter.call_part
 
-    def write_call_file(self: SnapshotWriter, index: int, *args: Any, **kwargs: Any) -> dict:
+    def call_part(index: int, *args: Any, **kwargs: Any) -> Any:
         hold(index)
-        return real(self, index, *args, **kwargs)
-    monkeypatch.setattr(SnapshotWriter, "write_call_file", write_call_file)
+        return real(index, *args, **kwargs)
+    monkeypatch.setattr(SnapshotWriter, "call_part", staticmethod(call_part))
 
 
 def test_a_full_queue_blocks_by_default_and_loses_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,7 +139,7 @@ def test_durability_says_when_files_reach_the_disk(durability: str, tmp_path: Pa
         during = len(synced) - before
     after = len(synced) - before - during
     if durability == "call":
-        assert during >= 2 * 4 and after == 0  # each call's file and its index line
+        assert during >= 4 + 1 and after == 0  # each call's index line, and the segment holding them
     else:
         assert during == 0 and after >= 4 + 1  # four calls, one blob, the index and the directories, at close
 
@@ -152,15 +155,15 @@ def test_bad_options_are_clear_errors_and_create_nothing(option: str, value: Any
 
 
 def test_writers_in_parallel_still_index_calls_in_call_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    first_may_go = threading.Event()
-    held_writes(monkeypatch, lambda index: index == 0 and first_may_go.wait(30))  # the first call's file lands last
-    last_file = tmp_path / "snap" / "calls" / "000007-pipe_scale_.safetensors"
+    first_may_go, ready = threading.Event(), []
+    # the first call is made ready last
+    held_writes(monkeypatch, lambda index: (index == 0 and first_may_go.wait(30)) or ready.append(index))
     with replay.recording(tmp_path / "snap") as rec:
         workload(steps=4)
         deadline = time.monotonic() + 30
-        while not last_file.exists() and time.monotonic() < deadline:  # written meanwhile, by the other writers
+        while 7 not in ready and time.monotonic() < deadline:  # made ready meanwhile, by the other writer
             time.sleep(0.01)
-        assert last_file.exists() and rec.calls_written == 0
+        assert 7 in ready and rec.calls_written == 0
         first_may_go.set()
     lines = (tmp_path / "snap" / "calls.jsonl").read_text().splitlines()
     assert [json.loads(line)["index"] for line in lines] == list(range(8))

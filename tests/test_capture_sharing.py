@@ -128,7 +128,7 @@ def test_unsafe_op_names_stay_inside_the_snapshot(tmp_path: Path) -> None:
     root = (tmp_path / "snap").resolve()
     for entry in snapshot.entries:
         path = (root / entry.file).resolve()
-        assert path.parent == root / "calls" and path.is_file()
+        assert path.parent == root / "segments" and path.is_file()
         assert all(c.isprintable() for c in entry.file)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["snap"]
 

@@ -141,14 +141,14 @@ def test_a_real_disk_full_to_its_last_page_loses_no_indexed_call(small_disk: Pat
     """The disk fills up just after each call's file is written, so an index append that needs a new
     page finds none: the kernel writes what fits in the index's last page and says how much."""
     from replay.snapshot import writer
-    real, fillers = writer.SnapshotWriter.write_call_file, [0]
+    real, fillers = writer.SnapshotWriter.write_segment, [0]
 
-    def then_fill(self, index, *args, **kwargs):
-        line = real(self, index, *args, **kwargs)
-        if index > 0:  # the index's first page is taken by the first call
+    def then_fill(self, parts):
+        lines = real(self, parts)
+        if parts[0].index > 0:  # the index's first page is taken by the first call
             fill(small_disk, fillers)
-        return line
-    monkeypatch.setattr(writer.SnapshotWriter, "write_call_file", then_fill)
+        return lines
+    monkeypatch.setattr(writer.SnapshotWriter, "write_segment", then_fill)
     with replay.recording(small_disk / "snap", asynchronous=False) as rec:
         for step in range(200):
             double(torch.full((4, 4), float(step)))

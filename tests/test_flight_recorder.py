@@ -154,13 +154,13 @@ SLOW_DUMP = textwrap.dedent("""
     def step(x, n):
         return x + n
 
-    real = writer.SnapshotWriter.write_call_file
+    real = writer.SnapshotWriter.call_part
 
-    def slowly(self, *args, **kwargs):  # a dump that takes a while: 40 calls, 20 ms each
+    def slowly(*args, **kwargs):  # a dump that takes a while: 40 calls, 20 ms each
         time.sleep(0.02)
-        return real(self, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    writer.SnapshotWriter.write_call_file = slowly
+    writer.SnapshotWriter.call_part = staticmethod(slowly)
     with replay.recording(sys.argv[1], ring=40):
         for n in range(40):
             step(torch.zeros(4), n)

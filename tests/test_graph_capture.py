@@ -149,9 +149,9 @@ def test_a_graph_captured_while_recording_is_recorded_at_every_replay(tmp_path: 
     weight = torch.randn(256, 512, device="cuda", generator=gen)  # 512 KiB: a weight
     x = torch.zeros(8, 512, device="cuda")  # the graph's input buffer, filled before each replay
     fed = [torch.randn(8, 512, device="cuda", generator=gen) for _ in range(3)]
-    write_call_file = SnapshotWriter.write_call_file
-    monkeypatch.setattr(SnapshotWriter, "write_call_file",
-                        lambda *args, **kwargs: time.sleep(0.02) or write_call_file(*args, **kwargs))
+    call_part = SnapshotWriter.call_part
+    monkeypatch.setattr(SnapshotWriter, "call_part",
+                        staticmethod(lambda *args, **kwargs: time.sleep(0.02) or call_part(*args, **kwargs)))
     with replay.recording(tmp_path / "snap"):
         for _ in range(20):  # still being written when the capture begins: the writers wait for copies,
             linear(x, weight)  # a CUDA call that would break the capture, so the capture waits for them

@@ -126,7 +126,7 @@ def test_tolerances_that_would_turn_checks_off_are_refused(option: str, value: s
 @pytest.mark.parametrize("poison", ["0000c07f", "0000807f", "000080ff"], ids=["nan", "inf", "-inf"])
 def test_tampered_outputs_never_pass_on_non_finite_arithmetic(poison: str, snapshot: Path) -> None:
     def poisoned(header: dict, body: bytes) -> tuple[dict, bytes]:
-        begin, end = header["out/out"]["data_offsets"]
+        begin, end = header["c000000/out/out"]["data_offsets"]
         return header, body[:begin] + bytes.fromhex(poison) * ((end - begin) // 4) + body[end:]
     hostile.edit_call_file(poisoned)(snapshot)
     result = replay("run", str(snapshot), "--golden-data", "--rtol", "1", "--atol", "1e30", "--provider",

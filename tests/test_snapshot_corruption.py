@@ -74,10 +74,12 @@ def future_version(snapshot: Path) -> Path:
 def unknown_dtype_in_call_metadata(snapshot: Path) -> Path:
     path = first_call_file(snapshot)
     data = path.read_bytes()
-    call = json.loads(safetensors.safe_open(path, "pt").metadata()["replay.call"])
+    metadata = safetensors.safe_open(path, "pt").metadata()
+    key = index(snapshot)[0]["call"] + "replay.call"  # the first call's description, in its segment
+    call = json.loads(metadata[key])
     next(iter(call["tensors"].values()))["dtype"] = "float128"
     rewrite_indexed(snapshot, path, safetensors.torch.save(safetensors.torch.load(data),
-                                                           metadata={"replay.call": json.dumps(call)}))
+                                                           metadata={**metadata, key: json.dumps(call)}))
     return path
 
 

@@ -90,7 +90,7 @@ def test_cut_off_index_line_is_reported_and_the_whole_lines_kept(tmp_path: Path)
     complete = len(Snapshot(snapshot))
     with open(snapshot / "calls.jsonl", "a") as f:
         f.write('{"index": 99, "op": "fixture_linear", "variant": "defa')  # a short write
-    (snapshot / "calls" / ".000099-fixture_linear.safetensors.1.2.tmp").write_bytes(b"half a file")
+    (snapshot / "segments" / ".00000099.safetensors.1.2.tmp").write_bytes(b"half a file")
     read = Snapshot(snapshot, strict=False)
     assert len(read) == complete
     assert all(record.index != 99 for record in read)

@@ -164,7 +164,7 @@ def test_call_files_hold_the_bytes_safetensors_writes(tensors: dict[str, torch.T
     the bytes are the same, so a blob's digest is what any writer of the format gives it."""
     spans = {name: t.contiguous() for name, t in tensors.items()}
     metadata = {callfile.META_KEY: json.dumps(header)} if header is not None else None
-    written = b"".join(bytes(part) for part in callfile.serialize_parts(header, spans))
+    written = b"".join(bytes(part) for part in callfile.serialize_parts(metadata, spans))
     assert written == safetensors.torch.save(spans, metadata=metadata)
 
 

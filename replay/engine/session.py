@@ -170,8 +170,9 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
             try:
                 record = snapshot.load(entry)
                 golden = _golden_record(golden_snapshot, entry.index, record) if golden_snapshot else None
-            except SnapshotError as exc:  # said, and the other calls replayed all the same
-                damaged.append(str(exc))
+            except SnapshotError as exc:  # said (once for all the calls of a damaged segment); the rest replayed
+                if str(exc) not in damaged:
+                    damaged.append(str(exc))
                 continue
             reruns += record.triton is not None or record.torch_op is not None
             if golden is not None and not _same_inputs(record, golden):

@@ -154,7 +154,8 @@ def recording(path: str | Path, **options: Any) -> Iterator[Recording]:
             unwritable place raises SnapshotError.
         **options: those of RecordingOptions (replay/recorder/options.py, each explained there):
             notes, tag_level, strict, blob_threshold, chunk_threshold, asynchronous, queue_depth,
-            when_full ("block" or "drop"), durability ("close" or "call"), ring (a flight
+            when_full ("block" or "drop"), durability ("close" or "call"), segment_bytes and
+            segment_seconds (when a file of many calls is closed), ring (a flight
             recording of the last N calls), ring_bytes; triton (every Triton launch outside a
             recorded call is a call: on by default), only, skip, calls, steps, state_names;
             max_bytes (stop once the recorded calls hold this many bytes).

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from replay.recorder.pipeline import DEFAULT_QUEUE_DEPTH, check_options
+from replay.recorder.pipeline import DEFAULT_QUEUE_DEPTH, SEGMENT_BYTES, SEGMENT_SECONDS, check_options
 
 BLOB_THRESHOLD_BYTES = 64 * 1024
 CHUNK_THRESHOLD_BYTES = 1 << 20
@@ -32,8 +32,12 @@ class RecordingOptions:
         when_full: with the queue full, "block" (the program waits; nothing is lost) or "drop"
             (the call is not recorded; the manifest's capture_errors counts and names the drops).
         durability: "close" flushes the files to disk once, when the recording closes (a killed
-            process loses nothing: the page cache outlives it); "call" flushes each call's files
-            as they are written, for runs that may lose power.
+            process loses nothing written: the page cache outlives it); "call" flushes each file
+            as it is written (a call with its segment), for runs that may lose power.
+        segment_bytes, segment_seconds: calls are written many to a file (a segment), closed once
+            its calls hold `segment_bytes` or its first call is `segment_seconds` old; a killed
+            process loses the open segment (calls that young) and the calls still queued.
+            Synchronous recording writes a segment a call.
         ring: a flight recording: keep only the last `ring` calls, in host memory, and write them
             when an exception leaves the block, on SIGUSR1 (and go on), on SIGTERM (and exit; a
             second SIGTERM while they are written waits for them) or on `replay.dump()`; a block
@@ -71,6 +75,8 @@ class RecordingOptions:
     queue_depth: int = DEFAULT_QUEUE_DEPTH
     when_full: str = "block"
     durability: str = "close"
+    segment_bytes: int = SEGMENT_BYTES
+    segment_seconds: float = SEGMENT_SECONDS
     ring: int | None = None
     ring_bytes: int = DEFAULT_RING_BYTES
     triton: bool = True
@@ -87,5 +93,9 @@ class RecordingOptions:
         for name, (first, end) in (("calls", self.calls), ("steps", self.steps)):
             if first < 0 or (end is not None and end < first):
                 raise ValueError(f"{name}={(first, end)!r}: a range (first, end) with 0 <= first <= end")
+        if isinstance(self.segment_bytes, bool) or not isinstance(self.segment_bytes, int) or self.segment_bytes < 0:
+            raise ValueError(f"segment_bytes={self.segment_bytes!r}: a number of bytes, at least 0")
+        if not isinstance(self.segment_seconds, (int, float)) or not 0 < self.segment_seconds < float("inf"):
+            raise ValueError(f"segment_seconds={self.segment_seconds!r}: a positive number of seconds")
         if self.max_bytes < 0:
             raise ValueError(f"max_bytes={self.max_bytes}: a number of bytes, or 0 for no budget")

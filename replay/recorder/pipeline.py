@@ -3,8 +3,9 @@
 At a captured call the recorder only issues copies: a CPU tensor is cloned; a GPU tensor's
 storage span is copied `non_blocking` into a pinned host buffer from a reusable pool, on the
 stream the call runs on (inputs before the call, outputs after), and an event marks the end.
-The call then goes on a bounded queue; writer threads wait for the event, hash blobs, write
-the files straight from the buffers, give the buffers back, and index calls in call order.
+The call then goes on a bounded queue; writer threads wait for the event, hash and write blobs
+and chunks, and take the calls in call order into a segment (many calls, one file) written
+straight from the buffers when it closes; then the buffers go back and its calls are indexed.
 When the queue is full, `when_full` says what happens: "block" (the program waits; nothing is
 lost) or "drop" (the call is not recorded; drops are counted and named in the manifest's
 capture_errors). A CUDA graph replay's calls travel together, as a PendingBatch: a few host
@@ -16,17 +17,24 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from replay.snapshot import SnapshotWriter
+from replay.snapshot.writer import CallPart
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 
 WHEN_FULL = ("block", "drop")
 DEFAULT_QUEUE_DEPTH = 64
 WRITER_THREADS = 2  # more contend for the interpreter lock with the program (measured: docs/PERFORMANCE.md)
+# A segment closes once its calls hold this many bytes, or once its first call is this old: a file
+# costs ~0.3 ms to create whatever it holds, which 16 MiB written at 1.3 GB/s (~12 ms) hides; and
+# a killed process loses at most the open segment, calls at most half a second old
+SEGMENT_BYTES = 16 << 20
+SEGMENT_SECONDS = 0.5
 _MIN_BUFFER = 4096
 
 
@@ -254,24 +262,52 @@ def check_options(depth: int, when_full: str) -> None:
         raise ValueError(f"queue_depth={depth!r}: must be a whole number of calls, at least 1")
 
 
+@dataclass
+class _Segment:
+    """Calls taken in call order, to be written as one file (a segment) once closed; the pendings
+    whose host copies it holds go back to the pool after."""
+    opened: float = 0.0
+    parts: list[CallPart] = field(default_factory=list)
+    holds: list[Pending] = field(default_factory=list)
+    nbytes: int = 0
+    number: int = -1  # its place in the order of closing: index lines follow that order
+
+    def add(self, parts: list[CallPart], pending: Pending) -> None:
+        if not self.holds:
+            self.opened = time.monotonic()
+        self.parts += parts
+        self.holds.append(pending)
+        self.nbytes += sum(part.nbytes for part in parts)
+
+
 class CallWriter:
     """Writes pending calls and indexes them in the order they were submitted: on the caller's
-    thread (synchronous), or on `threads` writer threads with at most `depth` calls submitted and
-    not yet indexed (options checked by check_options first). Hashing and file writes release the
-    interpreter lock, so several writers keep a disk busy where one cannot; each call's index line
-    waits for the calls before it."""
+    thread (synchronous: a segment a call, written before the program goes on), or on `threads`
+    writer threads with at most `depth` calls submitted and not yet taken into a segment (options
+    checked by check_options first). Writer threads hash and write blobs and chunks side by side
+    (both release the interpreter lock); calls are then taken in call order into the open segment,
+    closed once it holds `segment_bytes` or its first call is `segment_seconds` old, and written
+    by the thread that closed it; index lines follow in the order segments were closed."""
 
     def __init__(self, writer: SnapshotWriter, pool: PinnedPool, *, asynchronous: bool, depth: int,
                  when_full: str, on_error: Callable[[str, BaseException], None],
-                 threads: int = WRITER_THREADS):
+                 threads: int = WRITER_THREADS, segment_bytes: int = SEGMENT_BYTES,
+                 segment_seconds: float = SEGMENT_SECONDS):
         self.writer, self.pool, self.when_full, self.on_error = writer, pool, when_full, on_error
         self.depth = depth
+        self.segment_bytes = segment_bytes if asynchronous else 0
+        self.segment_seconds = segment_seconds
         self.failed = False  # after a failure nothing more is indexed
         self.written = 0
         self._state = threading.Condition()
         self._submitted = 0  # sequence numbers handed out
-        self._indexed = 0  # the next sequence number to index
-        self._finished: dict[int, tuple[PendingCall | None, list[dict], BaseException | None]] = {}
+        self._taken = 0  # the next sequence number to take into the open segment
+        self._finished: dict[int, tuple[PendingCall | None, list[CallPart], BaseException | None, Pending]] = {}
+        self._open = _Segment()
+        self._closed = 0  # segments closed
+        self._indexed = 0  # the next closed segment to index
+        self._index_stopped = False  # a segment failed: none after it is indexed
+        self._segments_written: dict[int, tuple[_Segment, list[dict], BaseException | None]] = {}
         self._work: queue.SimpleQueue[tuple[int, Pending] | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._run, name=f"replay-capture-writer-{n}", daemon=True)
                          for n in range(threads if asynchronous else 0)]
@@ -280,13 +316,13 @@ class CallWriter:
 
     def full(self) -> bool:
         """Whether a call made now would wait for room (when_full "drop": not recorded)."""
-        return bool(self._threads) and self._submitted - self._indexed >= self.depth
+        return bool(self._threads) and self._submitted - self._taken >= self.depth
 
     def submit(self, call: Pending) -> None:
         """Queue `call` (or a replay's calls), waiting for room when `depth` are pending; written on
         this thread when synchronous, or after close (a call another thread finished meanwhile)."""
         with self._state:
-            while self._threads and self._submitted - self._indexed >= self.depth:
+            while self._threads and self._submitted - self._taken >= self.depth:
                 self._state.wait()
             sequence, self._submitted = self._submitted, self._submitted + 1
             queued = bool(self._threads)
@@ -296,10 +332,18 @@ class CallWriter:
             self._finish(sequence, call)
 
     def flush(self) -> None:
-        """Return once every call submitted so far is indexed (or failed)."""
+        """Return once every call submitted so far is indexed (or failed): the open segment is
+        closed and written."""
         with self._state:
             target = self._submitted
-            while self._indexed < target:
+            while self._taken < target:
+                self._state.wait()
+            closing = self._close_open()
+            last = self._closed
+        if closing is not None:
+            self._write_segment(closing)
+        with self._state:
+            while self._indexed < last:
                 self._state.wait()
 
     def close(self) -> None:
@@ -316,55 +360,114 @@ class CallWriter:
 
     def _run(self) -> None:
         while True:
-            item = self._work.get()
+            try:
+                item = self._work.get(timeout=self.segment_seconds)
+            except queue.Empty:  # nothing new: the open segment may be old enough to close
+                with self._state:
+                    closing = self._close_open() if self._open_is_old() else None
+                if closing is not None:
+                    self._write_segment(closing)
+                continue
             if item is None:
                 return
             self._finish(*item)
 
     def _finish(self, sequence: int, pending: Pending) -> None:
-        lines: list[dict] = []
-        error: BaseException | None  # this pending's failure, then each one's indexed after it
-        call, error = pending if isinstance(pending, PendingCall) else None, None
+        """Make `pending`'s calls ready for a segment (blobs and chunks written), then take every
+        finished call that is next in call order into the open segment, and write it if it closes."""
+        parts: list[CallPart] = []
+        error: BaseException | None = None
+        call = pending if isinstance(pending, PendingCall) else None
         try:
             pending.ready()
             for call in pending.calls():
                 if self.failed:
                     break
-                lines.append(self._write_files(call))
+                parts.append(self._call_part(call))
         except Exception as exc:  # a full disk, a failed copy: reported; the program goes on
             error = exc
-        finally:
-            self.discard(pending, landed=True)
-        failures = []
+        failures, dropped, closing = [], [], []
         with self._state:
-            self._finished[sequence] = (call, lines, error)
-            while self._indexed in self._finished:
-                done, lines, error = self._finished.pop(self._indexed)
-                for line in lines if not self.failed else []:
-                    try:
-                        self.writer.add_to_index(line)
-                        self.written += 1
-                    except OSError as exc:
-                        error = exc
-                        break
+            self._finished[sequence] = (call, parts, error, pending)
+            while self._taken in self._finished:
+                done, parts, error, taken = self._finished.pop(self._taken)
+                self._taken += 1
                 if error is not None and not self.failed:
                     self.failed = True
                     failures.append((f"op '{done.header['op']}': writing call {done.index}" if done is not None
                                      else "writing the calls of a CUDA graph replay", error))
+                    closing.append(self._close_open())  # the calls before it are whole: indexed
+                if self.failed:
+                    dropped.append(taken)
+                    continue
+                self._open.add(parts, taken)
+                if self._open.nbytes >= self.segment_bytes or self._open_is_old():
+                    closing.append(self._close_open())
+            self._state.notify_all()
+        for pending in dropped:
+            self.discard(pending, landed=True)
+        for what, error in failures:  # outside the lock: reporting writes the manifest
+            self.on_error(what, error)
+        for segment in closing:
+            if segment is not None:
+                self._write_segment(segment)
+
+    def _open_is_old(self) -> bool:
+        return bool(self._open.holds) and time.monotonic() - self._open.opened >= self.segment_seconds
+
+    def _close_open(self) -> _Segment | None:
+        """The open segment, numbered in the order of closing, and a new one open; None if it is
+        empty. Called holding the state lock."""
+        if not self._open.holds:
+            return None
+        closing, self._open = self._open, _Segment()
+        closing.number, self._closed = self._closed, self._closed + 1
+        return closing
+
+    def _write_segment(self, segment: _Segment) -> None:
+        """Write a closed segment's file, give its host copies back, and index its calls once every
+        segment closed before it is indexed."""
+        lines: list[dict] = []
+        error: BaseException | None = None
+        try:
+            if segment.parts:
+                lines = self.writer.write_segment(segment.parts)
+        except Exception as exc:
+            error = exc
+        for pending in segment.holds:
+            self.discard(pending, landed=True)
+        failures = []
+        with self._state:
+            self._segments_written[segment.number] = (segment, lines, error)
+            while self._indexed in self._segments_written:
+                done, lines, error = self._segments_written.pop(self._indexed)
                 self._indexed += 1
+                first, last = done.parts[0].index, done.parts[-1].index
+                for line in lines if error is None and not self._index_stopped else []:
+                    try:
+                        self.writer.add_to_index(line)
+                        self.written += 1
+                    except OSError as exc:
+                        error, first = exc, line["index"]
+                        last = first  # the calls after it in the segment are written but never indexed
+                        break
+                if error is not None and not self._index_stopped:
+                    self._index_stopped = self.failed = True
+                    failures.append((f"writing call {first}" if first == last else f"writing calls {first}-{last}",
+                                     error))
             self._state.notify_all()
         for what, error in failures:  # outside the lock: reporting writes the manifest
             self.on_error(what, error)
 
-    def _write_files(self, call: PendingCall) -> dict:
-        """Write a call's blobs, chunks and file (its copies have landed); its index line."""
+    def _call_part(self, call: PendingCall) -> CallPart:
+        """A call's blobs and chunks written (its copies have landed), the rest made ready for a segment."""
         blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
         chunks = {key: self.writer.put_chunks(c.span) for key, c in call.copies.items() if c.chunked}
         geometries = {**{key: copy.geometry for key, copy in call.copies.items()},
                       **{key: geometry for key, (_, geometry) in call.blobs.items()}}
-        return self.writer.write_call_file(call.index, call.header,
-                                           {key: c.span for key, c in call.copies.items() if not c.chunked},
-                                           geometries, blobs, chunks)
+        return self.writer.call_part(call.index, call.header,
+                                     {key: c.span for key, c in call.copies.items() if not c.chunked},
+                                     geometries, blobs, chunks)
 
     def discard(self, pending: Pending, landed: bool = False) -> None:
         """Give back the buffers of a call (or replay) written or never to be, once its copies landed."""

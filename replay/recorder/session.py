@@ -100,7 +100,8 @@ class Recording(GraphRecording):
         self.writer = SnapshotWriter(path, notes=options.notes, durability=options.durability)
         # strict capture writes on the calling thread, so that a failure raises in the call that met it
         self.calls = CallWriter(self.writer, SHARED_POOL, asynchronous=options.asynchronous and not self.strict,
-                                depth=options.queue_depth, when_full=options.when_full, on_error=self._write_failed)
+                                depth=options.queue_depth, when_full=options.when_full, on_error=self._write_failed,
+                                segment_bytes=options.segment_bytes, segment_seconds=options.segment_seconds)
         self.started = time.perf_counter()  # calls record their start from here
         self.stopped = False
         self._blob_ids = _BlobIds()

@@ -1,9 +1,11 @@
-"""One call file: a safetensors file whose header metadata holds the call's description.
+"""Call files and segments: safetensors files whose header metadata holds calls' descriptions.
 
-Tensor keys are '<role>/<name>' (role: in, out, state, tag); each stored tensor is the
-storage span of the recorded view. The metadata entry 'replay.call' is JSON with
-op, variant, provider, args, launch and, per tensor key, its geometry; a tensor
-stored as a blob has no data here, only its geometry and the blob's hash.
+A call file (formats 1-3) holds one call: tensor keys are '<role>/<name>' (role: in, out,
+state, tag), each stored tensor the storage span of the recorded view, and the metadata entry
+'replay.call' is JSON with op, variant, provider, args, launch and, per tensor key, its
+geometry; a tensor stored as a blob has no data here, only its geometry and the blob's hash.
+A segment (format 4) holds many: each call's keys and metadata entry carry its prefix
+('c000017/in/x', 'c000017/replay.call'); a call file is a segment of one call, prefix ''.
 """
 from __future__ import annotations
 
@@ -33,11 +35,15 @@ _RANK = {dtype: rank for rank, dtype in enumerate(_DTYPE_NAMES)}
 Buffer = Any  # bytes, or a memoryview/numpy array over a tensor's memory
 
 
-def serialize_parts(header: dict[str, Any] | None, spans: dict[str, torch.Tensor]) -> Sequence[Buffer]:
-    """A call file (or, with no header, a blob file) as the buffers to write one after another: its
-    safetensors header, then each tensor's bytes where they lie, uncopied. The bytes are those
-    safetensors.torch.save writes, for every dtype a snapshot holds (tensors.DTYPES)."""
-    metadata = {META_KEY: json.dumps(header, allow_nan=False)} if header is not None else None
+def call_prefix(index: int) -> str:
+    """What a call's tensor keys and metadata entry start with in a segment."""
+    return f"c{index:06d}/"
+
+
+def serialize_parts(metadata: dict[str, str] | None, spans: dict[str, torch.Tensor]) -> Sequence[Buffer]:
+    """A segment or call file (or, with no metadata, a blob file) as the buffers to write one
+    after another: its safetensors header, then each tensor's bytes where they lie, uncopied. The
+    bytes are those safetensors.torch.save writes, for every dtype a snapshot holds (tensors.DTYPES)."""
     entries: dict[str, Any] = {"__metadata__": metadata} if metadata is not None else {}
     parts: list[Buffer] = [b""]
     offset = 0
@@ -68,8 +74,8 @@ def blob_prefix(nbytes: int) -> bytes:
     return bytes(serialize_blob(torch.zeros(nbytes, dtype=torch.uint8))[0])
 
 
-def read_metadata(data: bytes) -> str:
-    """The call description's JSON text from a call file's bytes (raises ValueError if malformed)."""
+def read_metadata(data: bytes) -> dict[str, Any]:
+    """A call file's or segment's safetensors metadata (raises ValueError if malformed)."""
     if len(data) < 8:
         raise ValueError("file is shorter than a safetensors header")
     (size,) = struct.unpack("<Q", data[:8])
@@ -77,9 +83,18 @@ def read_metadata(data: bytes) -> str:
         raise ValueError("header runs past the end of the file (truncated?)")
     header = schema.parse(data[8:8 + size], "document")
     meta = header.get("__metadata__")
-    if not isinstance(meta, dict) or not isinstance(meta.get(META_KEY), str):
+    if not isinstance(meta, dict):
         raise ValueError(f"no '{META_KEY}' metadata: not a replay call file")
-    return meta[META_KEY]
+    return meta
+
+
+def call_text(metadata: dict[str, Any], prefix: str) -> str:
+    """The JSON description of the call `prefix` names in a file's metadata (ValueError if none)."""
+    text = metadata.get(prefix + META_KEY)
+    if not isinstance(text, str):
+        raise ValueError(f"no '{prefix}{META_KEY}' metadata: " + (f"the segment holds no call {prefix[:-1]}"
+                                                                    if prefix else "not a replay call file"))
+    return text
 
 
 def read_spans(data: bytes) -> dict[str, torch.Tensor]:

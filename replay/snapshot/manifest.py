@@ -7,11 +7,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 3  # the newest this tool reads and writes
-# A snapshot is written as version 1 until a tensor is stored in chunks: what needs no chunks
-# stays readable by tools that read version 1 only. Version 2 stored each chunk as a file of
-# its own; version 3 (what this tool writes) packs a tensor's new chunks into one file.
-FIRST_VERSION, CHUNKED_VERSION, PACKED_VERSION = 1, 2, 3
+FORMAT_VERSION = 4  # the newest this tool reads, and what it writes
+# Version 1: a file a call. Version 2: large tensors in chunks, each chunk a file of its own.
+# Version 3: a tensor's new chunks packed into one file. Version 4: many calls to a file (segments).
+PACKED_VERSION, SEGMENTED_VERSION = 3, 4
 
 
 def git_state(directory: Path) -> dict[str, Any] | None:
@@ -44,7 +43,7 @@ def environment() -> dict[str, Any]:
 
 def new_manifest(notes: str = "", source_dir: Path | None = None) -> dict[str, Any]:
     return {
-        "format_version": FIRST_VERSION,
+        "format_version": FORMAT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "producer": {"git": git_state(source_dir or Path.cwd())},
         "environment": environment(),

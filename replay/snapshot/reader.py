@@ -1,10 +1,8 @@
 """Reading and verifying a snapshot, one call at a time."""
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import stat
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -13,33 +11,21 @@ from typing import Any, Iterator
 
 import torch
 
-from replay import settings
 from replay.errors import SnapshotError
 from replay.snapshot import callfile, jsonargs, schema
-from replay.snapshot.files import sha256_bytes, sha256_parts
+from replay.snapshot.budget import CallBudget, read_limit_from_env
+from replay.snapshot.confined import ConfinedDir, one_line
+from replay.snapshot.files import sha256_bytes
 from replay.snapshot.manifest import FORMAT_VERSION, PACKED_VERSION
+from replay.snapshot.packs import PackIndex, read_pack_index, read_piece
+from replay.snapshot.segments import SegmentReader
 from replay.snapshot.tensors import DTYPES, Geometry, rebuild
 from replay.snapshot.writer import INDEX, MANIFEST, PACKED_ROW, blob_relpath, pack_relpath, source_relpath
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_INDEX_BYTES = 1 << 30
-MAX_BLOB_BYTES = 1 << 40
 MAX_SOURCE_BYTES = 16 << 20
-MAX_PACK_HEADER_BYTES = 64 << 20  # ~100 bytes a piece: a pack of 40 GB of 64 KiB pieces
 PACK_INDEXES_KEPT = 64  # parsed pack headers kept between calls
-# What reading one call may cost in memory: the tensors it makes (blob copies, joined chunks) and
-# the views it hands out may each reach CALL_VIEW_RATIO times the distinct bytes the call stores on
-# disk (its file, and each blob or chunk it names, once however often it is named), or
-# settings.READ_LIMIT_MIB, whichever is larger (raised for a large tensor stored as a few pieces:
-# a KV cache still mostly zeros).
-CALL_VIEW_RATIO = 64
-# a file whose size is mostly holes would cost memory its disk blocks do not: refused past this size
-SPARSE_SLACK = 1 << 20
-
-
-def _one_line(exc: BaseException) -> str:
-    """An exception's message folded onto one line (errors are reported as one line)."""
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -53,6 +39,7 @@ class CallEntry:
     sha256: str
     bytes: int
     blobs: tuple[str, ...]
+    call: str = ""  # in a segment (format 4), the prefix of the call's keys; '' in a call file
 
 
 @dataclass
@@ -99,7 +86,7 @@ class CallRecord:
 
 
 class Snapshot:
-    """A snapshot directory opened for reading. Call files are read only on `load`."""
+    """A snapshot directory opened for reading. Segments and call files are read only on `load`."""
 
     def __init__(self, path: str | Path, *, verify: bool = True, blob_cache_bytes: int = 1 << 30,
                  strict: bool = True, read_limit: int | None = None):
@@ -110,24 +97,19 @@ class Snapshot:
         self.verify = verify
         self.strict = strict
         self.problems: list[str] = []
-        self.read_limit = read_limit if read_limit is not None else _read_limit_from_env()
+        self.read_limit = read_limit if read_limit is not None else read_limit_from_env()
         self._blob_cache: OrderedDict[str, torch.Tensor] = OrderedDict()
         self._blob_cache_bytes = blob_cache_bytes
         self._blob_cache_size = 0  # bytes the cache holds
-        self._pack_indexes: OrderedDict[int, _PackIndex] = OrderedDict()
-        try:
-            if not self.path.is_dir():
-                what = "a file, not a snapshot directory" if self.path.exists() else "no such snapshot directory"
-                raise SnapshotError(f"{self.path}: {what}")
-            self._root = os.path.realpath(self.path)
-        except (OSError, ValueError) as exc:  # a NUL byte or an unreachable path
-            raise SnapshotError(f"{self.path}: not a readable directory: {_one_line(exc)}") from None
+        self._pack_indexes: OrderedDict[int, PackIndex] = OrderedDict()
+        self._files = ConfinedDir(self.path, self.path / INDEX, verify)
+        self._segments = SegmentReader(self._files)
         self.manifest = self._read_manifest()
         self.entries = self._read_index()
 
     def _read_manifest(self) -> dict[str, Any]:
         path = self.path / MANIFEST
-        data = self._read_file(MANIFEST, limit=MAX_MANIFEST_BYTES, missing="missing manifest (not a snapshot, "
+        data = self._files.read(MANIFEST, limit=MAX_MANIFEST_BYTES, missing="missing manifest (not a snapshot, "
                                "or its recording never started)")
         try:
             manifest = schema.parse(data, "document")  # the version first: a newer format has other shapes
@@ -149,7 +131,7 @@ class Snapshot:
         path = self.path / INDEX
         if not os.path.lexists(path):
             return []
-        raw = self._read_file(INDEX, limit=MAX_INDEX_BYTES)
+        raw = self._files.read(INDEX, limit=MAX_INDEX_BYTES)
         lines = raw.split(b"\n")
         if lines[-1].strip():  # no newline after it: its write was cut short, its call never indexed
             self._problem(f"{path}:{len(lines)}: the last line is cut short ({len(lines[-1])} bytes, no newline): "
@@ -163,8 +145,12 @@ class Snapshot:
             except schema.SchemaError as exc:
                 self._problem(f"{path}:{number}: malformed index line: {exc}")
                 continue
+            call = obj.get("call", "")
+            if call and call != callfile.call_prefix(obj["index"]):
+                self._problem(f"{path}:{number}: call {obj['index']} names another call's keys ({call!r})")
+                continue
             entries.append(CallEntry(obj["index"], obj["op"], obj["variant"], obj["file"], obj["sha256"],
-                                     obj["bytes"], tuple(obj.get("blobs", ()))))
+                                     obj["bytes"], tuple(obj.get("blobs", ())), call))
         entries.sort(key=lambda e: e.index)
         for before, after in zip(entries, entries[1:]):
             if before.index == after.index:
@@ -191,62 +177,12 @@ class Snapshot:
                             f"(calls {self.entries[0].index}..{self.entries[-1].index})" if self.entries
                             else f"{self.path}: snapshot has no calls")
 
-    def _read_file(self, rel: str, *, limit: int, exact: bool = False,
-                   missing: str = "missing file listed in the index") -> bytes:
-        """The bytes of `rel`: a regular file whose real path lies inside the snapshot, at most
-        `limit` bytes (exactly `limit` when `exact`); never a link out, a device or a FIFO."""
-        path = self.path / rel
-        with self._opened(rel, missing) as (fd, size):
-            if size > limit or (exact and self.verify and size != limit):
-                raise SnapshotError(f"{path}: {size} bytes, "
-                                    + (f"the index says {limit} (truncated or corrupt file)" if exact
-                                       else f"more than the {limit} this file may hold"))
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                return f.read(size)  # what fstat saw, even if the file grows meanwhile
-
-    @contextlib.contextmanager
-    def _opened(self, rel: str, missing: str) -> Iterator[tuple[int, int]]:
-        """`rel` opened for reading, with its size: a regular file whose real path lies inside the
-        snapshot, not mostly holes; never a link out, a device or a FIFO."""
-        path = self.path / rel
-        if ".." in Path(rel).parts or Path(rel).is_absolute():
-            raise SnapshotError(f"{self.path / INDEX}: refuses path {rel!r} outside the snapshot")
-        real = os.path.realpath(path)
-        if not real.startswith(self._root + os.sep):
-            raise SnapshotError(f"{path}: leads outside the snapshot (to {real}); refused")
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
-            raise SnapshotError(f"{path}: {missing}") from None
-        except OSError as exc:
-            raise SnapshotError(f"{path}: unreadable: {_one_line(exc)}") from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise SnapshotError(f"{path}: not a regular file; refused")
-            if info.st_size > SPARSE_SLACK and info.st_blocks * 512 < info.st_size // 2:
-                raise SnapshotError(f"{path}: a sparse file ({info.st_size} bytes, {info.st_blocks * 512} on disk); "
-                                    "refused")
-            yield fd, info.st_size
-        finally:
-            os.close(fd)
-
-    def _read_verified(self, rel: str, expected_sha: str, expected_bytes: int | None = None) -> bytes:
-        path = self.path / rel
-        if expected_bytes is None:
-            data = self._read_file(rel, limit=MAX_BLOB_BYTES)
-        else:
-            data = self._read_file(rel, limit=expected_bytes, exact=True)
-        if self.verify and sha256_bytes(data) != expected_sha:
-            raise SnapshotError(f"{path}: sha256 mismatch (corrupt or truncated file)")
-        return data
-
     def source(self, digest: str) -> str:
         """The kernel source stored under `digest` (a call's `triton.source_sha256`), its hash
         checked: text to show or compare, never run unless the user trusts it."""
         if not re.fullmatch(r"[0-9a-f]{64}", digest):
             raise SnapshotError(f"{self.path}: {digest[:80]!r} is not a source's sha256")
-        data = self._read_file(source_relpath(digest), limit=MAX_SOURCE_BYTES, missing="missing kernel source")
+        data = self._files.read(source_relpath(digest), limit=MAX_SOURCE_BYTES, missing="missing kernel source")
         if sha256_bytes(data) != digest:
             raise SnapshotError(f"{self.path / source_relpath(digest)}: sha256 mismatch (corrupt or truncated file)")
         try:
@@ -254,7 +190,7 @@ class Snapshot:
         except UnicodeDecodeError:
             raise SnapshotError(f"{self.path / source_relpath(digest)}: not UTF-8 text") from None
 
-    def _blob(self, digest: str, budget: _Budget) -> torch.Tensor:
+    def _blob(self, digest: str, budget: CallBudget) -> torch.Tensor:
         """The span stored in blob `digest`, a sha256 the schema checked (shared: callers must not
         modify it), counted once in `budget` as bytes the call stores."""
         cached = self._blob_cache.get(digest)
@@ -263,11 +199,11 @@ class Snapshot:
             budget.stores(digest, _nbytes(cached))
             return cached
         rel = blob_relpath(digest)
-        data = self._read_verified(rel, digest)
+        data = self._files.read_verified(rel, digest)
         try:
             span = callfile.read_spans(data)[callfile.BLOB_KEY]
         except Exception as exc:  # safetensors raises several types for bad data
-            raise SnapshotError(f"{self.path / rel}: unreadable tensor data: {_one_line(exc)}") from None
+            raise SnapshotError(f"{self.path / rel}: unreadable tensor data: {one_line(exc)}") from None
         budget.stores(digest, _nbytes(span))
         self._keep_blob(digest, span)
         return span
@@ -279,7 +215,7 @@ class Snapshot:
             _, evicted = self._blob_cache.popitem(last=False)
             self._blob_cache_size -= _nbytes(evicted)
 
-    def _chunked(self, path: Path, key: str, geo: dict[str, Any], budget: _Budget) -> torch.Tensor:
+    def _chunked(self, path: Path, key: str, geo: dict[str, Any], budget: CallBudget) -> torch.Tensor:
         """A span stored as pieces of its bytes, listed by a blob of their sha256s (format 2: each
         piece a blob) or of their sha256s and packs (format 3: each piece in a pack), joined again
         once the budget allows what they join to."""
@@ -316,7 +252,7 @@ class Snapshot:
                                 f"number of {geo['dtype']} values")
         return joined.view(DTYPES[geo["dtype"]])
 
-    def _packed(self, pack: int, digests: list[str], budget: _Budget) -> list[torch.Tensor]:
+    def _packed(self, pack: int, digests: list[str], budget: CallBudget) -> list[torch.Tensor]:
         """The pieces `digests` from pack `pack` (format 3), each digest checked (shared: callers
         must not modify them), each counted once in `budget` as bytes the call stores."""
         keys = [f"{digest}@{pack}" for digest in digests]  # unchecked (verify=False), no stand-in for a blob
@@ -324,86 +260,56 @@ class Snapshot:
         for key in found:
             self._blob_cache.move_to_end(key)
         if len(found) < len(keys):
-            index = self._pack_index(pack)
-            with self._opened(pack_relpath(pack), "missing pack named by a chunk list") as (fd, size):
+            with self._files.opened(pack_relpath(pack), "missing pack named by a chunk list") as (fd, size):
+                index = self._pack_index(pack, fd, size)
                 for digest, key in zip(digests, keys):
                     if key not in found:
-                        found[key] = self._read_piece(index, fd, size, digest)
+                        found[key] = read_piece(index, fd, size, digest, self.verify)
                         self._keep_blob(key, found[key])  # the cache may let it go: `found` keeps it here
         for digest, key in zip(digests, keys):
             budget.stores(digest, _nbytes(found[key]))
         return [found[key] for key in keys]
 
-    def _read_piece(self, index: _PackIndex, fd: int, size: int, digest: str) -> torch.Tensor:
-        where = index.pieces.get(digest)
-        if where is None:
-            raise SnapshotError(f"{index.path}: holds no chunk {digest[:12]} (a chunk list names it there)")
-        start, length = where
-        data = os.pread(fd, length, start) if start + length <= size else b""
-        if len(data) != length:
-            raise SnapshotError(f"{index.path}: chunk {digest[:12]} runs past the end of the file (truncated?)")
-        if self.verify and sha256_parts(callfile.blob_prefix(length), data) != digest:
-            raise SnapshotError(f"{index.path}: chunk {digest[:12]}: sha256 mismatch (corrupt or tampered)")
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8) if length else torch.empty(0, dtype=torch.uint8)
-
-    def _pack_index(self, pack: int) -> _PackIndex:
-        """Where each piece of pack `pack` lies, from its safetensors header, checked: 1-D U8
-        tensors named by sha256, lying inside the file."""
+    def _pack_index(self, pack: int, fd: int, size: int) -> PackIndex:
+        """Where each piece of pack `pack` (open as `fd`) lies, its header parsed once while kept."""
         known = self._pack_indexes.get(pack)
         if known is not None:
             self._pack_indexes.move_to_end(pack)
             return known
-        rel = pack_relpath(pack)
-        path = self.path / rel
-        with self._opened(rel, "missing pack named by a chunk list") as (fd, size):
-            head = os.pread(fd, 8, 0)
-            (length,) = struct.unpack("<Q", head) if len(head) == 8 else (None,)
-            if length is None or length > MAX_PACK_HEADER_BYTES or 8 + length > size:
-                raise SnapshotError(f"{path}: not a pack: its header is cut short or larger than "
-                                    f"{MAX_PACK_HEADER_BYTES} bytes")
-            text = os.pread(fd, length, 8)
-        try:
-            header = schema.parse(text, "document")
-        except schema.SchemaError as exc:
-            raise SnapshotError(f"{path}: unreadable pack header: {exc}") from None
-        base, pieces = 8 + length, {}
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-            if (not isinstance(entry, dict) or not re.fullmatch(r"[0-9a-f]{64}", name) or entry.get("dtype") != "U8"
-                    or not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
-                    or entry.get("shape") != [offsets[1] - offsets[0]] or not 0 <= offsets[0] <= offsets[1]
-                    or base + offsets[1] > size):
-                raise SnapshotError(f"{path}: pack entry {name[:80]!r} is not a run of bytes named by its sha256 "
-                                    "lying inside the file")
-            pieces[name] = (base + offsets[0], offsets[1] - offsets[0])
-        ranges = sorted(pieces.values())
-        if any(start + count > after for (start, count), (after, _) in zip(ranges, ranges[1:])):
-            # overlapping pieces would let a small pack read as many times its size
-            raise SnapshotError(f"{path}: pack entries overlap")
-        index = _PackIndex(path, pieces)
-        self._pack_indexes[pack] = index
+        index = self._pack_indexes[pack] = read_pack_index(self.path / pack_relpath(pack), fd, size)
         while len(self._pack_indexes) > PACK_INDEXES_KEPT:
             self._pack_indexes.popitem(last=False)
         return index
+
+    def _read_call(self, entry: CallEntry) -> tuple[str, dict[str, torch.Tensor], int]:
+        """A call's description (JSON), the tensors stored with it, and its own stored bytes: from
+        its segment (format 4) or its call file (formats 1-3)."""
+        if entry.call:
+            return self._segments.call(entry.file, entry.sha256, entry.bytes, entry.call)
+        path = self.path / entry.file
+        data = self._files.read_verified(entry.file, entry.sha256, entry.bytes)
+        try:
+            text = callfile.call_text(callfile.read_metadata(data), "")
+        except (ValueError, schema.SchemaError) as exc:
+            raise SnapshotError(f"{path}: unreadable call metadata: {one_line(exc)}") from None
+        try:
+            spans = callfile.read_spans(data)
+        except Exception as exc:  # safetensors raises several types for a bad payload
+            raise SnapshotError(f"{path}: unreadable call file: {one_line(exc)}") from None
+        return text, spans, len(data)
 
     def load(self, entry: CallEntry | int) -> CallRecord:
         if isinstance(entry, int):
             entry = self.entry(entry)
         path = self.path / entry.file
-        data = self._read_verified(entry.file, entry.sha256, entry.bytes)
+        text, spans, own_bytes = self._read_call(entry)
         try:
-            header = schema.parse(callfile.read_metadata(data), "call")
-        except (ValueError, schema.SchemaError) as exc:
-            raise SnapshotError(f"{path}: unreadable call metadata: {_one_line(exc)}") from None
+            header = schema.parse(text, "call")
+        except schema.SchemaError as exc:
+            raise SnapshotError(f"{path}: unreadable call metadata: {one_line(exc)}") from None
         _check_header(path, header)
-        try:
-            spans = callfile.read_spans(data)
-        except Exception as exc:  # safetensors raises several types for a bad payload
-            raise SnapshotError(f"{path}: unreadable call file: {_one_line(exc)}") from None
         tensors: dict[str, torch.Tensor] = {}
-        budget = _Budget(path, len(data), self.read_limit)
+        budget = CallBudget(path, own_bytes, self.read_limit)
         for key, geo in header["tensors"].items():
             span: torch.Tensor | None  # None: described but not stored
             if "blob" in geo:
@@ -419,7 +325,7 @@ class Snapshot:
             try:
                 tensors[key] = rebuild(span, Geometry.from_json(geo))
             except ValueError as exc:
-                raise SnapshotError(f"{path}: tensor {key!r}: {_one_line(exc)}") from None
+                raise SnapshotError(f"{path}: tensor {key!r}: {one_line(exc)}") from None
             budget.view(_nbytes(tensors[key]), key)
         return CallRecord(index=entry.index, op=header["op"], variant=header["variant"],
                           provider=header.get("provider"), args=header["args"],
@@ -431,52 +337,8 @@ class Snapshot:
                           triton=header.get("triton"), torch_op=header.get("torch_op"))
 
 
-@dataclass(frozen=True)
-class _PackIndex:
-    path: Path
-    pieces: dict[str, tuple[int, int]]  # a piece's digest -> (where its bytes start in the file, how many)
-
-
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
-
-
-def _read_limit_from_env() -> int:
-    return settings.READ_LIMIT_MIB.get() << 20
-
-
-class _Budget:
-    """What reading one call may cost in memory (CALL_VIEW_RATIO): what it makes, and what its
-    views reach, each at most CALL_VIEW_RATIO times the distinct bytes it stores, or `floor`."""
-
-    def __init__(self, path: Path, file_bytes: int, floor: int):
-        self.path, self.floor = path, floor
-        self.stored, self.made, self.viewed = file_bytes, 0, 0
-        self._seen: set[str] = set()
-
-    @property
-    def limit(self) -> int:
-        return max(CALL_VIEW_RATIO * self.stored, self.floor)
-
-    def stores(self, digest: str, nbytes: int) -> None:
-        """Blob `digest` is read for this call: its bytes count once, however often it is named."""
-        if digest not in self._seen:
-            self._seen.add(digest)
-            self.stored += nbytes
-
-    def spend(self, nbytes: int, what: str) -> None:
-        """Memory about to be made for the call (`what` ends 'brings it to' or 'joins to')."""
-        self.made += nbytes
-        if self.made > self.limit:
-            raise SnapshotError(f"{self.path}: {what} {self.made} bytes in memory, more than the {self.limit} its "
-                                f"{self.stored} distinct stored bytes allow ({CALL_VIEW_RATIO} times, or "
-                                f"REPLAY_READ_LIMIT_MIB); refused")
-
-    def view(self, nbytes: int, key: str) -> None:
-        self.viewed += nbytes
-        if self.viewed > self.limit:
-            raise SnapshotError(f"{self.path}: its views reach {self.viewed} bytes by tensor {key!r}, more than "
-                                f"the {self.limit} its {self.stored} distinct stored bytes allow; refused")
 
 
 def _check_header(path: Path, header: dict[str, Any]) -> None:
@@ -495,7 +357,7 @@ def _check_header(path: Path, header: dict[str, Any]) -> None:
         try:
             jsonargs.decode(arg.get("json"))
         except ValueError as exc:
-            raise SnapshotError(f"{path}: argument {name!r}: {_one_line(exc)}") from None
+            raise SnapshotError(f"{path}: argument {name!r}: {one_line(exc)}") from None
     for key, geo in header["tensors"].items():
         if key.partition("/")[0] not in callfile.ROLES:
             raise SnapshotError(f"{path}: tensor key {key!r} has no role ({', '.join(callfile.ROLES)})")

@@ -1,4 +1,4 @@
-"""Writing a snapshot: manifest first, then each call file, its index line last."""
+"""Writing a snapshot: manifest first, then segments of calls, their index lines last."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -9,6 +9,7 @@ import json
 import os
 import struct
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -16,13 +17,14 @@ import torch
 
 from replay.errors import SnapshotError
 from replay.snapshot import callfile, schema
-from replay.snapshot.files import create_exclusive, fsync_paths, safe_component, sha256_parts, write_atomic
-from replay.snapshot.manifest import PACKED_VERSION, new_manifest
+from replay.snapshot.files import create_exclusive, fsync_paths, sha256_parts, write_atomic
+from replay.snapshot.manifest import new_manifest
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 
 MANIFEST = "manifest.json"
 INDEX = "calls.jsonl"
-CALLS_DIR = "calls"
+CALLS_DIR = "calls"  # formats 1-3: a file a call
+SEGMENTS_DIR = "segments"  # format 4: many calls a file
 BLOBS_DIR = "blobs"
 PACKS_DIR = "packs"
 SOURCES_DIR = "sources"
@@ -77,6 +79,10 @@ def pack_relpath(number: int) -> str:
     return f"{PACKS_DIR}/{number:08d}.safetensors"
 
 
+def segment_relpath(number: int) -> str:
+    return f"{SEGMENTS_DIR}/{number:08d}.safetensors"
+
+
 def source_relpath(digest: str) -> str:
     return f"{SOURCES_DIR}/{digest}.py"
 
@@ -95,6 +101,23 @@ def _reason(exc: OSError, path: Path) -> str:
     return reason if where == path or path in where.parents else f"{reason} ({where})"
 
 
+@dataclass
+class CallPart:
+    """A call ready for a segment: its description (geometry of every tensor included), the
+    spans stored in the segment itself, and the blobs and chunk lists it names."""
+    index: int
+    op: str
+    variant: str
+    description: str  # the header's JSON
+    spans: dict[str, torch.Tensor]
+    blobs: list[str]
+
+    @property
+    def nbytes(self) -> int:
+        """What the call adds to a segment."""
+        return len(self.description) + sum(span.numel() * span.element_size() for span in self.spans.values())
+
+
 class SnapshotWriter:
     """Appends calls to a new snapshot directory; safe to share between threads.
 
@@ -102,7 +125,7 @@ class SnapshotWriter:
     in threads or processes, exactly one gets it and the other raises SnapshotError.
 
     Every file is written whole under a temporary name and renamed, and a call's index line is
-    appended after its file: a killed process leaves only complete calls indexed. `durability`
+    appended after its segment: a killed process leaves only complete calls indexed. `durability`
     says when they reach the disk: "call" flushes each file as it is written; "close" (the
     default) flushes them all once, at close(), which a crash of the process does not need (the
     kernel's page cache outlives it) and a lost machine does.
@@ -123,13 +146,16 @@ class SnapshotWriter:
         self.unsaved_errors: OSError | None = None  # why, after close(), the manifest still does not
         self._known_blobs: set[str] = set()
         self._piece_homes: dict[str, bytes] = {}  # a chunk's digest -> the number of its pack (4 bytes, LE)
-        self._packs = 0  # packs written
+        self._packs = 0  # packs numbered
+        self._packs_landing: dict[bytes, threading.Event] = {}  # packs being written, set once whole or failed
+        self._packs_failed: set[bytes] = set()
+        self._segments = 0  # segments written
         self.manifest = new_manifest(schema.as_text(notes), source_dir)
         try:
-            (self.path / CALLS_DIR).mkdir(parents=True, exist_ok=True)
+            (self.path / SEGMENTS_DIR).mkdir(parents=True, exist_ok=True)
             (self.path / BLOBS_DIR).mkdir(exist_ok=True)
             # Calls of another recording without a manifest: new calls would reuse their indices.
-            leftover = next((name for name in (INDEX, CALLS_DIR, BLOBS_DIR, PACKS_DIR)
+            leftover = next((name for name in (INDEX, CALLS_DIR, SEGMENTS_DIR, BLOBS_DIR, PACKS_DIR)
                              if _holds_files(self.path / name)), None)
             # Looked at after the leftovers: calls written meanwhile by a writer that got the manifest are its own.
             taken = (self.path / MANIFEST).exists()
@@ -213,27 +239,36 @@ class SnapshotWriter:
         pieces no call stored before go into one pack file (format 3), and the list of every
         piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return the list's
         digest. A piece or a list another call already stored costs nothing."""
-        with self._lock:
-            if self.manifest["format_version"] < PACKED_VERSION:
-                (self.path / PACKS_DIR).mkdir(exist_ok=True)
-                self.manifest["format_version"] = PACKED_VERSION
-                self._write_manifest()
         raw = span.reshape(-1).view(torch.uint8).numpy()
         pieces = [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]
         digests = _piece_digests(pieces)
-        with self._lock:
-            homes = [self._piece_homes.get(digest) for digest in digests]
-        new = {digest: piece for digest, piece, home in zip(digests, pieces, homes) if home is None}
         packed = b""  # the new pieces' pack, when there are any
-        if new:
-            with self._lock:
+        with self._lock:  # new pieces are claimed for this pack before it is written: no other packs them too
+            homes = [self._piece_homes.get(digest) for digest in digests]
+            new = {digest: piece for digest, piece, home in zip(digests, pieces, homes) if home is None}
+            landing = {home: self._packs_landing[home] for home in homes if home in self._packs_landing}
+            if new:
                 number, self._packs = self._packs, self._packs + 1
-            self._write(self.path / pack_relpath(number),
-                        callfile.serialize_parts(None, {digest: torch.from_numpy(piece) for digest, piece in new.items()}))
-            packed = struct.pack("<I", number)
-            with self._lock:  # another writer thread may have packed a piece too: both packs are whole
-                for digest in new:
-                    self._piece_homes.setdefault(digest, packed)
+                packed = struct.pack("<I", number)
+                self._piece_homes.update(dict.fromkeys(new, packed))
+                self._packs_landing[packed] = threading.Event()
+                if number == 0:
+                    (self.path / PACKS_DIR).mkdir(exist_ok=True)
+        if new:
+            try:
+                self._write(self.path / pack_relpath(number), callfile.serialize_parts(
+                    None, {digest: torch.from_numpy(piece) for digest, piece in new.items()}))
+            except BaseException:
+                self._packs_failed.add(packed)
+                raise
+            finally:
+                with self._lock:
+                    self._packs_landing.pop(packed).set()
+        # a piece another thread is packing right now: this call is indexed only once that pack is whole
+        for landed in landing.values():
+            landed.wait()
+        if self._packs_failed.intersection(landing):
+            raise OSError(errno.EIO, "a pack holding some of this tensor's pieces could not be written")
         rows = b"".join(bytes.fromhex(digest) + (home or packed) for digest, home in zip(digests, homes))
         table = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
         return self.put_blob(table.view(len(digests), PACKED_ROW))
@@ -251,8 +286,8 @@ class SnapshotWriter:
     def write_call(self, index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
                    geometries: dict[str, Geometry], blobs: dict[str, str],
                    chunks: dict[str, str] | None = None) -> Path:
-        """Write call `index` and index it (write_call_file, then add_to_index)."""
-        line = self.write_call_file(index, header, spans, geometries, blobs, chunks)
+        """Write call `index` as a segment of its own and index it; the segment's path."""
+        (line,) = self.write_segment([self.call_part(index, header, spans, geometries, blobs, chunks)])
         self.add_to_index(line)
         return self.path / line["file"]
 
@@ -268,24 +303,39 @@ class SnapshotWriter:
         chunks = {key: self.put_chunks(spans.pop(key)) for key in list(spans) if key in chunk_keys}
         return self.write_call(index, header, spans, geometries, blobs, chunks)
 
-    def write_call_file(self, index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
-                        geometries: dict[str, Geometry], blobs: dict[str, str],
-                        chunks: dict[str, str] | None = None) -> dict[str, Any]:
-        """Write call `index`'s file and return its index line, for add_to_index: a call is part of
-        the snapshot once indexed. `spans` holds inline data; `blobs` maps keys to blob digests and
-        `chunks` to the digests of their chunk lists (put_chunks)."""
+    @staticmethod
+    def call_part(index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
+                  geometries: dict[str, Geometry], blobs: dict[str, str],
+                  chunks: dict[str, str] | None = None) -> CallPart:
+        """Call `index` made ready for a segment: `spans` holds the tensors stored in the segment;
+        `blobs` maps keys to blob digests and `chunks` to the digests of their chunk lists (put_chunks)."""
         chunks = chunks or {}
         header = dict(header, index=index, tensors={
             key: dict(g.to_json(), **({"blob": blobs[key]} if key in blobs else {}),
                       **({"chunks": chunks[key]} if key in chunks else {}))
             for key, g in geometries.items()
         })
-        parts = callfile.serialize_parts(header, spans)
-        rel = f"{CALLS_DIR}/{index:06d}-{safe_component(header['op'])}.safetensors"
-        self._write(self.path / rel, parts)
-        return {"index": index, "op": header["op"], "variant": header["variant"], "file": rel,
-                "sha256": sha256_parts(*parts), "bytes": sum(memoryview(part).nbytes for part in parts),
-                "blobs": sorted({*blobs.values(), *chunks.values()})}
+        return CallPart(index, header["op"], header["variant"], json.dumps(header, allow_nan=False), spans,
+                        sorted({*blobs.values(), *chunks.values()}))
+
+    def write_segment(self, parts: Sequence[CallPart]) -> list[dict[str, Any]]:
+        """Write one segment holding `parts` and return their index lines, for add_to_index: a call
+        is part of the snapshot once indexed, and its segment is whole on disk before that."""
+        metadata: dict[str, str] = {}
+        spans: dict[str, torch.Tensor] = {}
+        for part in parts:
+            prefix = callfile.call_prefix(part.index)
+            metadata[prefix + callfile.META_KEY] = part.description
+            spans.update((prefix + key, span) for key, span in part.spans.items())
+        with self._lock:
+            number, self._segments = self._segments, self._segments + 1
+        rel = segment_relpath(number)
+        file_parts = callfile.serialize_parts(metadata, spans)
+        self._write(self.path / rel, file_parts)
+        sha256, size = sha256_parts(*file_parts), sum(memoryview(part).nbytes for part in file_parts)
+        return [{"index": part.index, "op": part.op, "variant": part.variant, "file": rel,
+                 "call": callfile.call_prefix(part.index), "sha256": sha256, "bytes": size, "blobs": part.blobs}
+                for part in parts]
 
     def add_to_index(self, line: dict[str, Any]) -> None:
         """Append a written call's line to the index, on a file kept open: whole, or not at all.

@@ -140,7 +140,7 @@ def test_diff_names_first_divergence(rowscale_snapshot: Path, tmp_path: Path,
     (lambda p: shutil.rmtree(p), "no such snapshot directory", 2),
     (lambda p: (shutil.rmtree(p), p.write_text("{}")), "a file, not a snapshot directory", 2),
     (lambda p: (p / "calls.jsonl").unlink(), ": no calls recorded", 2),  # killed before its first call
-    (lambda p: next((p / "calls").iterdir()).write_bytes(b"garbage"), "000000-toy_rowscale.safetensors", 2),
+    (lambda p: next((p / "segments").iterdir()).write_bytes(b"garbage"), "segments/00000000.safetensors", 2),
     (lambda p: (p / "calls.jsonl").write_text("{not json\n"), "calls.jsonl:1: malformed index line", 2),
 ])
 def test_bad_input_one_line(rowscale_snapshot: Path, make_bad, needle: str, exit_code: int) -> None:
@@ -193,9 +193,11 @@ def test_a_cut_index_line_is_said_and_the_whole_lines_replayed(rowscale_snapshot
                                    "(28 bytes, no newline): its call is not indexed"]
 
 
-def test_a_corrupt_call_file_is_named_and_the_other_calls_replayed(rowscale_snapshot: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    damaged = sorted((rowscale_snapshot / "calls").iterdir())[1]
+def test_a_corrupt_segment_is_named_and_the_other_calls_replayed(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    rowscale_snapshot = tmp_path / "rows"
+    toy_ops.record_rowscale(rowscale_snapshot, asynchronous=False)  # a segment a call
+    damaged = sorted((rowscale_snapshot / "segments").iterdir())[1]
     damaged.write_bytes(damaged.read_bytes()[:-8] + b"\0" * 8)
     monkeypatch.setenv("TOY_BUG", "rows")
     code, report, stderr = run_cli("run", str(rowscale_snapshot), "--json", "-")
@@ -264,8 +266,8 @@ def test_saved_outputs_store_a_cache_as_the_recording_did(tmp_path: Path) -> Non
                                     torch.tensor([step], dtype=torch.int32))
     code, _, _ = run_cli("run", str(tmp_path / "snap"), "--save-outputs", str(tmp_path / "outputs"), "--json", "-")
     assert code == 0
-    call_files = sum(p.stat().st_size for p in (tmp_path / "outputs" / "calls").iterdir())
-    assert call_files < (1 << 20)  # no cache inline: twelve calls' files hold less than one cache
+    segments = sum(p.stat().st_size for p in (tmp_path / "outputs" / "segments").iterdir())
+    assert segments < (1 << 20)  # no cache inline: twelve calls' segments hold less than one cache
     code, _, _ = run_cli("run", str(tmp_path / "snap"), "--golden-data", str(tmp_path / "outputs"), "--json", "-")
     assert code == 0
 

@@ -100,9 +100,9 @@ def record_scatter(path, tokens: int = 6) -> None:
                         torch.zeros(tokens, dtype=torch.int32), torch.arange(tokens, dtype=torch.int32))
 
 
-def record_rowscale(path, calls: int = 3, rows: int = 8) -> None:
+def record_rowscale(path, calls: int = 3, rows: int = 8, **options) -> None:
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(16, generator=gen)
-    with replay.recording(path):
+    with replay.recording(path, **options):
         for _ in range(calls):
             rowscale_batched(torch.randn(rows, 16, generator=gen), w)
