@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from replay.recorder.chunk_changes import PieceHistory
 from replay.snapshot import SnapshotWriter
 from replay.snapshot.writer import CallPart
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
@@ -75,6 +76,7 @@ class HostCopy:
     geometry: Geometry
     buffer: torch.Tensor | None = None  # the pooled pinned buffer `span` lives in, to give back
     chunked: bool = False  # stored as content-addressed pieces (a large tensor that changes)
+    pieces: PieceHistory | None = None  # which pieces changed since the last store of its memory
     landed: torch.cuda.Event | None = None  # where a copy is read by other calls than its own
 
     @property
@@ -461,8 +463,19 @@ class CallWriter:
 
     def _call_part(self, call: PendingCall) -> CallPart:
         """A call's blobs and chunks written (its copies have landed), the rest made ready for a segment."""
-        blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
-        chunks = {key: self.writer.put_chunks(c.span) for key, c in call.copies.items() if c.chunked}
+        chunks = {}
+        try:
+            blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
+            for key, copy in call.copies.items():
+                if copy.chunked:
+                    known = copy.pieces.known() if copy.pieces is not None else None
+                    chunks[key], digests = self.writer.put_chunks(copy.span, known)
+                    if copy.pieces is not None:
+                        copy.pieces.hashed(digests)
+        finally:  # a later store of the same memory waits for these: never in vain
+            for copy in call.copies.values():
+                if copy.pieces is not None:
+                    copy.pieces.hashed(None)
         geometries = {**{key: copy.geometry for key, copy in call.copies.items()},
                       **{key: geometry for key, (_, geometry) in call.blobs.items()}}
         return self.writer.call_part(call.index, call.header,
@@ -477,6 +490,8 @@ class CallWriter:
             self.release(copy)
 
     def release(self, copy: HostCopy) -> None:
+        if copy.pieces is not None:  # never written (a flight recording forgot it): a later store hashes all
+            copy.pieces.hashed(None)
         if copy.buffer is not None:
             self.pool.give(copy.buffer)
             copy.buffer = None

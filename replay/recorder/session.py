@@ -24,6 +24,7 @@ import torch
 
 from replay import settings
 from replay.recorder import graphs, staging
+from replay.recorder.chunk_changes import PieceTracker
 from replay.recorder.graph_recording import GraphRecording
 from replay.recorder.options import RecordingOptions
 from replay.recorder.pipeline import SHARED_POOL, BlobRef, CallWriter, Copier, PendingCall, Ring
@@ -31,7 +32,7 @@ from replay.context import collecting
 from replay.errors import CaptureError
 from replay.settings import SettingError
 from replay.snapshot import SnapshotWriter
-from replay.snapshot.tensors import Geometry
+from replay.snapshot.tensors import Geometry, storage_span
 from replay.snapshot.writer import MANIFEST
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class Recording(GraphRecording):
         self.started = time.perf_counter()  # calls record their start from here
         self.stopped = False
         self._blob_ids = _BlobIds()
+        self.pieces = PieceTracker()
         self._reported: set[str] = set()
         self._report_lock = threading.Lock()
         # (after call, op): calls not recorded for want of room in the queue
@@ -150,6 +152,7 @@ class Recording(GraphRecording):
         if self._dropped:
             self.report(f"{sum(self._dropped.values())} calls not recorded: the capture queue was full "
                         f"(when_full='drop'): {_dropped_summary(self._dropped)}", stop=False)
+        self.pieces.forget()
         try:
             self.calls.close()  # the manifest is written again there if it missed an error
         except OSError as exc:  # flushing to disk failed: the program goes on
@@ -198,6 +201,8 @@ class Recording(GraphRecording):
         else:
             copy = call.copies[tensor.key] = copier.copy(t, geometry=tensor.geometry)
             copy.chunked = tensor.persistent and copy.nbytes >= max(self.options.chunk_threshold, 1)
+            if copy.chunked:
+                copy.pieces = self.pieces.observe(storage_span(t.detach(), tensor.geometry))
 
     def blob(self, t: torch.Tensor, copier: Copier, geometry: Geometry | None = None) -> BlobRef:
         """The blob of a read-only tensor: the one taken already, while its version is the same."""

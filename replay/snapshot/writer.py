@@ -53,9 +53,18 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[written:]
 
 
-def _piece_digests(pieces: Sequence[Any]) -> list[str]:
-    """The blob digest of each piece (a numpy uint8 array), hashed PIECES_PER_TASK to a task on the
-    shared hashing pool when there is more than one task."""
+def _piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> list[str]:
+    """The blob digest of each piece (a numpy uint8 array), where `known` does not give it."""
+    if known is None:
+        return _hash_pieces(pieces)
+    unknown = [n for n, digest in enumerate(known) if digest is None]
+    found = dict(zip(unknown, _hash_pieces([pieces[n] for n in unknown])))
+    return [digest if digest is not None else found[n] for n, digest in enumerate(known)]
+
+
+def _hash_pieces(pieces: Sequence[Any]) -> list[str]:
+    """The blob digest of each piece, hashed PIECES_PER_TASK to a task on the shared hashing pool
+    when there is more than one task."""
     def digests(run: Sequence[Any]) -> list[str]:
         return [sha256_parts(callfile.blob_prefix(len(piece)), piece) for piece in run]
 
@@ -234,14 +243,15 @@ class SnapshotWriter:
             self._write(target, [data])
         return digest
 
-    def put_chunks(self, span: torch.Tensor) -> str:
+    def put_chunks(self, span: torch.Tensor, known: Sequence[str | None] | None = None) -> tuple[str, list[str]]:
         """Store a tensor span as CHUNK_BYTES pieces of its bytes, each named by its content: the
         pieces no call stored before go into one pack file (format 3), and the list of every
         piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return the list's
-        digest. A piece or a list another call already stored costs nothing."""
+        digest and the pieces'. A piece or a list another call already stored costs nothing; a
+        piece whose digest `known` gives (the same bytes were stored before) is not hashed again."""
         raw = span.reshape(-1).view(torch.uint8).numpy()
         pieces = [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]
-        digests = _piece_digests(pieces)
+        digests = _piece_digests(pieces, known)
         packed = b""  # the new pieces' pack, when there are any
         with self._lock:  # new pieces are claimed for this pack before it is written: no other packs them too
             homes = [self._piece_homes.get(digest) for digest in digests]
@@ -271,7 +281,7 @@ class SnapshotWriter:
             raise OSError(errno.EIO, "a pack holding some of this tensor's pieces could not be written")
         rows = b"".join(bytes.fromhex(digest) + (home or packed) for digest, home in zip(digests, homes))
         table = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
-        return self.put_blob(table.view(len(digests), PACKED_ROW))
+        return self.put_blob(table.view(len(digests), PACKED_ROW)), digests
 
     def _write(self, target: Path, data: Sequence[Any]) -> None:
         write_atomic(target, data, sync=self._sync)
@@ -300,7 +310,7 @@ class SnapshotWriter:
         geometries = {key: geometry_of(t) for key, t in tensors.items()}
         spans = {key: storage_span(t.detach(), geometries[key]).cpu() for key, t in tensors.items()}
         blobs = {key: self.put_blob(spans.pop(key)) for key in list(spans) if key in blob_keys}
-        chunks = {key: self.put_chunks(spans.pop(key)) for key in list(spans) if key in chunk_keys}
+        chunks = {key: self.put_chunks(spans.pop(key))[0] for key in list(spans) if key in chunk_keys}
         return self.write_call(index, header, spans, geometries, blobs, chunks)
 
     @staticmethod
