@@ -11,7 +11,7 @@ import torch
 
 import replay
 from replay.recorder import chunk_changes
-from replay.snapshot import Snapshot, writer
+from replay.snapshot import Snapshot, hashing, writer
 
 PIECE = writer.CHUNK_BYTES
 
@@ -44,12 +44,12 @@ def record_decode(path: Path, device: str, steps: int = 6) -> torch.Tensor:
 def hashed_pieces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many pieces each store hashed."""
     counts: list[int] = []
-    real = writer._hash_pieces
+    real = hashing.hash_pieces
 
     def counting(pieces):
         counts.append(len(pieces))
         return real(pieces)
-    monkeypatch.setattr(writer, "_hash_pieces", counting)
+    monkeypatch.setattr(hashing, "hash_pieces", counting)
     return counts
 
 

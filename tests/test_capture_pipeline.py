@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import replay
-from replay.recorder.pipeline import PinnedPool
+from replay.recorder.copies import PinnedPool
 from replay.snapshot import Snapshot, files
 from replay.snapshot.writer import SnapshotWriter
 

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 import torch
 
 from replay.recorder import graphs, staging
-from replay.recorder.pipeline import BlobRef, Copier, HostCopy, PendingBatch, PendingCall
+from replay.recorder.copies import BlobRef, Copier, HostCopy
+from replay.recorder.pipeline import PendingBatch, PendingCall
 from replay.context import collecting, current_scope
 from replay.errors import CaptureError
 

@@ -27,7 +27,8 @@ from replay.recorder import graphs, staging
 from replay.recorder.chunk_changes import PieceTracker
 from replay.recorder.graph_recording import GraphRecording
 from replay.recorder.options import RecordingOptions
-from replay.recorder.pipeline import SHARED_POOL, BlobRef, CallWriter, Copier, PendingCall, Ring
+from replay.recorder.copies import SHARED_POOL, BlobRef, Copier
+from replay.recorder.pipeline import CallWriter, PendingCall, Ring
 from replay.context import collecting
 from replay.errors import CaptureError
 from replay.settings import SettingError

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from replay.errors import SnapshotError
-from replay.snapshot import callfile, schema
+from replay.snapshot import callfile, hashing, schema
 from replay.snapshot.files import create_exclusive, fsync_paths, sha256_parts, write_atomic
 from replay.snapshot.manifest import new_manifest
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
@@ -32,14 +32,6 @@ DURABILITY = ("close", "call")
 CHUNK_BYTES = 64 * 1024  # a large tensor is stored in pieces of this many bytes (formats 2 and 3)
 PACKED_ROW = 36  # a format-3 chunk list's row: the piece's sha256 and the number of its pack (uint32, LE)
 HASH_WHILE_WRITING_BYTES = 16 << 20  # blobs this large are hashed on a thread of their own as they are written
-# A chunked tensor's pieces are hashed this many to a task on a shared pool: sha256 lets go of the
-# interpreter lock on each 64 KiB piece, so the pool's threads hash side by side (one core hashes
-# ~1.5 GB/s, well below what a step's activations need), and a task of 4 MiB keeps the per-task
-# cost of the pool small beside the hashing
-PIECES_PER_TASK = 64
-HASHING_THREADS = min(8, os.cpu_count() or 1)
-_hashing_pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (the pid that made it, it)
-_hashing_pool_lock = threading.Lock()
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -51,33 +43,6 @@ def _write_all(fd: int, data: bytes) -> None:
         if written <= 0:
             raise OSError(errno.ENOSPC, "no room to write the index line", None)
         view = view[written:]
-
-
-def _piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> list[str]:
-    """The blob digest of each piece (a numpy uint8 array), where `known` does not give it."""
-    if known is None:
-        return _hash_pieces(pieces)
-    unknown = [n for n, digest in enumerate(known) if digest is None]
-    found = dict(zip(unknown, _hash_pieces([pieces[n] for n in unknown])))
-    return [digest if digest is not None else found[n] for n, digest in enumerate(known)]
-
-
-def _hash_pieces(pieces: Sequence[Any]) -> list[str]:
-    """The blob digest of each piece, hashed PIECES_PER_TASK to a task on the shared hashing pool
-    when there is more than one task."""
-    def digests(run: Sequence[Any]) -> list[str]:
-        return [sha256_parts(callfile.blob_prefix(len(piece)), piece) for piece in run]
-
-    runs = [pieces[start:start + PIECES_PER_TASK] for start in range(0, len(pieces), PIECES_PER_TASK)]
-    if len(runs) <= 1 or HASHING_THREADS <= 1:
-        return digests(pieces)
-    global _hashing_pool
-    with _hashing_pool_lock:
-        if _hashing_pool is None or _hashing_pool[0] != os.getpid():  # a forked child has none of its threads
-            _hashing_pool = (os.getpid(), concurrent.futures.ThreadPoolExecutor(HASHING_THREADS,
-                                                                               thread_name_prefix="replay-hash"))
-        pool = _hashing_pool[1]
-    return [digest for run in pool.map(digests, runs) for digest in run]
 
 
 def blob_relpath(digest: str) -> str:
@@ -251,7 +216,7 @@ class SnapshotWriter:
         piece whose digest `known` gives (the same bytes were stored before) is not hashed again."""
         raw = span.reshape(-1).view(torch.uint8).numpy()
         pieces = [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]
-        digests = _piece_digests(pieces, known)
+        digests = hashing.piece_digests(pieces, known)
         packed = b""  # the new pieces' pack, when there are any
         with self._lock:  # new pieces are claimed for this pack before it is written: no other packs them too
             homes = [self._piece_homes.get(digest) for digest in digests]

@@ -1,0 +1,144 @@
+"""The near side of capture: host copies of a call's tensors, taken where the program runs.
+
+A CPU tensor is cloned; a GPU tensor's storage span is copied `non_blocking` into a pinned host
+buffer from a reusable pool, on the stream the call runs on (inputs before the call, outputs
+after), and an event marks the end, which the writers wait for before they read the copy.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from replay.recorder.chunk_changes import PieceHistory
+from replay.snapshot import SnapshotWriter
+from replay.snapshot.tensors import Geometry, geometry_of, storage_span
+
+_MIN_BUFFER = 4096
+
+
+class PinnedPool:
+    """Page-locked host buffers by power-of-two size, reused once the writer is done with them
+    (allocating pinned memory costs far more than a copy into it); up to `max_free_bytes` wait
+    for reuse, from one recording to the next."""
+
+    def __init__(self, max_free_bytes: int = 1 << 30) -> None:
+        self.max_free_bytes = max_free_bytes
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._free_bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        size = max(_MIN_BUFFER, 1 << (max(nbytes, 1) - 1).bit_length())
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                self._free_bytes -= size
+                return free.pop()
+        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+
+    def give(self, buffer: torch.Tensor) -> None:
+        with self._lock:
+            if self._free_bytes + buffer.numel() <= self.max_free_bytes:  # else it is freed
+                self._free.setdefault(buffer.numel(), []).append(buffer)
+                self._free_bytes += buffer.numel()
+
+
+SHARED_POOL = PinnedPool()
+
+
+@dataclass
+class HostCopy:
+    """A tensor's storage span on the host, or on its way there."""
+    span: torch.Tensor
+    geometry: Geometry
+    buffer: torch.Tensor | None = None  # the pooled pinned buffer `span` lives in, to give back
+    chunked: bool = False  # stored as content-addressed pieces (a large tensor that changes)
+    pieces: PieceHistory | None = None  # which pieces changed since the last store of its memory
+    landed: torch.cuda.Event | None = None  # where a copy is read by other calls than its own
+
+    @property
+    def nbytes(self) -> int:
+        return self.span.numel() * self.span.element_size()
+
+
+class BlobRef:
+    """A read-only tensor stored once, by content: its digest is known once a writer has hashed
+    the one copy taken of it; every later call that passes it again refers to it."""
+
+    def __init__(self, copy: HostCopy):
+        self.copy: HostCopy | None = copy
+        self.digest: str | None = None
+        self.failure: Exception | None = None  # why writing it failed: every call that refers to it says so
+        self._lock = threading.Lock()
+
+    def resolve(self, writer: SnapshotWriter, release: Callable[[HostCopy], None]) -> str:
+        with self._lock:
+            if self.failure is not None:
+                raise self.failure
+            if self.digest is None:
+                assert self.copy is not None
+                copy, self.copy = self.copy, None
+                try:
+                    if copy.landed is not None:  # another call's copy: its own call's events do not cover it
+                        copy.landed.synchronize()
+                    self.digest = writer.put_blob(copy.span)
+                except Exception as exc:
+                    self.failure = exc
+                    raise
+                finally:
+                    release(copy)
+            return self.digest
+
+    def let_go(self, release: Callable[[HostCopy], None]) -> None:
+        """The recording is over: give back the copy if no call took it."""
+        with self._lock:
+            copy, self.copy = self.copy, None
+        if copy is not None:
+            if copy.landed is not None:
+                copy.landed.synchronize()
+            release(copy)
+
+
+class Copier:
+    """Takes host copies of tensors, stream-ordered on a GPU, and remembers what must be waited
+    for before they can be read."""
+
+    def __init__(self, pool: PinnedPool):
+        self.pool = pool
+        self._devices: set[torch.device] = set()
+
+    def copy(self, t: torch.Tensor, landed: bool = False, geometry: Geometry | None = None) -> HostCopy:
+        """A host copy of `t`'s storage span (`geometry`: `t`'s, where the caller has it already);
+        with `landed`, one that carries an event of its own (a blob: other calls, on other
+        streams, may be written before the one that took it)."""
+        geometry = geometry or geometry_of(t)
+        span = storage_span(t.detach(), geometry)
+        if span.device.type != "cuda":
+            return HostCopy(span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone(), geometry)
+        nbytes = span.numel() * span.element_size()
+        buffer = self.pool.take(nbytes)
+        host = buffer[:nbytes].view(span.dtype)
+        host.copy_(span, non_blocking=True)
+        self._devices.add(span.device)
+        event = None
+        if landed:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(span.device))
+        return HostCopy(host, geometry, buffer, landed=event)
+
+    def mark(self) -> Callable[[], None]:
+        """After the last copy of a call: a function that waits until every copy has landed."""
+        events = []
+        for device in self._devices:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        self._devices = set()
+
+        def landed() -> None:
+            for event in events:
+                event.synchronize()
+        return landed

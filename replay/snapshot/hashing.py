@@ -1,0 +1,46 @@
+"""Hashing a chunked tensor's 64 KiB pieces: each named by the sha256 of its blob form."""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from typing import Any, Sequence
+
+from replay.snapshot import callfile
+from replay.snapshot.files import sha256_parts
+
+# A chunked tensor's pieces are hashed this many to a task on a shared pool: sha256 lets go of the
+# interpreter lock on each 64 KiB piece, so the pool's threads hash side by side (one core hashes
+# ~1.5 GB/s, well below what a step's activations need), and a task of 4 MiB keeps the per-task
+# cost of the pool small beside the hashing
+PIECES_PER_TASK = 64
+HASHING_THREADS = min(8, os.cpu_count() or 1)
+_hashing_pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (the pid that made it, it)
+_hashing_pool_lock = threading.Lock()
+
+
+def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> list[str]:
+    """The blob digest of each piece (a numpy uint8 array), where `known` does not give it."""
+    if known is None:
+        return hash_pieces(pieces)
+    unknown = [n for n, digest in enumerate(known) if digest is None]
+    found = dict(zip(unknown, hash_pieces([pieces[n] for n in unknown])))
+    return [digest if digest is not None else found[n] for n, digest in enumerate(known)]
+
+
+def hash_pieces(pieces: Sequence[Any]) -> list[str]:
+    """The blob digest of each piece, hashed PIECES_PER_TASK to a task on the shared hashing pool
+    when there is more than one task."""
+    def digests(run: Sequence[Any]) -> list[str]:
+        return [sha256_parts(callfile.blob_prefix(len(piece)), piece) for piece in run]
+
+    runs = [pieces[start:start + PIECES_PER_TASK] for start in range(0, len(pieces), PIECES_PER_TASK)]
+    if len(runs) <= 1 or HASHING_THREADS <= 1:
+        return digests(pieces)
+    global _hashing_pool
+    with _hashing_pool_lock:
+        if _hashing_pool is None or _hashing_pool[0] != os.getpid():  # a forked child has none of its threads
+            _hashing_pool = (os.getpid(), concurrent.futures.ThreadPoolExecutor(HASHING_THREADS,
+                                                                               thread_name_prefix="replay-hash"))
+        pool = _hashing_pool[1]
+    return [digest for run in pool.map(digests, runs) for digest in run]
