@@ -14,8 +14,9 @@
 (d) Records a decode loop that writes one 64 KiB position per step into a 64 MiB cache (32
     steps; the cache is stored in 64 KiB content-addressed chunks) and compares the bytes on
     disk with the bytes the steps changed, and the time with the loop alone.
-(c) --gpu: the tiny model (hidden 256 and 2048: a 64-token prefill, a 16-step decode loop)
-    and a 7B-shaped MLP block (bf16, 64 rows, 8 times), each run bare, recorded through the
+(c) --gpu: the tiny model (hidden 256 and 2048: a 64-token prefill, a 16-step decode loop),
+    a 7B-shaped MLP block (bf16, 64 rows, 8 times) and an eager decode loop writing a 64 KiB
+    position a step into a 64 MiB cache (stored in chunks), each run bare, recorded through the
     pipeline (the default) and as a flight recording of the last 64 calls; the time until the
     recording is closed against its floor, the largest of the bare run, a pinned
     device-to-host copy of the bytes written and a sequential disk write of them (both rates
@@ -184,6 +185,12 @@ def gpu_workloads() -> dict[str, Workload]:
     w_down = torch.randn(4096, 11008, device="cuda", generator=gen, dtype=torch.bfloat16)
     x = torch.randn(64, 4096, device="cuda", generator=gen, dtype=torch.bfloat16)
     work["7B MLP block, 64 rows x 8"] = (lambda: [linear(mlp_up(x, w_gate, w_up), w_down) for _ in range(8)], None)
+    cache = torch.zeros(1024, 16384, device="cuda")  # 64 MiB, a position's 64 KiB contiguous
+    rows = [torch.full((16384,), float(step + 1), device="cuda") for step in range(32)]
+    def cache_decode() -> object:  # from an empty cache each run: every step changes 64 KiB of it
+        cache.zero_()
+        return [write_position(cache, row, step) for step, row in enumerate(rows)]
+    work["eager decode, 64 MiB cache, 32 steps"] = (cache_decode, None)
     return work
 
 
@@ -209,7 +216,7 @@ def timed(fn: Callable[[], object], record_into: Path | None, runs: int,
     return statistics.median(program), statistics.median(total), size, files
 
 
-def gpu_table(runs: int) -> None:
+def gpu_table(runs: int, only: str = "") -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         d2h, disk = d2h_gbps(), disk_gbps(Path(tmp))
         print(f"{torch.cuda.get_device_name()}; pinned device-to-host {d2h:.1f} GB/s; disk write ({tmp}) "
@@ -218,6 +225,8 @@ def gpu_table(runs: int) -> None:
               "| floor ms: max(bare, D2H, disk) | closed / floor | flight recorder, ring=64 ms (x bare; x eager) |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
         for name, (fn, use_graph) in gpu_workloads().items():
+            if only not in name:
+                continue
             fn()  # compile the kernels (and capture the CUDA graph)
             bare = eager = timed(fn, None, runs)[0]
             if use_graph is not None:  # the eager loop's time too
@@ -232,7 +241,8 @@ def gpu_table(runs: int) -> None:
                   + f" | {program * 1e3:.1f} / {closed * 1e3:.1f} | {size / 1e6:.0f} ({files}) "
                   f"| {floor * 1e3:.1f} | {closed / floor:.2f}x "
                   f"| {flight * 1e3:.1f} ({flight / bare:.2f}x; {flight / eager:.2f}x) |", flush=True)
-    flight_table(runs)
+    if not only:
+        flight_table(runs)
 
 
 def copy_us(nbytes: int, repeats: int = 50) -> float:
@@ -350,11 +360,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="decode steps: each passes every weight again")
     parser.add_argument("--gpu", action="store_true", help="(c) only: recording throughput on the GPU")
     parser.add_argument("--runs", type=int, default=3, help="--gpu: runs per timing (the median is reported)")
+    parser.add_argument("--only", metavar="TEXT", default="", help="--gpu: the workloads whose name holds TEXT")
     parser.add_argument("--profile", metavar="WORKLOAD", help="--gpu: profile the program side of recording one "
                         "workload (a name from the table, e.g. 'tiny h256: decode 16 steps') instead")
     args = parser.parse_args()
     if args.gpu:
-        gpu_profile(args.profile) if args.profile else gpu_table(args.runs)
+        gpu_profile(args.profile) if args.profile else gpu_table(args.runs, args.only)
         return
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}, "

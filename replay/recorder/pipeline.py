@@ -339,6 +339,7 @@ class CallWriter:
                     chunks[key], digests = self.writer.put_chunks(copy.span, known)
                     if copy.pieces is not None:
                         copy.pieces.hashed(digests)
+                    self.release(copy)  # not held until the segment is written: a cache's copy is large
         finally:  # a later store of the same memory waits for these: never in vain
             for copy in call.copies.values():
                 if copy.pieces is not None:

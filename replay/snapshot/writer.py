@@ -32,6 +32,7 @@ DURABILITY = ("close", "call")
 CHUNK_BYTES = 64 * 1024  # a large tensor is stored in pieces of this many bytes (formats 2 and 3)
 PACKED_ROW = 36  # a format-3 chunk list's row: the piece's sha256 and the number of its pack (uint32, LE)
 HASH_WHILE_WRITING_BYTES = 16 << 20  # blobs this large are hashed on a thread of their own as they are written
+SEGMENT_HASH_WHILE_WRITING_BYTES = 1 << 20  # and segments this large (a thread costs more than a smaller hash)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -43,6 +44,15 @@ def _write_all(fd: int, data: bytes) -> None:
         if written <= 0:
             raise OSError(errno.ENOSPC, "no room to write the index line", None)
         view = view[written:]
+
+
+def _hashed_while(write: Callable[[], None], parts: Sequence[Any]) -> str:
+    """The sha256 of `parts`, taken on another thread while `write()` writes them: both let go of
+    the interpreter lock, so it costs the slower of the two, not both."""
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-hash-while-writing") as hasher:
+        hashing = hasher.submit(sha256_parts, *parts)
+        write()
+    return hashing.result()
 
 
 def blob_relpath(digest: str) -> str:
@@ -178,10 +188,7 @@ class SnapshotWriter:
             os.replace(staging, target)
             self._track(target)
         try:
-            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-blob-hash") as hasher:
-                hashing = hasher.submit(sha256_parts, *parts)
-                write_atomic(staging, parts, sync=self._sync)
-            return self._put(hashing.result(), name)
+            return self._put(_hashed_while(lambda: write_atomic(staging, parts, sync=self._sync), parts), name)
         finally:
             staging.unlink(missing_ok=True)  # still there when the blob was stored already
 
@@ -306,8 +313,12 @@ class SnapshotWriter:
             number, self._segments = self._segments, self._segments + 1
         rel = segment_relpath(number)
         file_parts = callfile.serialize_parts(metadata, spans)
-        self._write(self.path / rel, file_parts)
-        sha256, size = sha256_parts(*file_parts), sum(memoryview(part).nbytes for part in file_parts)
+        size = sum(memoryview(part).nbytes for part in file_parts)
+        if size >= SEGMENT_HASH_WHILE_WRITING_BYTES:
+            sha256 = _hashed_while(lambda: self._write(self.path / rel, file_parts), file_parts)
+        else:
+            self._write(self.path / rel, file_parts)
+            sha256 = sha256_parts(*file_parts)
         return [{"index": part.index, "op": part.op, "variant": part.variant, "file": rel,
                  "call": callfile.call_prefix(part.index), "sha256": sha256, "bytes": size, "blobs": part.blobs}
                 for part in parts]
