@@ -21,7 +21,7 @@ def example_producer() -> dict:
     """Run the worked example's code blocks (version 1, then the chunked call of version 2) and
     return their namespace."""
     namespace: dict = {}
-    for defines in ("def write_minimal_snapshot", "def add_chunked_call"):
+    for defines in ("def write_minimal_snapshot", "def add_chunked_call", "def write_segment_snapshot"):
         (code,) = [block for block in re.findall(r"```python\n(.*?)```", FORMAT_MD, re.S) if defines in block]
         exec(compile(code, "docs/FORMAT.md", "exec"), namespace)
     return namespace
@@ -35,6 +35,15 @@ def test_the_documented_chunked_call_of_version_2_reads_back(tmp_path: Path) -> 
     assert snapshot.manifest["format_version"] == 2 and len(snapshot) == 2
     assert snapshot.load(1).tensors["in/x"].tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
     assert snapshot.load(0).tensors["in/w"].tolist() == [[1.0, 3.0], [2.0, 4.0]]  # version 1's call unchanged
+
+
+def test_the_documented_segment_of_version_4_reads_back_and_replays(tmp_path: Path) -> None:
+    example_producer()["write_segment_snapshot"](tmp_path / "example")
+    snapshot = Snapshot(tmp_path / "example")
+    assert snapshot.manifest["format_version"] == 4 and len({e.file for e in snapshot.entries}) == 1
+    assert [(r.index, r.tensors["in/x"].tolist(), r.tensors["out/out"].tolist()) for r in snapshot] == \
+        [(0, [1.0, 2.0], [2.0, 4.0]), (1, [3.0, 4.0], [6.0, 8.0])]
+    assert CliRunner().invoke(main, ["show", str(tmp_path / "example")]).exit_code == 0
 
 
 def test_snapshot_written_by_the_documented_producer_reads_back(tmp_path: Path) -> None:
