@@ -49,7 +49,7 @@ def index_lines(snapshot: Path) -> int:
         return 0
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", range(10))
 def test_sigkill_mid_recording_leaves_finished_calls_readable(seed: int, tmp_path: Path) -> None:
     rng = random.Random(seed)
     calls_before_kill, then_wait = rng.randint(1, 30), rng.uniform(0.0, 0.05)
