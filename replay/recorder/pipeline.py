@@ -1,8 +1,9 @@
 """The far side of capture: host copies of a call's tensors become files on writer threads.
 
-At a captured call the recorder only issues copies (copies.py). The call then goes on a bounded queue; writer threads wait for the event, hash and write blobs
-and chunks, and take the calls in call order into a segment (many calls, one file) written
-straight from the buffers when it closes; then the buffers go back and its calls are indexed.
+At a captured call the recorder only issues copies (copies.py). The call then goes on a bounded
+queue; writer threads wait for its copies to land, hash and write blobs and chunks, and take the
+calls in call order into a segment (many calls, one file) written straight from the buffers when
+it closes; then the buffers go back and its calls are indexed.
 When the queue is full, `when_full` says what happens: "block" (the program waits; nothing is
 lost) or "drop" (the call is not recorded; drops are counted and named in the manifest's
 capture_errors). A CUDA graph replay's calls travel together, as a PendingBatch: a few host
@@ -31,6 +32,8 @@ WRITER_THREADS = 2  # more contend for the interpreter lock with the program (me
 # a killed process loses at most the open segment, calls at most half a second old
 SEGMENT_BYTES = 16 << 20
 SEGMENT_SECONDS = 0.5
+
+
 @dataclass
 class PendingCall:
     """A call whose copies are issued, to be written as call `index`."""
@@ -311,17 +314,18 @@ class CallWriter:
             while self._indexed in self._segments_written:
                 done, lines, error = self._segments_written.pop(self._indexed)
                 self._indexed += 1
-                first, last = done.parts[0].index, done.parts[-1].index
+                failed_at = None  # the call whose index line could not be appended
                 for line in lines if error is None and not self._index_stopped else []:
                     try:
                         self.writer.add_to_index(line)
                         self.written += 1
-                    except OSError as exc:
-                        error, first = exc, line["index"]
-                        last = first  # the calls after it in the segment are written but never indexed
+                    except OSError as exc:  # the calls after it in the segment are written but never indexed
+                        error, failed_at = exc, line["index"]
                         break
                 if error is not None and not self._index_stopped:
                     self._index_stopped = self.failed = True
+                    first, last = (failed_at, failed_at) if failed_at is not None else \
+                        (done.parts[0].index, done.parts[-1].index)
                     failures.append((f"writing call {first}" if first == last else f"writing calls {first}-{last}",
                                      error))
             self._state.notify_all()
@@ -340,10 +344,11 @@ class CallWriter:
                     if copy.pieces is not None:
                         copy.pieces.hashed(digests)
                     self.release(copy)  # not held until the segment is written: a cache's copy is large
-        finally:  # a later store of the same memory waits for these: never in vain
+        except BaseException:  # a later store of the same memory waits for these: never in vain
             for copy in call.copies.values():
                 if copy.pieces is not None:
                     copy.pieces.hashed(None)
+            raise
         geometries = {**{key: copy.geometry for key, copy in call.copies.items()},
                       **{key: geometry for key, (_, geometry) in call.blobs.items()}}
         return self.writer.call_part(call.index, call.header,

@@ -50,9 +50,9 @@ def _hashed_while(write: Callable[[], None], parts: Sequence[Any]) -> str:
     """The sha256 of `parts`, taken on another thread while `write()` writes them: both let go of
     the interpreter lock, so it costs the slower of the two, not both."""
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-hash-while-writing") as hasher:
-        hashing = hasher.submit(sha256_parts, *parts)
+        digest = hasher.submit(sha256_parts, *parts)
         write()
-    return hashing.result()
+    return digest.result()
 
 
 def blob_relpath(digest: str) -> str:
