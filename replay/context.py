@@ -151,6 +151,25 @@ def recorder_busy() -> bool:
     return _recorder_busy.get()
 
 
+_recorder_kernel: contextvars.ContextVar[bool] = contextvars.ContextVar("replay_recorder_kernel", default=False)
+
+
+@contextlib.contextmanager
+def recorder_kernel() -> Iterator[None]:
+    """Mark the block as launching the recorder's own Triton kernels (its checksums): their
+    launches and operators are no calls of the program, whatever else records."""
+    token = _recorder_kernel.set(True)
+    try:
+        with recorder_work():
+            yield
+    finally:
+        _recorder_kernel.reset(token)
+
+
+def recorder_kernel_running() -> bool:
+    return _recorder_kernel.get()
+
+
 _steps = itertools.count(1)
 _step = 0  # the program's step now: 0 before its first replay.step()
 

@@ -1,6 +1,7 @@
 """Which pieces of a chunked tensor changed since its last store is decided where the tensor
-lives (replay/recorder/chunk_changes.py): only those are hashed on the host. On a GPU that is the
-default; here the same logic runs on CPU tensors (chunk_changes.DEVICES gains "cpu"), and the
+lives (replay/recorder/chunk_changes.py, one Triton kernel: piece_sums.py), and only those come
+to the host and are hashed there. On a GPU that is the default; on a machine without one the same
+logic runs on CPU tensors in Triton's interpreter (chunk_changes.DEVICES gains "cpu"), and the
 snapshot must be the very one recorded without it."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 import replay
-from replay.recorder import chunk_changes
+from replay.recorder import chunk_changes, piece_sums
 from replay.snapshot import Snapshot, hashing, writer
 
 PIECE = writer.CHUNK_BYTES
@@ -21,24 +22,66 @@ def write_row(cache: torch.Tensor, row: torch.Tensor, position: int) -> None:
     cache[position] = row
 
 
-def test_checksums_flag_exactly_the_pieces_that_differ() -> None:
+def test_checksums_flag_exactly_the_pieces_that_differ_and_stage_them(device: str) -> None:
     gen = torch.Generator().manual_seed(0)
-    raw = torch.randint(0, 256, (5 * PIECE + 4096,), generator=gen, dtype=torch.uint8)  # a partial last piece
-    before = chunk_changes.piece_checksums(raw)
-    assert before.shape == (6, 2) and torch.equal(before, chunk_changes.piece_checksums(raw.clone()))
+    raw = torch.randint(0, 256, (5 * PIECE + 4096,), generator=gen, dtype=torch.uint8).to(device)  # a partial last piece
+    before, flags, staged = piece_sums.piece_sums(raw, None, stage=True)
+    assert before.shape == (6, 2) and flags.tolist() == [1] * 6  # nothing to compare with: all new
+    assert torch.equal(staged.view(torch.uint8)[:raw.numel()], raw)
+    assert torch.equal(before, piece_sums.piece_sums(raw.clone(), None, stage=False)[0])
     for at in (0, 3 * PIECE + 17, raw.numel() - 1):
         changed = raw.clone()
         changed[at] ^= 1
-        flags = (chunk_changes.piece_checksums(changed) != before).any(1)
+        sums, flags, staged = piece_sums.piece_sums(changed, before, stage=True)
         assert flags.nonzero().flatten().tolist() == [at // PIECE]
+        piece = slice(at // PIECE * PIECE, min((at // PIECE + 1) * PIECE, raw.numel()))
+        assert torch.equal(staged.view(torch.uint8)[piece], changed[piece])  # the changed piece, staged
+        assert not torch.equal(sums, before)
+
+
+def test_bytes_not_readable_as_words_are_not_tracked(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    tracker = chunk_changes.PieceTracker()
+    odd = torch.zeros(PIECE + 2, dtype=torch.uint8, device=device)
+    assert tracker.observe(odd, stage=True) is None
+    assert tracker.observe(torch.zeros(PIECE + 4, dtype=torch.uint8, device=device)[1:-3], stage=True) is None
+    assert tracker.observe(torch.zeros(PIECE + 4, dtype=torch.uint8, device=device), stage=True) is not None
 
 
 def record_decode(path: Path, device: str, steps: int = 6) -> torch.Tensor:
     cache = torch.zeros(64, 4096, device=device)  # 1 MiB: 16 pieces, a row a quarter of one
-    with replay.recording(path, chunk_threshold=1):
+    with replay.recording(path, chunk_threshold=1) as rec:
         for step in range(steps):
             write_row(cache, torch.full((4096,), float(step + 1), device=device), step * 9)
+    assert rec.pieces.staged_bytes == 0  # every staged store was fetched, or let go
     return cache
+
+
+def reused_lists(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The chunk lists of stores that changed nothing since the store before, taken from it whole."""
+    reused: list[str] = []
+    real = chunk_changes.PieceHistory.unchanged
+
+    def counting(self):
+        same = real(self)
+        if same is not None:
+            reused.append(same[1])
+        return same
+    monkeypatch.setattr(chunk_changes.PieceHistory, "unchanged", counting)
+    return reused
+
+
+def fetched_pieces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many pieces each store brought over from where its changed pieces were staged."""
+    counts: list[int] = []
+    real = chunk_changes.PieceHistory.fetch
+
+    def counting(self, known, take):
+        pieces, known, buffer = real(self, known, take)
+        counts.append(len({id(piece) for piece in pieces if piece is not None}))
+        return pieces, known, buffer
+    monkeypatch.setattr(chunk_changes.PieceHistory, "fetch", counting)
+    return counts
 
 
 def hashed_pieces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -60,35 +103,79 @@ def contents(path: Path) -> list[tuple[str, list[float]]]:
 def check_only_changed_pieces_are_hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     monkeypatch.setattr(chunk_changes, "DEVICES", ())
     record_decode(tmp_path / "untracked", device)
-    monkeypatch.setattr(chunk_changes, "DEVICES", ("cpu", "cuda"))
-    counts = hashed_pieces(monkeypatch)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    counts, fetched = hashed_pieces(monkeypatch), fetched_pieces(monkeypatch)
+    reused = reused_lists(monkeypatch)
     cache = record_decode(tmp_path / "tracked", device)
     assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked")
-    # each call stores the cache before its row (as the last call left it: nothing to hash) and after
-    # (the one piece the row lands in); the first store hashes every piece
-    assert counts == [16, 1] + [0, 1] * 5
+    # each call stores the cache before its row (as the last call left it: the list of the store
+    # before, taken whole) and after (the one piece the row lands in); the first store's 16 pieces
+    # are alike (zeros): one is hashed. Only those come over.
+    assert counts == [1] * 7 and len(reused) == 5
+    assert fetched == counts
     last = list(Snapshot(tmp_path / "tracked"))[-1]
     assert torch.equal(last.tensors["out/cache"], cache.cpu())
 
 
-def test_only_the_pieces_a_call_changed_are_hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    check_only_changed_pieces_are_hashed(tmp_path, monkeypatch, "cpu")
-
-
-@pytest.mark.gpu
-def test_only_the_pieces_a_call_changed_are_hashed_on_a_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    check_only_changed_pieces_are_hashed(tmp_path, monkeypatch, "cuda")
+def test_only_the_pieces_a_call_changed_are_hashed_and_come_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    device: str) -> None:
+    check_only_changed_pieces_are_hashed(tmp_path, monkeypatch, device)
 
 
 def test_a_flight_recording_that_forgets_stores_still_writes_what_it_holds(tmp_path: Path,
-                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            device: str) -> None:
     # the stores the ring forgot are never hashed: the ones it holds must not wait for them
-    monkeypatch.setattr(chunk_changes, "DEVICES", ("cpu",))
-    cache = torch.zeros(64, 4096)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    cache = torch.zeros(64, 4096, device=device)
     with replay.recording(tmp_path / "snap", chunk_threshold=1, ring=3):
         for step in range(10):
-            write_row(cache, torch.full((4096,), float(step + 1)), step)
+            write_row(cache, torch.full((4096,), float(step + 1), device=device), step)
         replay.dump()
     records = list(Snapshot(tmp_path / "snap"))
     assert [r.arguments()["position"] for r in records] == [7, 8, 9]
-    assert torch.equal(records[-1].tensors["out/cache"], cache)
+    assert torch.equal(records[-1].tensors["out/cache"], cache.cpu())
+
+
+def test_pieces_any_store_hashed_are_known_by_their_checksums(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              device: str) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    counts, fetched = hashed_pieces(monkeypatch), fetched_pieces(monkeypatch)
+    first, second = torch.zeros(64, 4096, device=device), torch.zeros(64, 4096, device=device)
+    first[:16] = 7.0  # a whole piece of sevens
+    with replay.recording(tmp_path / "snap", chunk_threshold=1) as rec:
+        write_row(first, torch.full((4096,), 7.0, device=device), 16)  # the next piece starts with a row of sevens
+        rec.flush()  # known once hashed: a store made while the first is written may hash a piece again
+        second[:16] = 7.0
+        write_row(second, torch.full((4096,), 7.0, device=device), 0)  # nothing new: all its pieces were stored before
+    # first: its sevens, its zeros; after: the piece the row went to. second: everything known
+    assert counts == [2, 1, 0] and fetched == counts  # second's after: unchanged, its list taken whole
+    stored = list(Snapshot(tmp_path / "snap"))[1].tensors
+    assert torch.equal(stored["in/cache"], second.cpu()) and torch.equal(stored["out/cache"], second.cpu())
+
+
+def test_past_the_device_staging_budget_a_store_comes_over_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   device: str) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", ())
+    record_decode(tmp_path / "untracked", device)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    monkeypatch.setattr(chunk_changes, "DEVICE_STAGING_BYTES", 16 * PIECE)  # room for one store at a time
+    counts, fetched = hashed_pieces(monkeypatch), fetched_pieces(monkeypatch)
+    record_decode(tmp_path / "tracked", device)
+    assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked")
+    assert counts == [1] * 7  # flagged either way: hashed the same
+    assert 0 < len(fetched) < len(counts)  # some stores found the budget spent and came over whole
+
+
+def test_a_staged_store_whose_earlier_store_failed_is_refused_not_filled_with_garbage() -> None:
+    span = torch.zeros(2 * PIECE, dtype=torch.uint8)
+    released: list[int] = []
+    sums = torch.tensor([[1, 2], [3, 4]])
+    first = chunk_changes.PieceHistory(None, None, sums, {})
+    first.hashed(None)  # its writer failed
+    history = chunk_changes.PieceHistory(first, torch.tensor([0, 1], dtype=torch.uint8), sums, {},
+                                         torch.zeros(2 * PIECE // 4, dtype=torch.int32), span.numel(),
+                                         _let_go=released.append)
+    with pytest.raises(OSError, match="never written"):
+        history.fetch(history.known(), lambda n: torch.empty(n, dtype=torch.uint8))
+    assert released == [2 * PIECE] and history.staged is None  # its device memory goes back all the same

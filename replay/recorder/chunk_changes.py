@@ -1,14 +1,20 @@
-"""Which 64 KiB pieces of a large tensor changed since it was last stored, decided on the GPU.
+"""Which 64 KiB pieces of a large tensor changed since it was last stored, decided on the GPU,
+and only those brought to the host.
 
 A KV cache that a decode step writes 64 KiB of is stored in content-addressed pieces (format 3);
-hashing every piece of it on the host at every call costs far more than the step. So, where the
-tensor lives on a GPU, a checksum of each piece is computed there (stream-ordered torch kernels:
-no synchronisation) and compared with the checksums of the last tensor stored from the same
-memory; the flags of the pieces that differ travel to the host with the tensor's bytes, and the
-writer hashes only those, taking the others' sha256 from that last store. Correctness rests on
-the checksums alone, not on the memory being the same tensor: equal checksums mean equal bytes
-(two sums of the piece's 32-bit words under random 64-bit weights, wrapping: a change is missed
-with odds about 2^-128), so a piece named by a reused digest holds what the digest says.
+copying all of it to the host and hashing it there at every call costs far more than the step.
+So, where the tensor lives on a GPU, one kernel (piece_sums.py) checksums each piece, compares
+the checksums with those of the last store from the same memory, and copies the pieces that
+differ into a device buffer, all on the program's stream with no synchronisation. The flags
+travel to the host with the call's copies; a writer thread then brings only the flagged pieces
+over (one gather and one copy, on a stream of its own), hashes them, and takes the others'
+sha256 from that last store. Correctness rests on the checksums alone, not on the memory being
+the same tensor: equal checksums mean equal bytes (odds of a miss about 2^-128), so a piece named
+by a reused digest holds what the digest says.
+
+A flight recording keeps whole host copies (its ring may forget the store a later one would
+refer to), and so does a store that would pass DEVICE_STAGING_BYTES of staged device memory;
+both still flag what changed, so the writer hashes only that.
 
 On the CPU the host does the work either way and sha256 is as fast as the checksum, so only
 CUDA tensors are tracked (DEVICES).
@@ -17,55 +23,41 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Callable
 
+import numpy as np
 import torch
 
+from replay.context import recorder_kernel
 from replay.snapshot.writer import CHUNK_BYTES
 
 DEVICES = ("cuda",)  # where pieces are checksummed; tests add "cpu" to run the same logic there
-SLICE_PIECES = 256  # pieces summed at once: bounds the temporary int64 copy to 8x their 16 MiB
-_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+# Device memory the staged pieces of stores not yet fetched may hold; past it a store is copied
+# whole to the host on the program's stream, as untracked ones are (the program never waits)
+DEVICE_STAGING_BYTES = 1 << 30
+_side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def _weights(device: torch.device) -> torch.Tensor:
-    """Two rows of random 64-bit weights, one per 32-bit word of a piece (fixed seed: reproducible)."""
-    weights = _WEIGHTS.get(device)
-    if weights is None:
-        gen = torch.Generator().manual_seed(0x5EED)
-        weights = torch.randint(-(1 << 62), 1 << 62, (2, CHUNK_BYTES // 4), generator=gen, dtype=torch.int64)
-        weights = _WEIGHTS[device] = weights.to(device)
-    return weights
-
-
-def piece_checksums(raw: torch.Tensor) -> torch.Tensor:
-    """[pieces, 2] int64 checksums of a run of bytes (uint8, 1-D) cut into CHUNK_BYTES pieces,
-    the last one zero-padded, computed on the bytes' device."""
-    pieces = -(-raw.numel() // CHUNK_BYTES)
-    weights = _weights(raw.device)
-    sums = torch.empty(pieces, 2, dtype=torch.int64, device=raw.device)
-    whole = raw.numel() // CHUNK_BYTES
-    for start in range(0, pieces, SLICE_PIECES):
-        end = min(start + SLICE_PIECES, pieces)
-        if end <= whole:
-            block = raw[start * CHUNK_BYTES:end * CHUNK_BYTES]
-        else:  # the last, partial piece: padded with zeros to a whole one
-            block = torch.zeros((end - start) * CHUNK_BYTES, dtype=torch.uint8, device=raw.device)
-            block[:raw.numel() - start * CHUNK_BYTES] = raw[start * CHUNK_BYTES:]
-        words = block.view(torch.int32).view(end - start, -1).to(torch.int64)
-        sums[start:end, 0] = (words * weights[0]).sum(1)
-        sums[start:end, 1] = (words * weights[1]).sum(1)
-    return sums
+Checksums = dict[tuple[int, int, int], str]  # (checksums, length) of a piece -> its sha256
 
 
 @dataclass
 class PieceHistory:
     """One store of a tracked tensor: which of its pieces differ from the store before it from the
-    same memory (`changed`, on the host once the call's copies landed; None: all may), and, once
-    the writer has hashed them, every piece's sha256."""
+    same memory (`changed`, on the host once the call's copies landed; None: all may), every
+    piece's checksums (`sums`, likewise), where the changed pieces wait on the device (`staged`,
+    when they were not copied to the host whole), and, once the writer has hashed them, every
+    piece's sha256. `seen` names the pieces any store of the recording hashed, by checksums."""
     previous: PieceHistory | None
     changed: torch.Tensor | None
+    sums: torch.Tensor
+    seen: Checksums
+    staged: torch.Tensor | None = None  # whole pieces of int32 words, the changed ones written
+    nbytes: int = 0  # the tensor's bytes (the last piece of `staged` is padded)
     digests: list[str] | None = None
+    chunk_list: str | None = None  # the digest of the list of `digests`, as stored
     _done: threading.Event = field(default_factory=threading.Event)
+    _let_go: Callable[[int], None] = lambda nbytes: None  # gives the staged bytes back to the budget
 
     def known(self) -> list[str | None] | None:
         """The sha256 of each piece that did not change since the store before (None where it did,
@@ -79,36 +71,140 @@ class PieceHistory:
             return None
         return [None if changed else digest for digest, changed in zip(before, self.changed.tolist())]
 
-    def hashed(self, digests: list[str] | None) -> None:
-        """The writer is done with this store (`digests` None: it failed, or never wrote it)."""
-        if not self._done.is_set():
-            self.digests, self.previous = digests, None
-            self._done.set()
+    def unchanged(self) -> tuple[list[str], str] | None:
+        """Where no piece changed since the store before: its digests and chunk list (waiting for
+        its writer), which are this store's too. A decode step's cache as the step before left it
+        costs no work a piece."""
+        previous = self.previous
+        if previous is None or self.changed is None or bool(self.changed.any()):
+            return None
+        previous._done.wait()
+        if previous.digests is None or previous.chunk_list is None:
+            return None
+        return previous.digests, previous.chunk_list
+
+    def fetch(self, known: list[str | None] | None, take: Callable[[int], torch.Tensor]
+              ) -> tuple[list[np.ndarray | None], list[str | None], torch.Tensor | None]:
+        """The staged pieces whose sha256 is not known, on the host (None for the others), what is
+        known (`known`, and the pieces another store hashed: the same checksums and length), and
+        the host buffer (from `take`) the pieces are views into, to give back once they are written.
+        Pieces alike in one store come over once and are listed as one array. Called on a writer
+        thread once the call's copies landed: one gather and one copy on a stream of its own."""
+        assert self.staged is not None
+        pieces = self.staged.numel() * 4 // CHUNK_BYTES
+        resolved: list[str | None] = list(known) if known is not None else [None] * pieces
+        alike: dict[int, int] = {}  # a piece -> the piece of this store with its bytes
+        firsts: dict[tuple[int, int, int], int] = {}
+        wanted = []
+        for n, key in self._keys([n for n, digest in enumerate(resolved) if digest is None]):
+            resolved[n] = self.seen.get(key)
+            if resolved[n] is None:
+                alike[n] = firsts.setdefault(key, n)
+                if alike[n] == n:
+                    wanted.append(n)
+        try:
+            if known is None and self.changed is not None and not bool(self.changed.all()):
+                raise OSError("the pieces this store shares with the one before were never written")
+            host, buffer = self._bring_over(wanted, take)
+        finally:
+            self._release_staged()
+        found: list[np.ndarray | None] = [None] * pieces
+        for slot, n in enumerate(wanted):
+            found[n] = host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + self._length(n)]
+        for n, first in alike.items():
+            found[n] = found[first]
+        return found, resolved, buffer
+
+    def _bring_over(self, wanted: list[int], take: Callable[[int], torch.Tensor]
+                    ) -> tuple[np.ndarray, torch.Tensor | None]:
+        """The staged pieces `wanted`, one after another on the host, and the pooled buffer they are in."""
+        assert self.staged is not None
+        staged = self.staged.view(torch.uint8).view(-1, CHUNK_BYTES)
+        at = torch.tensor(wanted, dtype=torch.int64)
+        if not wanted:  # nothing changed: nothing comes over
+            return np.empty(0, dtype=np.uint8), None
+        if not staged.is_cuda:
+            return staged.index_select(0, at).view(-1).numpy(), None
+        stream = _side_streams.get(staged.device)
+        if stream is None:
+            stream = _side_streams[staged.device] = torch.cuda.Stream(staged.device)
+        buffer = take(len(wanted) * CHUNK_BYTES)
+        with torch.cuda.stream(stream):
+            gathered = staged.index_select(0, at.to(staged.device, non_blocking=True))
+            buffer[:gathered.numel()].copy_(gathered.view(-1), non_blocking=True)
+        stream.synchronize()
+        return buffer.numpy(), buffer
+
+    def _length(self, piece: int) -> int:
+        return min(CHUNK_BYTES, self.nbytes - piece * CHUNK_BYTES)
+
+    def _keys(self, pieces: list[int]) -> list[tuple[int, tuple[int, int, int]]]:
+        """Each of `pieces` with what names its content: its checksums and length."""
+        sums = self.sums[pieces].tolist()
+        return [(n, (first, second, self._length(n))) for n, (first, second) in zip(pieces, sums)]
+
+    def hashed(self, digests: list[str] | None, chunk_list: str | None = None) -> None:
+        """The writer is done with this store (`digests` None: it failed, or never wrote it; else
+        `chunk_list` is the digest of their list as stored); the pieces it hashed are known by
+        their checksums from now on."""
+        self._release_staged()
+        if self._done.is_set():
+            return
+        if digests is not None:
+            changed = self.changed.nonzero().flatten().tolist() if self.changed is not None else range(len(digests))
+            self.seen.update((key, digests[n]) for n, key in self._keys(list(changed)))
+        self.digests, self.chunk_list, self.previous = digests, chunk_list, None
+        self._done.set()
+
+    def _release_staged(self) -> None:
+        staged, self.staged = self.staged, None
+        if staged is not None:
+            self._let_go(staged.numel() * 4)
 
 
 class PieceTracker:
-    """The last store's checksums of each tracked memory region, to flag what changed since."""
+    """The last store's checksums of each tracked memory region, to flag what changed since, and
+    the device memory held by staged pieces not yet fetched."""
 
     def __init__(self) -> None:
         self._last: dict[tuple[torch.device, int, int], tuple[torch.Tensor, PieceHistory]] = {}
+        self._seen: Checksums = {}
+        self._staged_bytes = 0
+        self._lock = threading.Lock()
 
-    def observe(self, span: torch.Tensor) -> PieceHistory | None:
-        """A store of `span` (a contiguous storage span) now, on its stream: None where it is not tracked."""
-        if span.device.type not in DEVICES:
-            return None
+    def observe(self, span: torch.Tensor, stage: bool) -> PieceHistory | None:
+        """A store of `span` (a contiguous storage span) now, on its stream: None where it is not
+        tracked. With `stage`, the changed pieces are copied on the device (PieceHistory.staged)
+        unless that would pass DEVICE_STAGING_BYTES; the caller copies the span to the host if not."""
         raw = span.reshape(-1).view(torch.uint8)
-        sums = piece_checksums(raw)
+        from replay.recorder import piece_sums  # Triton is imported by the first recording that tracks
+        if span.device.type not in DEVICES or not piece_sums.trackable(raw):
+            return None
+        padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES
+        with self._lock:
+            stage = stage and self._staged_bytes + padded <= DEVICE_STAGING_BYTES
+            if stage:
+                self._staged_bytes += padded
         key = (span.device, raw.data_ptr(), raw.numel())
         last = self._last.get(key)
-        changed = None
-        if last is not None:
-            flags = (sums != last[0]).any(1)
-            # travels with the call's copies, whose event covers it (pinned by torch's caching host allocator)
-            changed = flags.to("cpu", non_blocking=True)
-        history = PieceHistory(last[1] if last is not None else None, changed)
+        with recorder_kernel():  # the recorder's own launch: no call of the program
+            sums, flags, staged = piece_sums.piece_sums(raw, last[0] if last is not None else None, stage)
+        # travel with the call's copies, whose event covers them (pinned by torch's caching host allocator)
+        changed = flags.to("cpu", non_blocking=True) if last is not None else None
+        history = PieceHistory(last[1] if last is not None else None, changed, sums.to("cpu", non_blocking=True),
+                               self._seen, staged, raw.numel(), _let_go=self._let_go)
         self._last[key] = (sums, history)
         return history
 
+    @property
+    def staged_bytes(self) -> int:
+        """Device memory held now by staged pieces no writer has fetched."""
+        return self._staged_bytes
+
+    def _let_go(self, nbytes: int) -> None:
+        with self._lock:
+            self._staged_bytes -= nbytes
+
     def forget(self) -> None:
-        """The recording is over: let go of the device checksums."""
+        """The recording is over: let go of the device checksums (the writers still finish theirs)."""
         self._last.clear()

@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from replay.recorder.chunk_changes import PieceHistory
+from replay.recorder.chunk_changes import PieceHistory, PieceTracker
 from replay.snapshot import SnapshotWriter
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 
@@ -58,9 +58,13 @@ class HostCopy:
     chunked: bool = False  # stored as content-addressed pieces (a large tensor that changes)
     pieces: PieceHistory | None = None  # which pieces changed since the last store of its memory
     landed: torch.cuda.Event | None = None  # where a copy is read by other calls than its own
+    on_device: bool = False  # its changed pieces wait on the device (pieces.staged); `span` is empty
 
     @property
     def nbytes(self) -> int:
+        if self.on_device:
+            assert self.pieces is not None
+            return self.pieces.nbytes
         return self.span.numel() * self.span.element_size()
 
 
@@ -128,6 +132,23 @@ class Copier:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(span.device))
         return HostCopy(host, geometry, buffer, landed=event)
+
+    def copy_chunked(self, t: torch.Tensor, tracker: PieceTracker, stage: bool,
+                     geometry: Geometry | None = None) -> HostCopy:
+        """A copy of a large tensor the program changes in place, to be stored in pieces: where
+        `tracker` follows its device, the pieces changed since its last store are flagged there
+        and, with `stage`, copied there too, for a writer to bring over later (else the whole
+        span comes to the host now, as copy() does)."""
+        geometry = geometry or geometry_of(t)
+        span = storage_span(t.detach(), geometry)
+        pieces = tracker.observe(span, stage)
+        if pieces is not None and pieces.staged is not None:
+            if span.device.type == "cuda":
+                self._devices.add(span.device)  # the call's event then covers the kernel and its flags
+            return HostCopy(torch.empty(0, dtype=span.dtype), geometry, chunked=True, pieces=pieces, on_device=True)
+        copy = self.copy(t, geometry=geometry)
+        copy.chunked, copy.pieces = True, pieces
+        return copy
 
     def mark(self) -> Callable[[], None]:
         """After the last copy of a call: a function that waits until every copy has landed."""

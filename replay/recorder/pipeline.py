@@ -339,10 +339,7 @@ class CallWriter:
             blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
             for key, copy in call.copies.items():
                 if copy.chunked:
-                    known = copy.pieces.known() if copy.pieces is not None else None
-                    chunks[key], digests = self.writer.put_chunks(copy.span, known)
-                    if copy.pieces is not None:
-                        copy.pieces.hashed(digests)
+                    chunks[key] = self._put_chunks(copy)
                     self.release(copy)  # not held until the segment is written: a cache's copy is large
         except BaseException:  # a later store of the same memory waits for these: never in vain
             for copy in call.copies.values():
@@ -354,6 +351,28 @@ class CallWriter:
         return self.writer.call_part(call.index, call.header,
                                      {key: c.span for key, c in call.copies.items() if not c.chunked},
                                      geometries, blobs, chunks)
+
+    def _put_chunks(self, copy: HostCopy) -> str:
+        """Store a chunked copy's pieces, hashing only those changed since its memory's last store
+        (those alone come over from the device where they wait there); the digest of its list."""
+        same = copy.pieces.unchanged() if copy.pieces is not None else None
+        if copy.pieces is not None and same is not None:
+            copy.pieces.hashed(*same)  # nothing comes over: its staged pieces (none) are let go
+            return same[1]
+        known = copy.pieces.known() if copy.pieces is not None else None
+        if not copy.on_device:
+            digest, digests = self.writer.put_chunks(copy.span, known)
+        else:
+            assert copy.pieces is not None
+            pieces, known, buffer = copy.pieces.fetch(known, self.pool.take)
+            try:
+                digest, digests = self.writer.put_pieces(pieces, known)
+            finally:
+                if buffer is not None:
+                    self.pool.give(buffer)
+        if copy.pieces is not None:
+            copy.pieces.hashed(digests, digest)
+        return digest
 
     def discard(self, pending: Pending, landed: bool = False) -> None:
         """Give back the buffers of a call (or replay) written or never to be, once its copies landed."""

@@ -33,7 +33,7 @@ from replay.context import collecting
 from replay.errors import CaptureError
 from replay.settings import SettingError
 from replay.snapshot import SnapshotWriter
-from replay.snapshot.tensors import Geometry, storage_span
+from replay.snapshot.tensors import Geometry
 from replay.snapshot.writer import MANIFEST
 
 log = logging.getLogger(__name__)
@@ -199,11 +199,11 @@ class Recording(GraphRecording):
         t = tensor.value
         if tensor.reusable and t.numel() * t.element_size() >= self.options.blob_threshold:
             call.blobs[tensor.key] = (self.blob(t, copier, tensor.geometry), tensor.geometry)
+        elif tensor.persistent and tensor.geometry.span * t.element_size() >= max(self.options.chunk_threshold, 1):
+            # a flight recording holds host copies: its ring may forget the store a later one refers to
+            call.copies[tensor.key] = copier.copy_chunked(t, self.pieces, self.ring is None, tensor.geometry)
         else:
-            copy = call.copies[tensor.key] = copier.copy(t, geometry=tensor.geometry)
-            copy.chunked = tensor.persistent and copy.nbytes >= max(self.options.chunk_threshold, 1)
-            if copy.chunked:
-                copy.pieces = self.pieces.observe(storage_span(t.detach(), tensor.geometry))
+            call.copies[tensor.key] = copier.copy(t, geometry=tensor.geometry)
 
     def blob(self, t: torch.Tensor, copier: Copier, geometry: Geometry | None = None) -> BlobRef:
         """The blob of a read-only tensor: the one taken already, while its version is the same."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Sequence, cast
 
 from replay.snapshot import callfile
 from replay.snapshot.files import sha256_parts
@@ -20,12 +20,15 @@ _hashing_pool_lock = threading.Lock()
 
 
 def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> list[str]:
-    """The blob digest of each piece (a numpy uint8 array), where `known` does not give it."""
-    if known is None:
-        return hash_pieces(pieces)
-    unknown = [n for n, digest in enumerate(known) if digest is None]
-    found = dict(zip(unknown, hash_pieces([pieces[n] for n in unknown])))
-    return [digest if digest is not None else found[n] for n, digest in enumerate(known)]
+    """The blob digest of each piece (a numpy uint8 array), where `known` does not give it; a
+    piece listed at many places as the very same array is hashed once."""
+    found: list[str | None] = list(known) if known is not None else [None] * len(pieces)
+    unknown = [n for n, digest in enumerate(found) if digest is None]
+    first = {id(pieces[n]): n for n in reversed(unknown)}  # the first place each array is listed
+    hashed = dict(zip(first.values(), hash_pieces([pieces[n] for n in first.values()])))
+    for n in unknown:
+        found[n] = hashed[first[id(pieces[n])]]
+    return cast("list[str]", found)
 
 
 def hash_pieces(pieces: Sequence[Any]) -> list[str]:

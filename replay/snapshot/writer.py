@@ -130,6 +130,7 @@ class SnapshotWriter:
         self.unsaved_errors: OSError | None = None  # why, after close(), the manifest still does not
         self._known_blobs: set[str] = set()
         self._piece_homes: dict[str, bytes] = {}  # a chunk's digest -> the number of its pack (4 bytes, LE)
+        self._piece_rows: dict[str, bytes] = {}  # a chunk's digest -> its row in a chunk list: digest, pack
         self._packs = 0  # packs numbered
         self._packs_landing: dict[bytes, threading.Event] = {}  # packs being written, set once whole or failed
         self._packs_failed: set[bytes] = set()
@@ -222,17 +223,26 @@ class SnapshotWriter:
         digest and the pieces'. A piece or a list another call already stored costs nothing; a
         piece whose digest `known` gives (the same bytes were stored before) is not hashed again."""
         raw = span.reshape(-1).view(torch.uint8).numpy()
-        pieces = [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]
+        return self.put_pieces([raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)], known)
+
+    def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> tuple[str, list[str]]:
+        """put_chunks for a span already cut into pieces (uint8 arrays), where a piece whose digest
+        `known` gives may be None: a store of it wrote those bytes already."""
         digests = hashing.piece_digests(pieces, known)
         packed = b""  # the new pieces' pack, when there are any
+        new: dict[str, Any] = {}
         with self._lock:  # new pieces are claimed for this pack before it is written: no other packs them too
-            homes = [self._piece_homes.get(digest) for digest in digests]
-            new = {digest: piece for digest, piece, home in zip(digests, pieces, homes) if home is None}
-            landing = {home: self._packs_landing[home] for home in homes if home in self._packs_landing}
+            homes = list(map(self._piece_homes.get, digests))  # per piece: a decode step's list is long
+            if None in homes:
+                new = {digest: piece for digest, piece, home in zip(digests, pieces, homes) if home is None}
+            if any(piece is None for piece in new.values()):  # a known piece no store wrote: never silently lost
+                raise OSError(errno.EIO, "a piece known from an earlier store of this tensor was never written")
+            landing = {home: self._packs_landing[home] for home in set(homes) if home in self._packs_landing}
             if new:
                 number, self._packs = self._packs, self._packs + 1
                 packed = struct.pack("<I", number)
                 self._piece_homes.update(dict.fromkeys(new, packed))
+                self._piece_rows.update((digest, bytes.fromhex(digest) + packed) for digest in new)
                 self._packs_landing[packed] = threading.Event()
                 if number == 0:
                     (self.path / PACKS_DIR).mkdir(exist_ok=True)
@@ -251,7 +261,7 @@ class SnapshotWriter:
             landed.wait()
         if self._packs_failed.intersection(landing):
             raise OSError(errno.EIO, "a pack holding some of this tensor's pieces could not be written")
-        rows = b"".join(bytes.fromhex(digest) + (home or packed) for digest, home in zip(digests, homes))
+        rows = b"".join(map(self._piece_rows.__getitem__, digests))
         table = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
         return self.put_blob(table.view(len(digests), PACKED_ROW)), digests
 

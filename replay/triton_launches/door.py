@@ -23,7 +23,7 @@ import functools
 import threading
 from typing import Any, Callable, Protocol
 
-from replay.context import launches_wanted, recorder_work
+from replay.context import launches_wanted, recorder_kernel_running, recorder_work
 from replay.triton_launches.after_import import when_imported
 from replay.triton_launches.kernels import unwrap
 
@@ -86,7 +86,7 @@ def _replace(cls: type, name: str, make: Callable[[Callable[..., Any]], Callable
 def _recorded_run(original: Callable[..., Any]) -> Callable[..., Any]:
     def run(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> Any:
         target = _target
-        if target is None:
+        if target is None or recorder_kernel_running():  # the recorder's own kernels are no calls
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
         if warmup or _benchmarking.get() or launches_wanted():  # not a call of its own
             with recorder_work():

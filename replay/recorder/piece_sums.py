@@ -1,0 +1,90 @@
+"""One kernel per store of a large tensor: each 64 KiB piece's checksums, whether the piece changed
+since the last store from the same memory, and (when asked) a device-side copy of the pieces that
+did, so that only those cross to the host later, off the program's stream.
+
+A checksum is two sums of the piece's 32-bit words under random 64-bit weights (fixed seed),
+wrapping: two pieces that differ have equal checksums with odds about 2^-128. A program sums a
+few pieces, reading each once (and once more, to copy it, only if it changed); the weights, 256
+KiB, stay in L2 and are read once for the program's pieces (a piece a program spent more time
+reading weights than bytes). On the CPU the kernel runs in Triton's interpreter (tests only:
+there sha256 costs the same).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replay.snapshot.writer import CHUNK_BYTES
+
+WORDS = CHUNK_BYTES // 4  # 32-bit words a piece
+_BLOCK = 512
+_GROUP = 4  # pieces a program sums: the weights, read from L2, are read once for all of them
+_WEIGHTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _weights(device: torch.device) -> torch.Tensor:
+    """[2, WORDS] random 64-bit weights on `device`, the same on every run."""
+    weights = _WEIGHTS.get(device)
+    if weights is None:
+        gen = torch.Generator().manual_seed(0x5EED)
+        weights = torch.randint(-(1 << 62), 1 << 62, (2, WORDS), generator=gen, dtype=torch.int64)
+        weights = _WEIGHTS[device] = weights.to(device)
+    return weights
+
+
+@triton.jit
+def _piece_sums_kernel(words_ptr, nwords, pieces, weights_ptr, last_ptr, sums_ptr, flags_ptr, staged_ptr,
+                       WORDS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+                       COMPARE: tl.constexpr, STAGE: tl.constexpr):
+    # GROUP pieces a program: each block of weights read from cache serves them all
+    piece = tl.program_id(0).to(tl.int64) * GROUP + tl.arange(0, GROUP)
+    real = piece < pieces
+    base = piece * WORDS
+    first = tl.zeros([GROUP, BLOCK], dtype=tl.int64)
+    second = tl.zeros([GROUP, BLOCK], dtype=tl.int64)
+    for start in range(0, WORDS, BLOCK):
+        offsets = start + tl.arange(0, BLOCK)
+        at = base[:, None] + offsets[None, :]
+        word = tl.load(words_ptr + at, mask=at < nwords, other=0).to(tl.int64)  # the last piece: zero-padded
+        first += word * tl.load(weights_ptr + offsets)[None, :]
+        second += word * tl.load(weights_ptr + WORDS + offsets)[None, :]
+    sum_first = tl.sum(first, axis=1)
+    sum_second = tl.sum(second, axis=1)
+    tl.store(sums_ptr + 2 * piece, sum_first, mask=real)
+    tl.store(sums_ptr + 2 * piece + 1, sum_second, mask=real)
+    if COMPARE:
+        changed = ((sum_first != tl.load(last_ptr + 2 * piece, mask=real, other=0))
+                   | (sum_second != tl.load(last_ptr + 2 * piece + 1, mask=real, other=0)))
+    else:
+        changed = real  # nothing to compare with: every piece is new
+    changed = changed & real
+    tl.store(flags_ptr + piece, changed.to(tl.uint8), mask=real)
+    if STAGE:
+        for start in range(0, WORDS, BLOCK):
+            at = base[:, None] + (start + tl.arange(0, BLOCK))[None, :]
+            moved = changed[:, None] & (at < nwords)  # only the changed pieces are read again
+            tl.store(staged_ptr + at, tl.load(words_ptr + at, mask=moved), mask=moved)
+
+
+def trackable(raw: torch.Tensor) -> bool:
+    """Whether a run of bytes (uint8, 1-D) can be read as 32-bit words."""
+    return raw.numel() % 4 == 0 and raw.storage_offset() % 4 == 0 and raw.numel() > 0
+
+
+def piece_sums(raw: torch.Tensor, last: torch.Tensor | None, stage: bool
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """For a run of bytes (uint8, 1-D, trackable), on its stream: its [pieces, 2] int64 checksums,
+    the [pieces] uint8 flags of those that differ from `last` (all set when `last` is None), and,
+    with `stage`, a device buffer of whole pieces (int32 words) holding the flagged ones where they
+    lie in `raw` (the others left unwritten)."""
+    words = raw.view(torch.int32)
+    pieces = -(-words.numel() // WORDS)
+    sums = torch.empty(pieces, 2, dtype=torch.int64, device=raw.device)
+    flags = torch.empty(pieces, dtype=torch.uint8, device=raw.device)
+    staged = torch.empty(pieces * WORDS, dtype=torch.int32, device=raw.device) if stage else None
+    _piece_sums_kernel[(-(-pieces // _GROUP),)](
+        words, words.numel(), pieces, _weights(raw.device), last if last is not None else sums, sums, flags,
+        staged if staged is not None else words, WORDS=WORDS, BLOCK=_BLOCK, GROUP=_GROUP,
+        COMPARE=last is not None, STAGE=stage, num_warps=8)
+    return sums, flags, staged
