@@ -20,7 +20,8 @@
     pipeline (the default) and as a flight recording of the last 64 calls; the time until the
     recording is closed against its floor, the largest of the bare run, a pinned
     device-to-host copy of the bytes written and a sequential disk write of them (both rates
-    measured in the same run). Each time is the median of --runs. The decode loop runs its
+    measured in the same run). Each time is the median of --runs, after one untimed recording
+    (which compiles the recorder's own kernel and fills its pools). The decode loop runs its
     CUDA graph, recorded or not; its eager time is given too. Then the flight recorder in
     steady state: a step of the graph decode loop after the graph is captured, bare and
     recorded into a ring, against the floor of one device-to-host copy of the bytes a replay

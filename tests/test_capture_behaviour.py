@@ -346,3 +346,17 @@ def test_a_segment_that_cannot_be_written_never_reaches_the_program(tmp_path: Pa
         (tmp_path / "snap" / "segments").write_text("in the way")
         takes_anything(weight)
     assert rec.stopped and "writing call 0 failed" in "\n".join(said())
+
+
+def test_the_manifest_names_the_commit_it_was_recorded_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # read on a thread while the recording starts, so that no call waits for git: there at close
+    import git
+    repo = git.Repo.init(tmp_path / "project")
+    (tmp_path / "project" / "a.txt").write_text("a")
+    repo.index.add(["a.txt"])
+    commit = repo.index.commit("first").hexsha
+    monkeypatch.chdir(tmp_path / "project")
+    with replay.recording(tmp_path / "snap"):
+        scale_(torch.ones(3), 2.0)
+    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
+    assert manifest["producer"]["git"] == {"commit": commit, "dirty": False}

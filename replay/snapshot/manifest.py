@@ -14,16 +14,24 @@ PACKED_VERSION, SEGMENTED_VERSION = 3, 4
 
 
 def git_state(directory: Path) -> dict[str, Any] | None:
-    """Commit and dirty flag of the git work tree holding `directory`, or None."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(directory), *args], capture_output=True,
-                              text=True, check=True, timeout=10).stdout.strip()
+    """Commit and dirty flag of the git work tree holding `directory`, or None (both asked at once)."""
+    queries = (["rev-parse", "HEAD"], ["status", "--porcelain", "--untracked-files=no"])
+    running: list[subprocess.Popen] = []
     try:
-        commit = git("rev-parse", "HEAD")
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        for query in queries:
+            running.append(subprocess.Popen(["git", "-C", str(directory), *query], stdout=subprocess.PIPE,
+                                            stderr=subprocess.DEVNULL, text=True))
+        answers = [process.communicate(timeout=10)[0].strip() for process in running]
+        if any(process.returncode != 0 for process in running):
+            return None
     except (OSError, subprocess.SubprocessError):
         return None
-    return {"commit": commit, "dirty": dirty}
+    finally:
+        for process in running:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return {"commit": answers[0], "dirty": bool(answers[1])}
 
 
 def environment() -> dict[str, Any]:
@@ -41,11 +49,13 @@ def environment() -> dict[str, Any]:
     return env
 
 
-def new_manifest(notes: str = "", source_dir: Path | None = None) -> dict[str, Any]:
+def new_manifest(notes: str = "", source_dir: Path | None = None, *, with_git: bool = True) -> dict[str, Any]:
+    """A manifest for a new snapshot; without `with_git` its git state is left None for the
+    caller to fill in (two `git` runs cost a few milliseconds)."""
     return {
         "format_version": FORMAT_VERSION,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "producer": {"git": git_state(source_dir or Path.cwd())},
+        "producer": {"git": git_state(source_dir or Path.cwd()) if with_git else None},
         "environment": environment(),
         "notes": notes,
         "capture_errors": [],

@@ -18,7 +18,7 @@ import torch
 from replay.errors import SnapshotError
 from replay.snapshot import callfile, hashing, schema
 from replay.snapshot.files import create_exclusive, fsync_paths, sha256_parts, write_atomic
-from replay.snapshot.manifest import new_manifest
+from replay.snapshot.manifest import git_state, new_manifest
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 
 MANIFEST = "manifest.json"
@@ -135,7 +135,11 @@ class SnapshotWriter:
         self._packs_landing: dict[bytes, threading.Event] = {}  # packs being written, set once whole or failed
         self._packs_failed: set[bytes] = set()
         self._segments = 0  # segments written
-        self.manifest = new_manifest(schema.as_text(notes), source_dir)
+        # the git state is read on a thread of its own and written into the manifest once known:
+        # two `git` runs would cost every recording a few milliseconds before its first call
+        self.manifest = new_manifest(schema.as_text(notes), source_dir, with_git=False)
+        self._git_reader = threading.Thread(target=self._read_git_state, args=(source_dir or Path.cwd(),),
+                                            name="replay-git-state", daemon=True)
         try:
             (self.path / SEGMENTS_DIR).mkdir(parents=True, exist_ok=True)
             (self.path / BLOBS_DIR).mkdir(exist_ok=True)
@@ -153,6 +157,15 @@ class SnapshotWriter:
         if leftover is not None:
             raise SnapshotError(f"{self.path}: holds {leftover} of an earlier recording but no {MANIFEST}; "
                                 "record into a new directory")
+        self._git_reader.start()
+
+    def _read_git_state(self, source_dir: Path) -> None:
+        state = git_state(source_dir)
+        with self._lock:
+            self.manifest["producer"]["git"] = state
+            self._manifest_stale = True
+        with contextlib.suppress(OSError):  # a full disk: tried again at close
+            self._rewrite_manifest()
 
     def _manifest_bytes(self) -> bytes:
         return json.dumps(self.manifest, indent=2).encode()
@@ -355,8 +368,9 @@ class SnapshotWriter:
                 os.fsync(self._index_fd)
 
     def close(self) -> None:
-        """Write the manifest again if it missed an error, flush what durability "close" left in
-        the page cache to disk (index last), and close the index."""
+        """Write the manifest again if it missed an error or its git state, flush what durability
+        "close" left in the page cache to disk (index last), and close the index."""
+        self._git_reader.join()
         with self._lock:
             pending, self._unsynced = self._unsynced, []
             fd, self._index_fd = self._index_fd, None
@@ -364,7 +378,7 @@ class SnapshotWriter:
         try:
             if stale:
                 try:
-                    self._write_recorded_errors()
+                    self._rewrite_manifest()
                 except OSError as exc:
                     self.unsaved_errors = exc
             if pending:
@@ -379,9 +393,9 @@ class SnapshotWriter:
         with self._lock:
             self.manifest["capture_errors"].append(schema.as_text(message))
             self._manifest_stale = True
-        self._write_recorded_errors()
+        self._rewrite_manifest()
 
-    def _write_recorded_errors(self) -> None:
+    def _rewrite_manifest(self) -> None:
         with self._lock:
             self._write_manifest()
             self._manifest_stale = False
