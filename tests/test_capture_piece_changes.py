@@ -87,12 +87,12 @@ def fetched_pieces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def hashed_pieces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many pieces each store hashed."""
     counts: list[int] = []
-    real = hashing.hash_pieces
+    real = hashing.hash_pieces_here
 
     def counting(pieces):
         counts.append(len(pieces))
         return real(pieces)
-    monkeypatch.setattr(hashing, "hash_pieces", counting)
+    monkeypatch.setattr(hashing, "hash_pieces_here", counting)
     return counts
 
 
@@ -179,3 +179,32 @@ def test_a_staged_store_whose_earlier_store_failed_is_refused_not_filled_with_ga
     with pytest.raises(OSError, match="never written"):
         history.fetch(history.known(), lambda n: torch.empty(n, dtype=torch.uint8))
     assert released == [2 * PIECE] and history.staged is None  # its device memory goes back all the same
+
+
+def test_a_store_copied_to_the_host_whole_skips_the_pieces_it_knows_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                         device: str) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", ())
+    record_decode(tmp_path / "untracked", device)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    monkeypatch.setattr(chunk_changes, "DEVICE_STAGING_BYTES", 0)  # every store comes over whole
+    counts, fetched = hashed_pieces(monkeypatch), fetched_pieces(monkeypatch)
+    record_decode(tmp_path / "tracked", device)
+    assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked")
+    assert counts == [1] * 7 and fetched == []  # the first store's 16 zero pieces: hashed once
+
+
+def test_where_the_device_has_no_room_to_stage_a_store_comes_over_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        device: str) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", ())
+    record_decode(tmp_path / "untracked", device)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    real = piece_sums.piece_sums
+
+    def no_room(raw, last, stage):
+        if stage:
+            raise torch.OutOfMemoryError("CUDA out of memory (as the test says)")
+        return real(raw, last, stage)
+    monkeypatch.setattr(piece_sums, "piece_sums", no_room)
+    fetched = fetched_pieces(monkeypatch)
+    record_decode(tmp_path / "tracked", device)  # its staged bytes are back to 0 after: asserted there
+    assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked") and fetched == []

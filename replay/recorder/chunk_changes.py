@@ -32,9 +32,10 @@ from replay.context import recorder_kernel
 from replay.snapshot.writer import CHUNK_BYTES
 
 DEVICES = ("cuda",)  # where pieces are checksummed; tests add "cpu" to run the same logic there
-# Device memory the staged pieces of stores not yet fetched may hold; past it a store is copied
-# whole to the host on the program's stream, as untracked ones are (the program never waits)
-DEVICE_STAGING_BYTES = 1 << 30
+# Device memory the staged pieces of stores not yet fetched may hold; past it (or where the device
+# has no room left) a store is copied whole to the host on the program's stream, as untracked ones
+# are: the program never waits. A training step's activations and logits pass 1 GiB in flight.
+DEVICE_STAGING_BYTES = 4 << 30
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -83,17 +84,12 @@ class PieceHistory:
             return None
         return previous.digests, previous.chunk_list
 
-    def fetch(self, known: list[str | None] | None, take: Callable[[int], torch.Tensor]
-              ) -> tuple[list[np.ndarray | None], list[str | None], torch.Tensor | None]:
-        """The staged pieces whose sha256 is not known, on the host (None for the others), what is
-        known (`known`, and the pieces another store hashed: the same checksums and length), and
-        the host buffer (from `take`) the pieces are views into, to give back once they are written.
-        Pieces alike in one store come over once and are listed as one array. Called on a writer
-        thread once the call's copies landed: one gather and one copy on a stream of its own."""
-        assert self.staged is not None
-        pieces = self.staged.numel() * 4 // CHUNK_BYTES
-        resolved: list[str | None] = list(known) if known is not None else [None] * pieces
-        alike: dict[int, int] = {}  # a piece -> the piece of this store with its bytes
+    def plan(self, known: list[str | None] | None) -> tuple[list[str | None], dict[int, int], list[int]]:
+        """What is known of each piece (`known`, and the pieces any store hashed: the same
+        checksums and length), which piece of this store holds the bytes of each that is not
+        (pieces alike in one store: a cache of zeros), and those first pieces, the ones wanted."""
+        resolved: list[str | None] = list(known) if known is not None else [None] * len(self.sums)
+        alike: dict[int, int] = {}
         firsts: dict[tuple[int, int, int], int] = {}
         wanted = []
         for n, key in self._keys([n for n, digest in enumerate(resolved) if digest is None]):
@@ -102,13 +98,23 @@ class PieceHistory:
                 alike[n] = firsts.setdefault(key, n)
                 if alike[n] == n:
                     wanted.append(n)
+        return resolved, alike, wanted
+
+    def fetch(self, known: list[str | None] | None, take: Callable[[int], torch.Tensor]
+              ) -> tuple[list[np.ndarray | None], list[str | None], torch.Tensor | None]:
+        """The staged pieces the plan wants, on the host (pieces alike listed as one array, None for
+        the known), what is known, and the host buffer (from `take`) the pieces are views into, to
+        give back once they are written. Called on a writer thread once the call's copies landed:
+        one gather and one copy on a stream of its own."""
+        assert self.staged is not None
+        resolved, alike, wanted = self.plan(known)
         try:
             if known is None and self.changed is not None and not bool(self.changed.all()):
                 raise OSError("the pieces this store shares with the one before were never written")
             host, buffer = self._bring_over(wanted, take)
         finally:
             self._release_staged()
-        found: list[np.ndarray | None] = [None] * pieces
+        found: list[np.ndarray | None] = [None] * len(resolved)
         for slot, n in enumerate(wanted):
             found[n] = host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + self._length(n)]
         for n, first in alike.items():
@@ -141,7 +147,9 @@ class PieceHistory:
     def _keys(self, pieces: list[int]) -> list[tuple[int, tuple[int, int, int]]]:
         """Each of `pieces` with what names its content: its checksums and length."""
         sums = self.sums[pieces].tolist()
-        return [(n, (first, second, self._length(n))) for n, (first, second) in zip(pieces, sums)]
+        last = len(self.sums) - 1  # the only piece that may be short
+        return [(n, (first, second, CHUNK_BYTES if n != last else self._length(n)))
+                for n, (first, second) in zip(pieces, sums)]
 
     def hashed(self, digests: list[str] | None, chunk_list: str | None = None) -> None:
         """The writer is done with this store (`digests` None: it failed, or never wrote it; else
@@ -175,7 +183,8 @@ class PieceTracker:
     def observe(self, span: torch.Tensor, stage: bool) -> PieceHistory | None:
         """A store of `span` (a contiguous storage span) now, on its stream: None where it is not
         tracked. With `stage`, the changed pieces are copied on the device (PieceHistory.staged)
-        unless that would pass DEVICE_STAGING_BYTES; the caller copies the span to the host if not."""
+        unless that would pass DEVICE_STAGING_BYTES (or the device has no room); the caller
+        copies the span to the host if not."""
         raw = span.reshape(-1).view(torch.uint8)
         from replay.recorder import piece_sums  # Triton is imported by the first recording that tracks
         if span.device.type not in DEVICES or not piece_sums.trackable(raw):
@@ -188,7 +197,14 @@ class PieceTracker:
         key = (span.device, raw.data_ptr(), raw.numel())
         last = self._last.get(key)
         with recorder_kernel():  # the recorder's own launch: no call of the program
-            sums, flags, staged = piece_sums.piece_sums(raw, last[0] if last is not None else None, stage)
+            try:
+                sums, flags, staged = piece_sums.piece_sums(raw, last[0] if last is not None else None, stage)
+            except torch.OutOfMemoryError:  # no room to stage: the program's memory comes first
+                if not stage:
+                    raise
+                self._let_go(padded)
+                stage = False
+                sums, flags, staged = piece_sums.piece_sums(raw, last[0] if last is not None else None, stage)
         # travel with the call's copies, whose event covers them (pinned by torch's caching host allocator)
         changed = flags.to("cpu", non_blocking=True) if last is not None else None
         history = PieceHistory(last[1] if last is not None else None, changed, sums.to("cpu", non_blocking=True),

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from replay.recorder.copies import BlobRef, HostCopy, PinnedPool
 from replay.snapshot import SnapshotWriter
@@ -334,7 +334,7 @@ class CallWriter:
 
     def _call_part(self, call: PendingCall) -> CallPart:
         """A call's blobs and chunks written (its copies have landed), the rest made ready for a segment."""
-        chunks = {}
+        chunks: dict[str, str] = {}
         try:
             blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
             for key, copy in call.copies.items():
@@ -360,8 +360,14 @@ class CallWriter:
             copy.pieces.hashed(*same)  # nothing comes over: its staged pieces (none) are let go
             return same[1]
         known = copy.pieces.known() if copy.pieces is not None else None
-        if not copy.on_device:
+        if copy.pieces is None:
             digest, digests = self.writer.put_chunks(copy.span, known)
+        elif not copy.on_device:  # on the host whole: pieces known by checksums, or alike, not hashed
+            pieces: list[Any] = self.writer.cut(copy.span)
+            known, alike, _ = copy.pieces.plan(known)
+            for n, first in alike.items():
+                pieces[n] = pieces[first]
+            digest, digests = self.writer.put_pieces(pieces, known)
         else:
             assert copy.pieces is not None
             pieces, known, buffer = copy.pieces.fetch(known, self.pool.take)

@@ -34,16 +34,22 @@ def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = No
 def hash_pieces(pieces: Sequence[Any]) -> list[str]:
     """The blob digest of each piece, hashed PIECES_PER_TASK to a task on the shared hashing pool
     when there is more than one task."""
-    def digests(run: Sequence[Any]) -> list[str]:
-        return [sha256_parts(callfile.blob_prefix(len(piece)), piece) for piece in run]
-
     runs = [pieces[start:start + PIECES_PER_TASK] for start in range(0, len(pieces), PIECES_PER_TASK)]
     if len(runs) <= 1 or HASHING_THREADS <= 1:
-        return digests(pieces)
+        return hash_pieces_here(pieces)
+    return [digest for run in pool().map(hash_pieces_here, runs) for digest in run]
+
+
+def hash_pieces_here(pieces: Sequence[Any]) -> list[str]:
+    """The blob digest of each piece, on this thread."""
+    return [sha256_parts(callfile.blob_prefix(len(piece)), piece) for piece in pieces]
+
+
+def pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The shared hashing pool (made anew in a forked child, which has none of its threads)."""
     global _hashing_pool
     with _hashing_pool_lock:
-        if _hashing_pool is None or _hashing_pool[0] != os.getpid():  # a forked child has none of its threads
+        if _hashing_pool is None or _hashing_pool[0] != os.getpid():
             _hashing_pool = (os.getpid(), concurrent.futures.ThreadPoolExecutor(HASHING_THREADS,
                                                                                thread_name_prefix="replay-hash"))
-        pool = _hashing_pool[1]
-    return [digest for run in pool.map(digests, runs) for digest in run]
+        return _hashing_pool[1]

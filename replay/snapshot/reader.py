@@ -20,7 +20,8 @@ from replay.snapshot.manifest import FORMAT_VERSION, PACKED_VERSION
 from replay.snapshot.packs import PackIndex, read_pack_index, read_piece
 from replay.snapshot.segments import SegmentReader
 from replay.snapshot.tensors import DTYPES, Geometry, rebuild
-from replay.snapshot.writer import INDEX, MANIFEST, PACKED_ROW, blob_relpath, pack_relpath, source_relpath
+from replay.snapshot.piece_packs import pack_relpath
+from replay.snapshot.writer import INDEX, MANIFEST, PACKED_ROW, blob_relpath, source_relpath
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_INDEX_BYTES = 1 << 30

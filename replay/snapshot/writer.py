@@ -7,7 +7,6 @@ import errno
 import hashlib
 import json
 import os
-import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +15,10 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from replay.errors import SnapshotError
-from replay.snapshot import callfile, hashing, schema
+from replay.snapshot import callfile, schema
 from replay.snapshot.files import create_exclusive, fsync_paths, sha256_parts, write_atomic
 from replay.snapshot.manifest import git_state, new_manifest
+from replay.snapshot.piece_packs import PACKS_DIR, PiecePacks
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 
 MANIFEST = "manifest.json"
@@ -26,7 +26,6 @@ INDEX = "calls.jsonl"
 CALLS_DIR = "calls"  # formats 1-3: a file a call
 SEGMENTS_DIR = "segments"  # format 4: many calls a file
 BLOBS_DIR = "blobs"
-PACKS_DIR = "packs"
 SOURCES_DIR = "sources"
 DURABILITY = ("close", "call")
 CHUNK_BYTES = 64 * 1024  # a large tensor is stored in pieces of this many bytes (formats 2 and 3)
@@ -59,8 +58,6 @@ def blob_relpath(digest: str) -> str:
     return f"{BLOBS_DIR}/{digest}.safetensors"
 
 
-def pack_relpath(number: int) -> str:
-    return f"{PACKS_DIR}/{number:08d}.safetensors"
 
 
 def segment_relpath(number: int) -> str:
@@ -127,13 +124,10 @@ class SnapshotWriter:
         self._index_fd: int | None = None
         self._index_size = 0  # bytes of whole lines in the index: where a failed append is cut back to
         self._manifest_stale = False  # an error recorded in memory that the manifest does not hold yet
+        self._manifest_unsynced = False  # written again since it was created, not yet flushed to disk
         self.unsaved_errors: OSError | None = None  # why, after close(), the manifest still does not
         self._known_blobs: set[str] = set()
-        self._piece_homes: dict[str, bytes] = {}  # a chunk's digest -> the number of its pack (4 bytes, LE)
-        self._piece_rows: dict[str, bytes] = {}  # a chunk's digest -> its row in a chunk list: digest, pack
-        self._packs = 0  # packs numbered
-        self._packs_landing: dict[bytes, threading.Event] = {}  # packs being written, set once whole or failed
-        self._packs_failed: set[bytes] = set()
+        self._packs = PiecePacks(self.path, self._write)
         self._segments = 0  # segments written
         # the git state is read on a thread of its own and written into the manifest once known:
         # two `git` runs would cost every recording a few milliseconds before its first call
@@ -161,6 +155,8 @@ class SnapshotWriter:
 
     def _read_git_state(self, source_dir: Path) -> None:
         state = git_state(source_dir)
+        if state is None:  # no git work tree: the manifest says so already
+            return
         with self._lock:
             self.manifest["producer"]["git"] = state
             self._manifest_stale = True
@@ -171,7 +167,10 @@ class SnapshotWriter:
         return json.dumps(self.manifest, indent=2).encode()
 
     def _write_manifest(self) -> None:
-        write_atomic(self.path / MANIFEST, self._manifest_bytes())
+        """Write the manifest again (holding the lock): flushed to disk now, or at close() with
+        durability "close", as every other file."""
+        write_atomic(self.path / MANIFEST, self._manifest_bytes(), sync=self._sync)
+        self._manifest_unsynced = not self._sync
 
     @property
     def next_index(self) -> int:
@@ -235,46 +234,18 @@ class SnapshotWriter:
         piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return the list's
         digest and the pieces'. A piece or a list another call already stored costs nothing; a
         piece whose digest `known` gives (the same bytes were stored before) is not hashed again."""
+        return self.put_pieces(self.cut(span), known)
+
+    @staticmethod
+    def cut(span: torch.Tensor) -> list[Any]:
+        """A host span's bytes as CHUNK_BYTES pieces (numpy views, the last one maybe short)."""
         raw = span.reshape(-1).view(torch.uint8).numpy()
-        return self.put_pieces([raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)], known)
+        return [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]
 
     def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> tuple[str, list[str]]:
         """put_chunks for a span already cut into pieces (uint8 arrays), where a piece whose digest
         `known` gives may be None: a store of it wrote those bytes already."""
-        digests = hashing.piece_digests(pieces, known)
-        packed = b""  # the new pieces' pack, when there are any
-        new: dict[str, Any] = {}
-        with self._lock:  # new pieces are claimed for this pack before it is written: no other packs them too
-            homes = list(map(self._piece_homes.get, digests))  # per piece: a decode step's list is long
-            if None in homes:
-                new = {digest: piece for digest, piece, home in zip(digests, pieces, homes) if home is None}
-            if any(piece is None for piece in new.values()):  # a known piece no store wrote: never silently lost
-                raise OSError(errno.EIO, "a piece known from an earlier store of this tensor was never written")
-            landing = {home: self._packs_landing[home] for home in set(homes) if home in self._packs_landing}
-            if new:
-                number, self._packs = self._packs, self._packs + 1
-                packed = struct.pack("<I", number)
-                self._piece_homes.update(dict.fromkeys(new, packed))
-                self._piece_rows.update((digest, bytes.fromhex(digest) + packed) for digest in new)
-                self._packs_landing[packed] = threading.Event()
-                if number == 0:
-                    (self.path / PACKS_DIR).mkdir(exist_ok=True)
-        if new:
-            try:
-                self._write(self.path / pack_relpath(number), callfile.serialize_parts(
-                    None, {digest: torch.from_numpy(piece) for digest, piece in new.items()}))
-            except BaseException:
-                self._packs_failed.add(packed)
-                raise
-            finally:
-                with self._lock:
-                    self._packs_landing.pop(packed).set()
-        # a piece another thread is packing right now: this call is indexed only once that pack is whole
-        for landed in landing.values():
-            landed.wait()
-        if self._packs_failed.intersection(landing):
-            raise OSError(errno.EIO, "a pack holding some of this tensor's pieces could not be written")
-        rows = b"".join(map(self._piece_rows.__getitem__, digests))
+        digests, rows = self._packs.store(pieces, known)
         table = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
         return self.put_blob(table.view(len(digests), PACKED_ROW)), digests
 
@@ -381,6 +352,10 @@ class SnapshotWriter:
                     self._rewrite_manifest()
                 except OSError as exc:
                     self.unsaved_errors = exc
+            with self._lock:
+                if self._manifest_unsynced:
+                    pending.append(self.path / MANIFEST)
+                    self._manifest_unsynced = False
             if pending:
                 fsync_paths(pending + [self.path / INDEX])
         finally:

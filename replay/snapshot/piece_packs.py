@@ -1,0 +1,84 @@
+"""A chunked tensor's pieces into packs (format 3): the new pieces of a store written as one file.
+
+A piece is named by the sha256 of its blob form. Each piece lives in exactly one pack of the
+snapshot: a store claims the pieces no store claimed before (under the lock, before writing), and
+one that finds a piece claimed by a pack still being written waits for that pack before its own
+call may be indexed. (Cutting a large store into packs hashed and written side by side on the
+hashing pool was measured slower on the H100 machines, not faster: docs/PERFORMANCE.md.)
+"""
+from __future__ import annotations
+
+import errno
+import struct
+import threading
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from replay.snapshot import callfile, hashing
+
+PACKS_DIR = "packs"
+
+
+def pack_relpath(number: int) -> str:
+    return f"{PACKS_DIR}/{number:08d}.safetensors"
+
+
+class PiecePacks:
+    """Where each piece of a snapshot lives, and the packs being written; safe to share between
+    threads. `write(path, parts)` writes a file whole."""
+
+    def __init__(self, path: Path, write: Callable[[Path, Sequence[Any]], None]):
+        self.path, self._write = path, write
+        self._lock = threading.Lock()
+        self._homes: dict[str, bytes] = {}  # a piece's digest -> the number of its pack (4 bytes, LE)
+        self._rows: dict[str, bytes] = {}  # a piece's digest -> its row in a chunk list: digest, pack
+        self._packs = 0  # packs numbered
+        self._landing: dict[bytes, threading.Event] = {}  # packs being written, set once whole or failed
+        self._failed: set[bytes] = set()
+
+    def store(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> tuple[list[str], bytes]:
+        """Each piece's digest (hashed where `known` does not give it; a known piece may be None: a
+        store of it wrote its bytes already), the new ones packed, and the chunk list's rows
+        (digest and pack a piece), once every pack they name is whole."""
+        digests = hashing.piece_digests(pieces, known)
+        landing = self._pack_new(digests, pieces)
+        # a piece another store is packing right now: this call is indexed only once that pack is whole
+        for landed in landing.values():
+            landed.wait()
+        if self._failed.intersection(landing):
+            raise OSError(errno.EIO, "a pack holding some of this tensor's pieces could not be written")
+        return digests, b"".join(map(self._rows.__getitem__, digests))
+
+    def _pack_new(self, digests: list[str], pieces: Sequence[Any]) -> dict[bytes, threading.Event]:
+        """The pieces no store claimed yet written as one pack; the packs of other stores still
+        being written that hold the others."""
+        new: dict[str, Any] = {}
+        packed = b""
+        with self._lock:  # new pieces are claimed for this pack before it is written: no other packs them too
+            homes = list(map(self._homes.get, digests))  # per piece: a decode step's list is long
+            if None in homes:
+                new = {digest: piece for digest, piece, home in zip(digests, pieces, homes) if home is None}
+            if any(piece is None for piece in new.values()):  # a known piece no store wrote: never silently lost
+                raise OSError(errno.EIO, "a piece known from an earlier store of this tensor was never written")
+            landing = {home: self._landing[home] for home in set(homes) if home in self._landing}
+            if new:
+                number, self._packs = self._packs, self._packs + 1
+                packed = struct.pack("<I", number)
+                self._homes.update(dict.fromkeys(new, packed))
+                self._rows.update((digest, bytes.fromhex(digest) + packed) for digest in new)
+                self._landing[packed] = threading.Event()
+                if number == 0:
+                    (self.path / PACKS_DIR).mkdir(exist_ok=True)
+        if new:
+            try:
+                self._write(self.path / pack_relpath(number), callfile.serialize_parts(
+                    None, {digest: torch.from_numpy(piece) for digest, piece in new.items()}))
+            except BaseException:
+                self._failed.add(packed)
+                raise
+            finally:
+                with self._lock:
+                    self._landing.pop(packed).set()
+        return landing
