@@ -208,3 +208,15 @@ def test_where_the_device_has_no_room_to_stage_a_store_comes_over_whole(tmp_path
     fetched = fetched_pieces(monkeypatch)
     record_decode(tmp_path / "tracked", device)  # its staged bytes are back to 0 after: asserted there
     assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked") and fetched == []
+
+
+def test_the_pieces_known_by_checksums_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   device: str) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    monkeypatch.setattr(chunk_changes, "SEEN_PIECES", 2)
+    with replay.recording(tmp_path / "snap", chunk_threshold=1) as rec:
+        for step in range(4):
+            write_row(torch.full((64, 4096), float(step), device=device), torch.zeros(4096, device=device), 0)
+            rec.flush()
+            assert rec.pieces.known_pieces <= 2 + 2  # at most the bound, and the two a store adds past it
+    assert len(list(Snapshot(tmp_path / "snap"))) == 4

@@ -13,8 +13,11 @@ the same tensor: equal checksums mean equal bytes (odds of a miss about 2^-128),
 by a reused digest holds what the digest says.
 
 A flight recording keeps whole host copies (its ring may forget the store a later one would
-refer to), and so does a store that would pass DEVICE_STAGING_BYTES of staged device memory;
-both still flag what changed, so the writer hashes only that.
+refer to), and so does a store that would pass DEVICE_STAGING_BYTES of staged device memory or
+finds no device memory to stage in; both still flag what changed, so the writer hashes only that.
+Beyond the store before: pieces alike within a store come over and are hashed once, a piece any
+store of the recording hashed is known by its checksums and length (the last SEEN_PIECES of them),
+and a store that changed nothing takes the store before's list whole.
 
 On the CPU the host does the work either way and sha256 is as fast as the checksum, so only
 CUDA tensors are tracked (DEVICES).
@@ -36,6 +39,7 @@ DEVICES = ("cuda",)  # where pieces are checksummed; tests add "cpu" to run the 
 # has no room left) a store is copied whole to the host on the program's stream, as untracked ones
 # are: the program never waits. A training step's activations and logits pass 1 GiB in flight.
 DEVICE_STAGING_BYTES = 4 << 30
+SEEN_PIECES = 1 << 18  # pieces known by checksums at most (~60 MB of host memory), then forgotten
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -160,6 +164,8 @@ class PieceHistory:
             return
         if digests is not None:
             changed = self.changed.nonzero().flatten().tolist() if self.changed is not None else range(len(digests))
+            if len(self.seen) > SEEN_PIECES:  # a cache of what is known: a long recording starts it again
+                self.seen.clear()
             self.seen.update((key, digests[n]) for n, key in self._keys(list(changed)))
         self.digests, self.chunk_list, self.previous = digests, chunk_list, None
         self._done.set()
@@ -211,6 +217,11 @@ class PieceTracker:
                                self._seen, staged, raw.numel(), _let_go=self._let_go)
         self._last[key] = (sums, history)
         return history
+
+    @property
+    def known_pieces(self) -> int:
+        """Pieces known now by their checksums (at most SEEN_PIECES, and one store's more)."""
+        return len(self._seen)
 
     @property
     def staged_bytes(self) -> int:
