@@ -220,3 +220,29 @@ def test_the_pieces_known_by_checksums_are_bounded(tmp_path: Path, monkeypatch: 
             rec.flush()
             assert rec.pieces.known_pieces <= 2 + 2  # at most the bound, and the two a store adds past it
     assert len(list(Snapshot(tmp_path / "snap"))) == 4
+
+
+@replay.capture("piece_write_row_or_fail", mutates=("cache",))
+def write_row_or_fail(cache: torch.Tensor, row: torch.Tensor, position: int) -> None:
+    if position < 0:
+        raise IndexError("no such position")
+    cache[position] = row
+
+
+def test_a_call_that_failed_after_its_store_leaves_the_next_store_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                        device: str, said) -> None:
+    # the failed call's store was never written: the next store of that memory compares with nothing
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    cache = torch.zeros(64, 4096, device=device)
+    with replay.recording(tmp_path / "snap", chunk_threshold=1):
+        write_row_or_fail(cache, torch.ones(4096, device=device), 0)
+        with pytest.raises(IndexError):
+            write_row_or_fail(cache, torch.ones(4096, device=device), -1)
+        write_row_or_fail(cache, torch.full((4096,), 2.0, device=device), 5)
+    first, last = Snapshot(tmp_path / "snap")
+    assert torch.equal(last.tensors["out/cache"], cache.cpu()) and said() == []
+
+
+def test_changed_pieces_come_over_a_run_at_a_time() -> None:
+    assert chunk_changes._runs([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 6), (7, 9)]
+    assert chunk_changes._runs([4]) == [(4, 5)]

@@ -9,15 +9,15 @@ differ into a device buffer, all on the program's stream with no synchronisation
 travel to the host with the call's copies; a writer thread then brings only the flagged pieces
 over (one gather and one copy, on a stream of its own), hashes them, and takes the others'
 sha256 from that last store. Correctness rests on the checksums alone, not on the memory being
-the same tensor: equal checksums mean equal bytes (odds of a miss about 2^-128), so a piece named
-by a reused digest holds what the digest says.
+the same tensor: equal checksums mean equal bytes but for odds far below any hardware fault's
+(piece_sums.py), so a piece named by a reused digest holds what the digest says.
 
 A flight recording keeps whole host copies (its ring may forget the store a later one would
 refer to), and so does a store that would pass DEVICE_STAGING_BYTES of staged device memory or
 finds no device memory to stage in; both still flag what changed, so the writer hashes only that.
 Beyond the store before: pieces alike within a store come over and are hashed once, a piece any
-store of the recording hashed is known by its checksums and length (the last SEEN_PIECES of them),
-and a store that changed nothing takes the store before's list whole.
+store of the recording hashed is known by its checksums and length (up to SEEN_PIECES of them,
+then the cache starts again), and a store that changed nothing takes the store before's list whole.
 
 On the CPU the host does the work either way and sha256 is as fast as the checksum, so only
 CUDA tensors are tracked (DEVICES).
@@ -129,20 +129,25 @@ class PieceHistory:
                     ) -> tuple[np.ndarray, torch.Tensor | None]:
         """The staged pieces `wanted`, one after another on the host, and the pooled buffer they are in."""
         assert self.staged is not None
-        staged = self.staged.view(torch.uint8).view(-1, CHUNK_BYTES)
-        at = torch.tensor(wanted, dtype=torch.int64)
         if not wanted:  # nothing changed: nothing comes over
             return np.empty(0, dtype=np.uint8), None
+        staged = self.staged.view(torch.uint8)
+        runs = _runs(wanted)
         if not staged.is_cuda:
-            return staged.index_select(0, at).view(-1).numpy(), None
+            return torch.cat([staged[start * CHUNK_BYTES:end * CHUNK_BYTES] for start, end in runs]).numpy(), None
         stream = _side_streams.get(staged.device)
         if stream is None:
             stream = _side_streams[staged.device] = torch.cuda.Stream(staged.device)
         buffer = take(len(wanted) * CHUNK_BYTES)
-        with torch.cuda.stream(stream):
-            gathered = staged.index_select(0, at.to(staged.device, non_blocking=True))
-            buffer[:gathered.numel()].copy_(gathered.view(-1), non_blocking=True)
-        stream.synchronize()
+        try:  # a run at a time, straight into the pinned buffer: no device memory beyond the staged
+            with torch.cuda.stream(stream):
+                at = 0
+                for start, end in runs:
+                    size = (end - start) * CHUNK_BYTES
+                    buffer[at:at + size].copy_(staged[start * CHUNK_BYTES:end * CHUNK_BYTES], non_blocking=True)
+                    at += size
+        finally:  # nothing is let go while the stream may still read it or write into the buffer
+            stream.synchronize()
         return buffer.numpy(), buffer
 
     def _length(self, piece: int) -> int:
@@ -154,6 +159,11 @@ class PieceHistory:
         last = len(self.sums) - 1  # the only piece that may be short
         return [(n, (first, second, CHUNK_BYTES if n != last else self._length(n)))
                 for n, (first, second) in zip(pieces, sums)]
+
+    @property
+    def failed(self) -> bool:
+        """The writer is done with this store and did not write it (its call failed or was dropped)."""
+        return self._done.is_set() and self.digests is None
 
     def hashed(self, digests: list[str] | None, chunk_list: str | None = None) -> None:
         """The writer is done with this store (`digests` None: it failed, or never wrote it; else
@@ -176,6 +186,17 @@ class PieceHistory:
             self._let_go(staged.numel() * 4)
 
 
+def _runs(pieces: list[int]) -> list[tuple[int, int]]:
+    """Ascending piece numbers as runs of consecutive ones, [start, end)."""
+    runs: list[tuple[int, int]] = []
+    for n in pieces:
+        if runs and runs[-1][1] == n:
+            runs[-1] = (runs[-1][0], n + 1)
+        else:
+            runs.append((n, n + 1))
+    return runs
+
+
 class PieceTracker:
     """The last store's checksums of each tracked memory region, to flag what changed since, and
     the device memory held by staged pieces not yet fetched."""
@@ -191,9 +212,11 @@ class PieceTracker:
         tracked. With `stage`, the changed pieces are copied on the device (PieceHistory.staged)
         unless that would pass DEVICE_STAGING_BYTES (or the device has no room); the caller
         copies the span to the host if not."""
+        if span.device.type not in DEVICES:
+            return None
         raw = span.reshape(-1).view(torch.uint8)
-        from replay.recorder import piece_sums  # Triton is imported by the first recording that tracks
-        if span.device.type not in DEVICES or not piece_sums.trackable(raw):
+        from replay.recorder import piece_sums  # Triton is imported by the first store tracked
+        if not piece_sums.trackable(raw):
             return None
         padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES
         with self._lock:
@@ -202,18 +225,26 @@ class PieceTracker:
                 self._staged_bytes += padded
         key = (span.device, raw.data_ptr(), raw.numel())
         last = self._last.get(key)
-        with recorder_kernel():  # the recorder's own launch: no call of the program
-            try:
-                sums, flags, staged = piece_sums.piece_sums(raw, last[0] if last is not None else None, stage)
-            except torch.OutOfMemoryError:  # no room to stage: the program's memory comes first
-                if not stage:
-                    raise
+        if last is not None and last[1].failed:  # its pieces were never written: compare with nothing
+            last = None
+        try:
+            with recorder_kernel():  # the recorder's own launch: no call of the program
+                try:
+                    sums, flags, staged = piece_sums.piece_sums(raw, last[0] if last is not None else None, stage)
+                except torch.cuda.OutOfMemoryError:  # no room to stage: the program's memory comes first
+                    if not stage:
+                        raise
+                    self._let_go(padded)
+                    stage = False
+                    sums, flags, staged = piece_sums.piece_sums(raw, last[0] if last is not None else None, stage)
+            # travel with the call's copies, whose event covers them (pinned by torch's caching host allocator)
+            changed = flags.to("cpu", non_blocking=True) if last is not None else None
+            host_sums = sums.to("cpu", non_blocking=True)
+        except BaseException:
+            if stage:
                 self._let_go(padded)
-                stage = False
-                sums, flags, staged = piece_sums.piece_sums(raw, last[0] if last is not None else None, stage)
-        # travel with the call's copies, whose event covers them (pinned by torch's caching host allocator)
-        changed = flags.to("cpu", non_blocking=True) if last is not None else None
-        history = PieceHistory(last[1] if last is not None else None, changed, sums.to("cpu", non_blocking=True),
+            raise
+        history = PieceHistory(last[1] if last is not None else None, changed, host_sums,
                                self._seen, staged, raw.numel(), _let_go=self._let_go)
         self._last[key] = (sums, history)
         return history

@@ -146,7 +146,12 @@ class Copier:
             if span.device.type == "cuda":
                 self._devices.add(span.device)  # the call's event then covers the kernel and its flags
             return HostCopy(torch.empty(0, dtype=span.dtype), geometry, chunked=True, pieces=pieces, on_device=True)
-        copy = self.copy(t, geometry=geometry)
+        try:
+            copy = self.copy(t, geometry=geometry)
+        except BaseException:
+            if pieces is not None:
+                pieces.hashed(None)  # never to be written: a later store of its memory compares with nothing
+            raise
         copy.chunked, copy.pieces = True, pieces
         return copy
 

@@ -3,11 +3,14 @@ since the last store from the same memory, and (when asked) a device-side copy o
 did, so that only those cross to the host later, off the program's stream.
 
 A checksum is two sums of the piece's 32-bit words under random 64-bit weights (fixed seed),
-wrapping: two pieces that differ have equal checksums with odds about 2^-128. A program sums a
-few pieces, reading each once (and once more, to copy it, only if it changed); the weights, 256
-KiB, stay in L2 and are read once for the program's pieces (a piece a program spent more time
-reading weights than bytes). On the CPU the kernel runs in Triton's interpreter (tests only:
-there sha256 costs the same).
+wrapping modulo 2^64. A change of one word by d is missed only where d times both its weights
+vanishes modulo 2^64: with the weights' low bits random, odds about 2^-(128 - 2k) where 2^k
+divides d (2^-66 at worst, a float's sign bit), and less for changes of many words; negligible
+beside any hardware fault. A program sums a few pieces, reading each once (and once more, to
+copy it, only if it changed); the weights, 256 KiB, stay in L2 and are read once for all the
+program's pieces (with a piece a program, reading the weights cost more than reading the
+bytes). On the CPU the kernel runs in Triton's interpreter (tests only: there sha256 costs the
+same).
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from replay.recorder.copies import BlobRef, HostCopy, PinnedPool
 from replay.snapshot import SnapshotWriter
@@ -355,29 +355,27 @@ class CallWriter:
     def _put_chunks(self, copy: HostCopy) -> str:
         """Store a chunked copy's pieces, hashing only those changed since its memory's last store
         (those alone come over from the device where they wait there); the digest of its list."""
-        same = copy.pieces.unchanged() if copy.pieces is not None else None
-        if copy.pieces is not None and same is not None:
-            copy.pieces.hashed(*same)  # nothing comes over: its staged pieces (none) are let go
+        history = copy.pieces
+        if history is None:  # untracked: every piece hashed
+            return self.writer.put_chunks(copy.span)[0]
+        same = history.unchanged()
+        if same is not None:
+            history.hashed(*same)  # nothing comes over: its staged pieces (none) are let go
             return same[1]
-        known = copy.pieces.known() if copy.pieces is not None else None
-        if copy.pieces is None:
-            digest, digests = self.writer.put_chunks(copy.span, known)
-        elif not copy.on_device:  # on the host whole: pieces known by checksums, or alike, not hashed
-            pieces: list[Any] = self.writer.cut(copy.span)
-            known, alike, _ = copy.pieces.plan(known)
+        buffer = None
+        if copy.on_device:
+            pieces, known, buffer = history.fetch(history.known(), self.pool.take)
+        else:  # on the host whole: pieces known by checksums, or alike, are not hashed
+            pieces = self.writer.cut(copy.span)
+            known, alike, _ = history.plan(history.known())
             for n, first in alike.items():
                 pieces[n] = pieces[first]
+        try:
             digest, digests = self.writer.put_pieces(pieces, known)
-        else:
-            assert copy.pieces is not None
-            pieces, known, buffer = copy.pieces.fetch(known, self.pool.take)
-            try:
-                digest, digests = self.writer.put_pieces(pieces, known)
-            finally:
-                if buffer is not None:
-                    self.pool.give(buffer)
-        if copy.pieces is not None:
-            copy.pieces.hashed(digests, digest)
+        finally:
+            if buffer is not None:
+                self.pool.give(buffer)
+        history.hashed(digests, digest)
         return digest
 
     def discard(self, pending: Pending, landed: bool = False) -> None:

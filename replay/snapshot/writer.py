@@ -59,7 +59,6 @@ def blob_relpath(digest: str) -> str:
 
 
 
-
 def segment_relpath(number: int) -> str:
     return f"{SEGMENTS_DIR}/{number:08d}.safetensors"
 
@@ -155,7 +154,7 @@ class SnapshotWriter:
 
     def _read_git_state(self, source_dir: Path) -> None:
         state = git_state(source_dir)
-        if state is None:  # no git work tree: the manifest says so already
+        if state is None:  # no git work tree: the manifest's None says so (as it does until this is read)
             return
         with self._lock:
             self.manifest["producer"]["git"] = state
@@ -228,13 +227,12 @@ class SnapshotWriter:
             self._write(target, [data])
         return digest
 
-    def put_chunks(self, span: torch.Tensor, known: Sequence[str | None] | None = None) -> tuple[str, list[str]]:
+    def put_chunks(self, span: torch.Tensor) -> tuple[str, list[str]]:
         """Store a tensor span as CHUNK_BYTES pieces of its bytes, each named by its content: the
         pieces no call stored before go into one pack file (format 3), and the list of every
         piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return the list's
-        digest and the pieces'. A piece or a list another call already stored costs nothing; a
-        piece whose digest `known` gives (the same bytes were stored before) is not hashed again."""
-        return self.put_pieces(self.cut(span), known)
+        digest and the pieces'. A piece or a list another call already stored costs nothing."""
+        return self.put_pieces(self.cut(span))
 
     @staticmethod
     def cut(span: torch.Tensor) -> list[Any]:
@@ -243,8 +241,9 @@ class SnapshotWriter:
         return [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]
 
     def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> tuple[str, list[str]]:
-        """put_chunks for a span already cut into pieces (uint8 arrays), where a piece whose digest
-        `known` gives may be None: a store of it wrote those bytes already."""
+        """put_chunks for a span already cut into pieces (uint8 arrays); a piece whose digest
+        `known` gives (the same bytes were stored before) is not hashed again, and may be None: a
+        store of it wrote those bytes already."""
         digests, rows = self._packs.store(pieces, known)
         table = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
         return self.put_blob(table.view(len(digests), PACKED_ROW)), digests
