@@ -58,7 +58,6 @@ def blob_relpath(digest: str) -> str:
     return f"{BLOBS_DIR}/{digest}.safetensors"
 
 
-
 def segment_relpath(number: int) -> str:
     return f"{SEGMENTS_DIR}/{number:08d}.safetensors"
 
