@@ -178,6 +178,22 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
     return comparison
 
 
+def agreement(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance | None) -> torch.Tensor | None:
+    """Whether `compare(actual, expected, tolerance, same_dtype=False)` passes, as a 0-d bool
+    tensor on the tensors' device, computed in stream order with nothing read back; None where
+    the shapes differ (compare says how). The same element rule as compare's, so a caller can
+    read one flag for many outputs and run compare only on a failure."""
+    if actual.shape != expected.shape:
+        return None
+    if tolerance is None:
+        return _elementwise_bits_equal(actual, expected).all()
+    if not (actual.dtype.is_floating_point or expected.dtype.is_floating_point):
+        return (actual.to(torch.int64) == expected.to(torch.int64)).all()
+    # isclose: equal (infinities included), both NaN, or a finite difference within atol + rtol * |e|
+    return torch.isclose(actual.to(torch.float64), expected.to(torch.float64), rtol=tolerance.rtol,
+                         atol=tolerance.atol, equal_nan=True).all()
+
+
 def _elementwise_bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dtype == b.dtype:
         return bit_pattern(a) == bit_pattern(b)

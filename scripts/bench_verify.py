@@ -4,20 +4,27 @@ MLP forward, with verification off and at sample 0.01, 0.1 and 1.0, in one proce
     PYTHONPATH=. python3 scripts/bench_verify.py [--device cuda|cpu] [--runs 5]
 
 Each figure is the median wall time of --runs runs of the workload (synchronised at the end),
-verification's pending checks drained after the timing (their cost to the program is what the
-program waits for, not the checks themselves). The decode loop runs eagerly (no CUDA graph) in
-every row, so that the rows differ in verification only; it is timed on a GPU only (on a CPU its
-kernels run in the Triton interpreter). Floors are timed with them: every call routed through
-a hook that only calls the op (what any per-call check must pay to run at all); the same hook
-waiting for the GPU before each call (what any gate that reads the call's tensors on the host
-must pay); the hook running the op's reference after every call, from which the least that
-checking 1% of calls can cost follows (1% of what the reference adds: the reference shares the
-GPU). Prints a Markdown table, one row per mode.
+verification's pending checks drained after each run (their cost to the program is what the
+program waits for, not the checks themselves). The modes take turns run by run, in an order
+shuffled each round, so that a drift of the machine's speed, or the mode run just before, reaches
+them all alike. Before timing, every mode runs once untimed
+(kernels compiled, the gate warmed up, the verifier's stream and its first reference made).
+The decode loop runs eagerly (no CUDA graph) in every row, so that the rows differ in
+verification only; it is timed on a GPU only (on a CPU its kernels run in the Triton
+interpreter). Floors are timed with them: every call routed through a hook that only calls the
+op (what any per-call check must pay to run at all); the same hook waiting for the GPU before
+each call (what a gate reading the call's tensors on the host would pay); the hook running the
+op's reference after every call, from which the least that checking 1% of calls can cost
+follows (1% of what the reference adds: the reference shares the GPU). Prints a Markdown table,
+one row per mode, the calls the gate flagged on the clean runs, and how soon a planted rare
+bug (wrong only where a row holds a spike) is caught at sample 0.01.
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import inspect
+import random
 import statistics
 import sys
 import tempfile
@@ -30,20 +37,33 @@ import replay
 from replay import recorder
 from replay.recorder.staging import CallSpec
 from replay.registry import get_op
-from replay.verify.gate import features
 from replay.tolerance import REDUCTION
+from replay.verify.verifier import WINDOW, Policy
 
 # (label, how verification is set for an op): None off; a float the sampling rate (gate on);
-# (rate, False) the rate with the gate off; a str a floor hook
+# (rate, gate on or off); a str a floor hook
 MODES: tuple[tuple[str, object], ...] = (
     ("off", None), ("floor: every call through a hook", "hook"),
     ("floor: the hook waits for the GPU", "sync"), ("the hook runs the reference after every call", "reference"),
-    ("the hook reads the outlier gate's statistics", "features"),
+    ("sample 0, outlier gate off: the unchecked call", (0.0, False)),
+    ("sample 0, outlier gate on: the gate's statistics", (0.0, True)),
     ("sample 0.01, outlier gate off", (0.01, False)),
     ("sample 0.01", 0.01), ("sample 0.1", 0.1), ("sample 1.0", 1.0))
 
 
 replay.op("bench_verify_linear", tolerance=REDUCTION)
+spiky = replay.op("bench_verify_spiky", batch_axes={"x": 0, "out": 0})
+
+
+@spiky.reference
+def spiky_reference(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@spiky.batched
+def spiky_batched(x: torch.Tensor) -> torch.Tensor:
+    """Wrong only for rows holding a value over 50 (a rare input pattern)."""
+    return x * 2 + (x.abs().amax(dim=1, keepdim=True) > 50).to(x.dtype)
 
 
 @replay.capture("bench_verify_linear")
@@ -80,16 +100,13 @@ def decode(device: str) -> Callable[[], object]:
 
 
 def floor_hook(kind: str) -> Callable[..., object]:
-    """A verifier hook that checks nothing: it calls the op, after waiting for the GPU ("sync") or
-    reading the gate's statistics of its arguments ("features"), or and then its reference on the
-    same arguments ("reference": what checking every call costs at the least; the model's ops
-    that write in place write the same values again)."""
+    """A verifier hook that checks nothing: it calls the op, after waiting for the GPU ("sync"), or
+    and then its reference on the same arguments ("reference": what checking every call costs at
+    the least; the model's ops that write in place write the same values again)."""
     def hook(spec: CallSpec, call: Callable[..., object], signature: inspect.Signature, args: tuple,
              kwargs: dict) -> object:
         if kind == "sync":
             torch.cuda.current_stream().synchronize()
-        elif kind == "features":
-            features(signature.bind(*args, **kwargs).arguments.values())
         result = call(*args, **kwargs)
         if kind == "reference":
             get_op(spec.op).get("reference").fn(*args, **kwargs)
@@ -103,23 +120,49 @@ def set_mode(names: tuple[str, ...], mode: object) -> None:
         if isinstance(mode, str):
             recorder.set_verifier(op_name, floor_hook(mode))
         elif isinstance(mode, tuple):
-            replay.verify(op_name, sample=mode[0], outliers=mode[1])
+            replay.verify(op_name, sample=mode[0], outliers=mode[1])  # type: ignore[arg-type]
         elif mode is not None:
             replay.verify(op_name, sample=mode)
 
 
-def timed(fn: Callable[[], object], runs: int, device: str) -> float:
-    times = []
-    for _ in range(runs):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
+def timed(fn: Callable[[], object], device: str) -> float:
+    """One run's wall time, its checks drained after."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - started
+    replay.verify.drain(60)
+    return elapsed
+
+
+def rare_bug(device: str, first: int, calls: int = 3000) -> str:
+    """At sample 0.01 with the gate on: a spike in one row from call `first` on, every third call;
+    how many calls late the gate decided, and which call was caught."""
+    opened: list[int] = []
+    open_window = Policy.open_window
+    Policy.open_window = lambda self, n: (opened.append(self.calls()), open_window(self, n))  # type: ignore
+    caught: list[int] = []
+    replay.verify("bench_verify_spiky", sample=0.01, on_mismatch=lambda m: caught.append(m.call))
+    gen = torch.Generator(device=device).manual_seed(first)
+    try:
+        for call in range(calls):
+            x = torch.randn(16, 1024, device=device, generator=gen)
+            if call >= first and (call - first) % 3 == 0:
+                x[5, 100] = 80.0
+            spiky_batched(x)
+            if caught:
+                break
         replay.verify.drain(60)
-    return statistics.median(times)
+    finally:
+        Policy.open_window = open_window  # type: ignore[method-assign]
+        replay.verify.stop("bench_verify_spiky")
+    if not caught:
+        return f"first spike at call {first}: not caught in {calls} calls"
+    return (f"first spike at call {first}: the gate decided at call {opened[0]} ({opened[0] - first} calls later), "
+            f"caught at call {caught[0]} (window {WINDOW} calls)")
 
 
 def main() -> int:
@@ -133,30 +176,42 @@ def main() -> int:
     if args.device == "cuda":  # on a CPU the model's kernels run in the Triton interpreter: no timing to speak of
         workloads["tiny model: prefill 8 + decode 32"] = (decode(args.device), tuple(replay_kernels.OPS))
     modes = [(label, mode) for label, mode in MODES if args.device == "cuda" or mode != "sync"]
-    times: dict[str, list[float]] = {}
+    times: dict[str, list[list[float]]] = {label: [[] for _ in workloads] for label, _ in modes}
     checks: dict[str, list[str]] = {}  # per mode and workload: checks (of them flagged) per run
     with tempfile.TemporaryDirectory() as tmp:
         replay.verify.configure(directory=tmp, seed=0)
-        for name, (fn, names) in workloads.items():
-            fn()  # warm up: compile the kernels
-            for label, mode in modes:
-                set_mode(names, mode)
-                before = replay.verify.counters()
-                times.setdefault(label, []).append(timed(fn, args.runs, args.device))
-                done = {key: (value - before[key]) / args.runs for key, value in replay.verify.counters().items()}
-                checks.setdefault(label, []).append(f"; {done['checked']:.1f} checks/run, {done['flagged']:.1f} flagged"
+        for w, (name, (fn, names)) in enumerate(workloads.items()):
+            counted: dict[str, dict[str, float]] = {label: {} for label, _ in modes}
+            for round in range(args.runs + 1):  # round 0 untimed: every mode warmed up
+                for label, mode in random.Random(round).sample(modes, len(modes)):  # no mode always follows another
+                    set_mode(names, mode)
+                    gc.collect()  # the garbage of the mode before is not this one's to collect
+                    before = replay.verify.counters()
+                    elapsed = timed(fn, args.device)
+                    if round:
+                        times[label][w].append(elapsed)
+                        for key, value in replay.verify.counters().items():
+                            counted[label][key] = counted[label].get(key, 0) + (value - before[key]) / args.runs
+            for label, _ in modes:
+                done = counted[label]
+                checks.setdefault(label, []).append(f"; {done['checked']:.1f} checks/run, {done['flagged']:.1f} "
+                                                    f"flagged of {done['calls']:.0f} calls"
                                                     if done["checked"] or done["flagged"] else "")
             set_mode(names, None)
+        bugs = [rare_bug(args.device, first) for first in (500, 1000, 2000)]
+    medians = {label: [statistics.median(runs) for runs in row] for label, row in times.items()}
     print(f"device: {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}; torch {torch.__version__}\n")
     print("| mode | " + " | ".join(f"{name}: ms (x off)" for name in workloads) + " |")
     print("| --- | " + " | ".join("---:" for _ in workloads) + " |")
-    for label, row in times.items():
-        print(f"| {label} | " + " | ".join(f"{t * 1e3:.1f} ({t / off:.3f}x{done})"
-                                           for t, off, done in zip(row, times["off"], checks[label])) + " |")
+    for label, row in medians.items():
+        print(f"| {label} | " + " | ".join(f"{t * 1e3:.2f} ({t / off:.3f}x{done})"
+                                           for t, off, done in zip(row, medians["off"], checks[label])) + " |")
     # checking a share s of calls costs at least s times what running the reference after every call adds
-    floor = [off + 0.01 * (ref - hook) for off, ref, hook in zip(times["off"], times[MODES[3][0]], times[MODES[1][0]])]
+    floor = [off + 0.01 * (ref - hook)
+             for off, ref, hook in zip(medians["off"], medians[MODES[3][0]], medians[MODES[1][0]])]
     print("| floor at sample 0.01: 1% of the reference's own cost | "
-          + " | ".join(f"{t * 1e3:.1f} ({t / off:.3f}x)" for t, off in zip(floor, times["off"])) + " |")
+          + " | ".join(f"{t * 1e3:.2f} ({t / off:.3f}x)" for t, off in zip(floor, medians["off"])) + " |")
+    print("\nplanted rare bug, sample 0.01, gate on:\n" + "\n".join(f"- {line}" for line in bugs))
     print(f"\ncounters: {replay.verify.counters()}")
     return 0
 

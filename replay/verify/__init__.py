@@ -83,6 +83,8 @@ def _declare(fn: Callable[..., Any], reference: Callable[..., Any], rtol: float 
 def _enable(op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None,
             outliers: bool) -> Callable[..., Any]:
     """Verify `op`'s calls from now on; returns the hook its calls go through."""
+    if op.name in _policies:
+        VERIFIER.retire(_policies[op.name])
     policy = _policies[op.name] = Policy(op, sample, on_mismatch, outliers)
     hook = VERIFIER.hook(policy)
     recorder.set_verifier(op.name, hook)
@@ -103,7 +105,7 @@ def configure(*, enabled: bool | None = None, sample: float | None = None, direc
         settings.enabled = enabled
     if sample is not None:
         for policy in _policies.values():
-            policy.sample = sample
+            VERIFIER.schedule(policy, policy.calls() - 1, sample)
     if directory is not None:
         settings.directory = Path(directory)
     if max_snapshots is not None:
@@ -117,7 +119,7 @@ def configure(*, enabled: bool | None = None, sample: float | None = None, direc
 def counters() -> dict[str, int]:
     """Calls seen, checked, flagged by the gate, skipped (compiled or graph capture), dropped (the
     queue was full), failed (mismatches), snapshots written, abandoned at a drain."""
-    return dict(VERIFIER.counters)
+    return VERIFIER.counts()
 
 
 def drain(timeout: float = 10.0) -> int:
@@ -127,8 +129,10 @@ def drain(timeout: float = 10.0) -> int:
 
 def stop(op_name: str) -> None:
     """No longer verify `op_name`."""
-    _policies.pop(op_name, None)
+    policy = _policies.pop(op_name, None)
     recorder.set_verifier(op_name, None)
+    if policy is not None:
+        VERIFIER.retire(policy)
 
 
 def from_env() -> None:

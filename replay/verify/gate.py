@@ -1,91 +1,274 @@
-"""The outlier gate: which calls look unlike the calls before them, and get checked whatever the
+"""The outlier gate: which calls look unlike the calls before them, decided off the program's
+thread, a batch of calls late; the calls after an unusual one are then checked whatever the
 sampling rate says.
 
-Each call is described by a few cheap numbers: for every tensor argument log2(numel + 1) and,
-for one of at most STAT_ELEMENTS elements, its mean absolute value, root mean square and
-absolute maximum;
-every int, float or bool argument as itself. The gate keeps, per number, an exponentially
-weighted centroid and mean absolute deviation (weight ALPHA), and scores a call by its largest
-deviation in those units. The threshold is MARGIN times a running estimate of the QUANTILE-th
-quantile of past scores (a stochastic-approximation step per call). During the first WARMUP
-calls it only learns; an outlier does not move the centroid, so a run of bad inputs stays
-flagged. A call whose arguments change in kind (another tensor count) is an outlier too.
+What the gate reads. Each call of a verified op has a *kind*: for every tensor argument its
+element type, its size rounded to a power of two, and whether the gate reads its contents. Each
+kind has its own statistics: the contents of up to MAX_TENSORS floating-point tensors of the
+call (contiguous, at most STAT_ELEMENTS elements), as mean |x|, root mean square and max |x|.
+They are computed for BATCH calls at a time, by one kernel on the tensors' device
+(replay/verify/call_stats.py), and read by the gate's own thread once an event says they are
+in. So they describe each tensor as it is when its batch closes, at most BATCH calls of the op
+after its call ran: the batch holds the tensors, so their memory is not reused meanwhile, but a
+tensor written in place since (by the call itself, or a buffer the program reuses) is read as it
+is then. Either way the gate sees what the op is handed lately, which is what it decides on: the
+calls after an unusual one are checked.
+
+What varies by design is not scored: sizes and integer tensors and arguments (sequence lengths,
+positions, page tables, batch sizes) are what a program changes from step to step, so they only
+pick the kind, and each kind learns its own contents (a prefill's and a decode step's calls do
+not judge each other). A kind never seen before, after the op's first WARMUP calls, is an
+outlier (a size seen once); floating-point contents far from their kind's past are outliers (a
+spike, a NaN, a scale never seen).
+
+How far is far. Per number, an exponentially weighted centroid and mean absolute deviation
+(weight ALPHA, or plain means over a kind's first 1/ALPHA calls), updated once a batch from the
+calls that were not outliers; a call's score is its largest deviation in those units. The
+threshold is MARGIN times a running estimate of the QUANTILE-th quantile of past scores (a
+stochastic-approximation step per call). A kind's first KIND_WARMUP calls only teach it; an
+outlier does not move the centroid, so a run of bad inputs stays flagged.
 """
 from __future__ import annotations
 
-import math
+import logging
+import queue
 import threading
-from typing import Any, Iterable
+import time
+from typing import Any, Callable
 
+import numpy as np
 import torch
 
-STAT_ELEMENTS = 1 << 20  # larger tensors (weights) contribute their size only: reading them costs too much
+from replay.verify import call_stats
+from replay.verify.call_stats import MAX_TENSORS, STAT_ELEMENTS, TYPE_CODES
+
+log = logging.getLogger(__name__)
+
 ALPHA = 0.02
 QUANTILE = 0.99
 MARGIN = 3.0
-WARMUP = 64
-
-
-def features(values: Iterable[Any]) -> list[float]:
-    """The numbers the gate sees for one call's arguments: per tensor its size and, up to
-    STAT_ELEMENTS elements, mean |x|, root mean square and max |x| (three norms each, read back
-    in one transfer, and one wait, per device)."""
-    out: list[float] = []
-    norms: dict[torch.device, list[torch.Tensor]] = {}
-    sizes: dict[torch.device, list[float]] = {}
-    for value in values:
-        if isinstance(value, torch.Tensor):
-            out.append(math.log2(value.numel() + 1))
-            if 0 < value.numel() <= STAT_ELEMENTS and not value.dtype.is_complex:
-                t = value.detach()
-                t = t if t.is_floating_point() else t.float()
-                norms.setdefault(t.device, []).extend(
-                    torch.linalg.vector_norm(t, order, dtype=torch.float32) for order in (1, 2, math.inf))
-                sizes.setdefault(t.device, []).append(float(t.numel()))
-        elif isinstance(value, (bool, int, float)):
-            out.append(float(value))
-    for device, on_device in norms.items():
-        numbers = torch.stack(on_device).cpu().view(-1, 3)
-        n = torch.tensor(sizes[device]).unsqueeze(1)
-        for value in (numbers / torch.cat([n, n.sqrt(), torch.ones_like(n)], dim=1)).flatten().tolist():
-            out.append(value if math.isfinite(value) else 1e30)
-    return out
+WARMUP = 64  # calls of an op before a kind never seen counts as an outlier
+KIND_WARMUP = 64  # calls of a kind that only teach its statistics
+KINDS = 256  # kinds remembered per op; past that the oldest is forgotten (and flagged if it comes back)
+BATCH = 32  # calls whose statistics are computed together: the gate decides this many calls late at least
+BATCHES = 8  # batches in flight at once; past that a batch goes unread ("unscored")
+HELD_BYTES = 64 << 20  # a batch closes early rather than hold more of the program's memory than this
+POLL_SECONDS = 0.0002  # how often the gate's thread asks whether a batch's statistics are in
+GATHER_SECONDS = 0.001  # how long the gate's thread lets batches gather once one has come
 
 
 class OutlierGate:
-    """flag(x) -> whether call features `x` are an outlier; learns from every call that is not."""
+    """flag(X) -> which rows of features X ([calls, features], one kind, in call order) are
+    outliers; learns from the rest."""
 
-    def __init__(self, warmup: int = WARMUP, alpha: float = ALPHA, quantile: float = QUANTILE,
-                 margin: float = MARGIN):
-        self.warmup, self.alpha, self.quantile, self.margin = warmup, alpha, quantile, margin
+    def __init__(self, width: int, warmup: int = KIND_WARMUP) -> None:
+        self.warmup = warmup
         self.seen = 0
-        self._center: list[float] = []
-        self._spread: list[float] = []
+        self._center = np.zeros(width)
+        self._spread = np.zeros(width)
         self._q = 0.0
+
+    def flag(self, x: np.ndarray) -> np.ndarray:
+        first = self.seen == 0
+        if first:
+            self._center = x[0].copy()
+            self.seen = 1
+        rest = x[1:] if first else x
+        flagged = np.zeros(len(rest), dtype=bool)
+        if len(rest):
+            scale = self._spread + 1e-6 * (np.abs(self._center) + 1)
+            scores = (np.abs(rest - self._center) / scale).max(axis=1, initial=0.0)
+            if self.seen >= self.warmup:
+                flagged = scores > MARGIN * max(self._q, 1.0)
+            self._learn(rest[~flagged], scores[~flagged])
+        return np.concatenate(([False], flagged)) if first else flagged
+
+    def _learn(self, x: np.ndarray, scores: np.ndarray) -> None:
+        m = len(x)
+        if not m:
+            return
+        # plain means over the first calls (a fair estimate from the start), then weight ALPHA a call
+        weight = max(1.0 - (1.0 - ALPHA) ** m, m / (self.seen + m))
+        deviation = np.abs(x - self._center).mean(axis=0)
+        self._center += weight * (x.mean(axis=0) - self._center)
+        self._spread += weight * (deviation - self._spread)
+        # Robbins-Monro: q moves up by QUANTILE for each score above it, down by 1 - QUANTILE for each below
+        above = int((scores > self._q).sum())
+        step = max(self._q, 1.0) * max(ALPHA, 1.0 / (self.seen + m))
+        self._q = max(self._q + step * (QUANTILE * above - (1 - QUANTILE) * (m - above)), 0.0)
+        self.seen += m
+
+
+class KindGates:
+    """An op's gate: one OutlierGate a kind, and the kinds seen."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self._kinds: dict[tuple[Any, ...], OutlierGate] = {}
+
+    def flag(self, calls: list[tuple[int, tuple[Any, ...], int]], numbers: np.ndarray) -> list[int]:
+        """The numbers of a batch's calls ((number, kind, tensors read), in call order) that are
+        outliers, given the feature rows of their tensors read ([rows, 3], in the same order)."""
+        flagged: list[int] = []
+        by_kind: dict[tuple[Any, ...], tuple[list[int], list[int]]] = {}  # its calls' places, their first rows
+        row = 0
+        for i, (_, kind, count) in enumerate(calls):
+            places, starts = by_kind.setdefault(kind, ([], []))
+            places.append(i)
+            starts.append(row)
+            row += count
+        for kind, (places, starts) in by_kind.items():
+            count = calls[places[0]][2]
+            x = numbers[np.add.outer(np.asarray(starts), np.arange(count))].reshape(len(starts), 3 * count)
+            gate = self._kinds.get(kind)
+            if gate is None:
+                if len(self._kinds) >= KINDS:
+                    del self._kinds[next(iter(self._kinds))]
+                gate = self._kinds[kind] = OutlierGate(3 * count)
+                if self.calls + places[0] >= WARMUP:  # a kind never seen, after the op's warm-up
+                    flagged.append(calls[places[0]][0])
+            flagged += (calls[places[j]][0] for j in np.flatnonzero(gate.flag(x)))
+        self.calls += len(calls)
+        return sorted(flagged)
+
+def features(partials: np.ndarray, numels: np.ndarray) -> np.ndarray:
+    """[rows, 3]: mean |x|, rms and max |x| of each row's tensor, from its partials ([rows,
+    PROGRAMS, 3]) and sizes; what is not finite (a NaN, an overflow) as 1e30, far from anything."""
+    sums = partials[:, :, :2].astype(np.float64).sum(axis=1)
+    numbers = np.stack((sums[:, 0] / numels, np.sqrt(np.maximum(sums[:, 1], 0.0) / numels),
+                        partials[:, :, 2].max(axis=1)), axis=1)
+    return np.where(np.isfinite(numbers), numbers, 1e30)
+
+
+class StatsFeed:
+    """One verified op's calls on their way to its gate. `observe` runs on the program's thread
+    and never waits for the device: it notes the call's kind and the tensors to read, and every
+    BATCH calls hands the batch to the device (one launch and an event) and to the gate's thread.
+    `on_flag(number)` is called from the gate's thread for a call found unusual."""
+
+    def __init__(self, on_flag: Callable[[int], None], count: Callable[[str, int], None]) -> None:
+        self.on_flag, self.count = on_flag, count
+        self.gates = KindGates()
+        self._lock = threading.Lock()
+        # where the tensors read live: the CUDA device current when the gate was made, or -1 the host
+        self._device = torch.cuda.current_device() if torch.cuda.is_initialized() else -1
+        # [BATCHES, rows, 3] int64 and [BATCHES, rows, PROGRAMS, 3] float32 (call_stats); pinned for a GPU
+        self._tables, self._partials = call_stats.buffers(BATCHES, BATCH * MAX_TENSORS, self._device >= 0)
+        self._free = list(range(BATCHES))  # batch buffers not in flight
+        self._calls: list[tuple[int, tuple[Any, ...], int]] = []  # the open batch: (number, kind, rows read)
+        self._tensors: list[torch.Tensor] = []  # its tensors to read, held until they are
+        self._rows: list[int] = []  # address, count, type code a tensor
+        self._held = 0
+
+    def observe(self, number: int, args: tuple, kwargs: dict) -> None:
+        """Note one call, before it runs."""
+        kind: list[Any] = []
+        read: list[torch.Tensor] = []
+        for value in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(value, torch.Tensor):
+                n = value.numel()
+                watched = (len(read) < MAX_TENSORS and value.dtype in TYPE_CODES and 0 < n <= STAT_ELEMENTS
+                           and value.is_contiguous() and value.get_device() == self._device)
+                kind += (value.dtype, n.bit_length(), watched)
+                if watched:
+                    read.append(value)
+        with self._lock:
+            for tensor in read:
+                self._tensors.append(tensor)
+                self._rows += (tensor.data_ptr(), tensor.numel(), TYPE_CODES[tensor.dtype])
+                self._held += tensor.numel() * tensor.element_size()
+            self._calls.append((number, tuple(kind), len(read)))
+            if len(self._calls) == BATCH or self._held > HELD_BYTES:
+                self._close()
+
+    def flush(self) -> None:
+        """Hand over the open batch, however few calls it holds (a drain)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        calls, tensors, rows = self._calls, self._tensors, self._rows
+        self._calls, self._tensors, self._rows, self._held = [], [], [], 0
+        if not calls:
+            return
+        if not self._free:  # the gate is behind: these calls go unread
+            self.count("unscored", len(calls))
+            return
+        batch = self._free.pop()
+        landed = None
+        if tensors:
+            table, partials = self._tables[batch], self._partials[batch]
+            table.numpy()[:len(tensors)] = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+            if self._device >= 0:
+                with torch.cuda.device(self._device):  # its current stream: where the program works on them
+                    call_stats.launch(table, partials, len(tensors))
+                    landed = torch.cuda.Event()
+                    landed.record()
+            else:
+                call_stats.on_host(tensors, partials)
+        GATE.submit(self, batch, calls, tensors, landed)
+
+    def decide(self, batches: list[tuple[int, list[tuple[int, tuple[Any, ...], int]], list[torch.Tensor], Any]]
+               ) -> None:
+        """The gate's thread: score the calls of some closed batches (in order: buffer, calls,
+        tensors, event) once their statistics are in, all at once."""
+        try:
+            calls: list[tuple[int, tuple[Any, ...], int]] = []
+            numbers = [np.zeros((0, 3))]
+            for batch, its_calls, tensors, landed in batches:
+                while landed is not None and not landed.query():
+                    time.sleep(POLL_SECONDS)  # never a blocking wait: it could hold the interpreter lock
+                rows = len(tensors)
+                if rows:
+                    numbers.append(features(self._partials[batch, :rows].numpy(),
+                                            self._tables[batch, :rows, 1].numpy()))
+                tensors.clear()  # read: the program's memory is its own again
+                calls += its_calls
+            for number in self.gates.flag(calls, np.concatenate(numbers)):
+                self.count("flagged", 1)
+                self.on_flag(number)
+        finally:
+            with self._lock:
+                self._free += (batch for batch, *_ in batches)
+
+
+class GateThread:
+    """The thread that reads the statistics and decides, for every verified op."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def flag(self, x: list[float]) -> bool:
+    def submit(self, feed: StatsFeed, *batch: Any) -> None:
         with self._lock:
-            if self.seen == 0 or (len(x) != len(self._center) and self.seen < self.warmup):
-                self._center, self._spread, self._q = list(x), [0.0] * len(x), 0.0
-                self.seen = 1
-                return False
-            if len(x) != len(self._center):
-                return True  # arguments of another kind than every call so far
-            score = max((abs(v - c) / (s + 1e-6 * (abs(c) + 1)) for v, c, s in zip(x, self._center, self._spread)),
-                        default=0.0)
-            outlier = self.seen >= self.warmup and score > self.margin * max(self._q, 1.0)
-            if not outlier:
-                self._learn(x, score)
-            return outlier
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="replay-verify-gate", daemon=True)
+                self._thread.start()
+        self._queue.put((feed, *batch))
 
-    def _learn(self, x: list[float], score: float) -> None:
-        a = self.alpha
-        for i, v in enumerate(x):
-            delta = v - self._center[i]
-            self._center[i] += a * delta
-            self._spread[i] += a * (abs(delta) - self._spread[i])
-        # Robbins-Monro: q moves up by (quantile) when a score is above it, down by (1 - quantile) otherwise
-        step = max(self._q, 1.0) * a
-        self._q += step * (self.quantile if score > self._q else -(1 - self.quantile))
-        self.seen += 1
+    def pending(self) -> int:
+        return self._queue.unfinished_tasks
+
+    def _run(self) -> None:
+        while True:
+            waiting = [self._queue.get()]
+            time.sleep(GATHER_SECONDS)  # let more batches come: one wake-up, one scoring for all of them
+            while True:
+                try:
+                    waiting.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            by_feed: dict[StatsFeed, list[Any]] = {}
+            for feed, *batch in waiting:
+                by_feed.setdefault(feed, []).append(batch)
+            for feed, batches in by_feed.items():
+                try:
+                    feed.decide(batches)
+                except Exception as exc:  # the gate's failure is never the program's
+                    log.warning(f"replay.verify: the outlier gate failed: {type(exc).__name__}: {exc}")
+            for _ in waiting:
+                self._queue.task_done()
+
+
+GATE = GateThread()

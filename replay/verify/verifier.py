@@ -8,15 +8,17 @@ on stderr) and written, rate-limited, as a one-call snapshot that `replay run` r
 """
 from __future__ import annotations
 
-import logging
 import atexit
 import contextlib
 import inspect
 import itertools
+import logging
+import math
 import os
 import queue
 import random
 import shutil
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,19 +28,20 @@ from typing import Any, Callable
 import torch
 
 from replay import recorder, settings
-from replay.compare import compare, row_ranges
+from replay.compare import agreement, compare, row_ranges
 from replay.errors import ReplayError
 from replay.recorder.staging import CallSpec
 from replay.context import returned_values, tag
 from replay.registry import Op
 from replay.snapshot.files import safe_component
-from replay.verify.gate import OutlierGate, features
+from replay.verify.gate import GATE, StatsFeed
 
 log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("break", "skip")
 KEEP_BYTES = 1 << 20  # read-only inputs this large are not copied for a check (see _inputs)
-COUNTERS = ("calls", "checked", "flagged", "skipped", "dropped", "failed", "snapshots", "abandoned")
+COUNTERS = ("calls", "checked", "flagged", "skipped", "dropped", "failed", "snapshots", "abandoned", "unscored")
+WINDOW = 16  # calls of an op checked after the gate found one unusual
 
 
 @dataclass
@@ -81,20 +84,36 @@ class _Check:
     kept: dict[str, int]  # the inputs not copied, the program's own tensors: their version counters
     after: dict[str, Any]  # the kernel's outputs and mutated arguments, copied after it
     result: Any
-    ready: torch.cuda.Event | None
+    stream: Any  # the CUDA stream the copies were made on, where the reference runs; None on the host
 
 
 class Policy:
-    """How one op's calls are verified: its reference and tolerance, the sampling rate, the gate."""
+    """How one op's calls are verified: its reference and tolerance, the sampling schedule, the
+    gate's feed and the window of calls still to check after an unusual one."""
 
     def __init__(self, op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None, outliers: bool):
         if not 0.0 <= sample <= 1.0:
             raise ValueError(f"replay.verify: sample={sample!r} must be a share of calls, 0 to 1")
         if "reference" not in op.variants:
             raise ValueError(f"replay.verify: op '{op.name}' has no reference variant to check against")
-        self.op, self.sample, self.on_mismatch = op, sample, on_mismatch
-        self.gate = OutlierGate() if outliers else None
-        self.numbers = itertools.count()
+        self.op, self.on_mismatch, self.outliers = op, on_mismatch, outliers
+        self.numbers = itertools.count()  # next() is atomic: threads never share a call number
+        self.window = 0  # calls still to check because the gate found an earlier one unusual
+        self.feed: StatsFeed | None = None  # set by Verifier.hook when the gate is on
+        self._sample = sample
+        self.next_sample = 0  # the number of the next sampled call (Verifier.schedule)
+
+    @property
+    def sample(self) -> float:
+        return self._sample
+
+    def calls(self) -> int:
+        """Calls numbered so far (itertools.count shows its next value only in its repr)."""
+        return int(repr(self.numbers)[len("count("):-1])
+
+    def open_window(self, number: int) -> None:
+        """The gate found call `number` unusual: check the next WINDOW calls (from the gate's thread)."""
+        self.window = WINDOW
 
 
 class Verifier:
@@ -102,77 +121,127 @@ class Verifier:
 
     def __init__(self) -> None:
         self.settings = Settings()
-        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.counters = dict.fromkeys(COUNTERS, 0)  # "calls" is kept by the policies: see counts()
         self._lock = threading.Lock()
         self._random = random.Random()
         self._queue: queue.Queue[_Check] | None = None
         self._worker: threading.Thread | None = None
-        self._stream: Any = None
+        self._streams: dict[int, Any] = {}  # per CUDA device: where checks copy and run their reference
         self._snapshots: dict[str, int] = {}  # written, per op
+        self._policies: list[Policy] = []
+        self._retired_calls = 0
 
     def seed(self, seed: int) -> None:
         """Make the sampling repeatable (tests)."""
         self._random.seed(seed)
+        for policy in self._policies:
+            self.schedule(policy, policy.calls() - 1)
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counters[name] += n
 
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            calls = self._retired_calls + sum(policy.calls() for policy in self._policies)
+            return {**self.counters, "calls": calls}
+
+    def schedule(self, policy: Policy, after: int, sample: float | None = None) -> None:
+        """Pick the next sampled call after call `after`: gaps between sampled calls are geometric,
+        so a call is sampled with probability `sample` and an unsampled one costs a comparison."""
+        if sample is not None:
+            policy._sample = sample
+        p = policy.sample
+        gap = 0 if p >= 1.0 else sys.maxsize if p <= 0.0 else \
+            int(math.log(1.0 - self._random.random()) / math.log(1.0 - p))
+        policy.next_sample = min(after + 1 + gap, sys.maxsize)
+
+    def retire(self, policy: Policy) -> None:
+        """`policy` is no longer used: its calls stay counted."""
+        with self._lock:
+            if policy in self._policies:
+                self._policies.remove(policy)
+                self._retired_calls += policy.calls()
+
     # the call path ------------------------------------------------------------------------------
 
     def hook(self, policy: Policy) -> Callable[..., Any]:
-        """What the recorder calls instead of the op's variant while the op is verified."""
-        checked = torch.compiler.disable(self._call, recursive=False)
+        """What the recorder calls instead of the op's variant while the op is verified. An
+        unchecked call costs a counter, two comparisons and the call, plus, with the gate on, its
+        statistics launched; nothing on this path waits for the device."""
+        if policy.outliers:
+            policy.feed = StatsFeed(policy.open_window, self.count)
+        self.schedule(policy, -1)
+        with self._lock:
+            self._policies.append(policy)
+        compiled = torch.compiler.disable(self._call, recursive=False)  # a graph break around the check
+        eager = self._call
+        settings = self.settings
 
         def verified(spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature, args: tuple,
                      kwargs: dict) -> Any:
-            if torch.compiler.is_compiling() and self.settings.compile == "skip":
-                self.count("skipped")  # counted when traced: a compiled graph holds no Python
-                return call(*args, **kwargs)
-            return checked(policy, spec, call, signature, args, kwargs)
+            if torch.compiler.is_compiling():
+                if settings.compile == "skip":
+                    self.count("skipped")  # counted when traced: a compiled graph holds no Python
+                    return call(*args, **kwargs)
+                return compiled(policy, spec, call, signature, args, kwargs)
+            return eager(policy, spec, call, signature, args, kwargs)
         return verified
 
     def _call(self, policy: Policy, spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature,
               args: tuple, kwargs: dict) -> Any:
-        self.count("calls")
+        number = next(policy.numbers)
+        if policy.feed is None and number < policy.next_sample and not policy.window:
+            return call(*args, **kwargs)  # the common case: no statistics, no check
         if not self.settings.enabled:
             return call(*args, **kwargs)
         if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
             self.count("skipped")  # nothing may be issued into a graph being captured
             return call(*args, **kwargs)
-        bound = None
-        flagged = False
-        if policy.gate is not None:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            flagged = self._flag(policy.gate, bound.arguments.values())
-        sampled = self._random.random() < policy.sample
-        number = next(policy.numbers)
-        if not (flagged or sampled):
+        if policy.feed is not None:
+            policy.feed.observe(number, args, kwargs)
+        sampled = number >= policy.next_sample
+        if sampled:
+            self.schedule(policy, number)
+        elif policy.window:
+            policy.window -= 1
+        else:
             return call(*args, **kwargs)
         if self._full():
             self.count("dropped")
             return call(*args, **kwargs)
-        self.count("flagged", int(flagged))
-        if bound is None:
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-        inputs, kept = _inputs(bound.arguments, policy.op.mutates)
-        result = call(*args, **kwargs)
-        after = {name: _copy(value) for name, value in returned_values(result, policy.op.outputs).items()}
-        after.update({name: _copy(bound.arguments[name]) for name in policy.op.mutates if name in bound.arguments})
-        ready = None
-        if any(isinstance(v, torch.Tensor) and v.is_cuda for v in (*inputs.values(), *after.values())):
-            ready = torch.cuda.Event()
-            ready.record()
-        self._submit(_Check(policy, spec, number, signature, inputs, kept, after, result, ready))
+        return self._checked(policy, number, spec, call, signature, args, kwargs)
+
+    def _checked(self, policy: Policy, number: int, spec: CallSpec, call: Callable[..., Any],
+                 signature: inspect.Signature, args: tuple, kwargs: dict) -> Any:
+        """Run a checked call: its inputs copied before it, its outputs after, on a stream of the
+        verifier's own ordered against the program's by events (on a GPU); the check queued."""
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        side = self._side_stream(bound.arguments.values())
+        with _on(side):
+            inputs, kept = _inputs(bound.arguments, policy.op.mutates)
+        result = _after(side, call, args, kwargs)  # the call waits for the copies: it may write its inputs
+        if side is not None:
+            side.wait_stream(torch.cuda.current_stream())  # the outputs as the call left them
+        with _on(side):
+            after = {name: _copy(value) for name, value in returned_values(result, policy.op.outputs).items()}
+            after.update({name: _copy(bound.arguments[name]) for name in policy.op.mutates if name in bound.arguments})
+        if side is not None:
+            torch.cuda.current_stream().wait_stream(side)  # the program may overwrite its outputs once copied
+        self._submit(_Check(policy, spec, number, signature, inputs, kept, after, result, side))
         return result
 
-    def _flag(self, gate: OutlierGate, values: Any) -> bool:
-        try:
-            return gate.flag(features(values))
-        except Exception:  # an argument the statistics cannot take: the call is checked, never broken
-            return True
+    def _side_stream(self, values: Any) -> Any:
+        """The verifier's stream on the current device where a checked call holds CUDA tensors, else None."""
+        if not any(isinstance(v, torch.Tensor) and v.is_cuda for v in values):
+            return None
+        index = torch.cuda.current_device()
+        stream = self._streams.get(index)
+        if stream is None:
+            stream = self._streams[index] = torch.cuda.Stream(index)
+        stream.wait_stream(torch.cuda.current_stream())  # what the program wrote so far
+        return stream
 
     def _full(self) -> bool:
         return self._queue is not None and self._queue.full()
@@ -205,28 +274,28 @@ class Verifier:
 
     def _check(self, check: _Check) -> None:
         op = check.policy.op
-        if check.ready is not None:
-            if self._stream is None:
-                self._stream = torch.cuda.Stream()
-            self._stream.wait_event(check.ready)
-        with torch.cuda.stream(self._stream) if check.ready is not None else contextlib.nullcontext():
+        with _on(check.stream):
             # the op's mutated arguments are copied again: the snapshot of a mismatch needs them as they came in
             arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
             bound = inspect.BoundArguments(check.signature, arguments)
             expected = returned_values(op.get("reference").fn(*bound.args, **bound.kwargs), op.outputs)
             expected.update({name: arguments[name] for name in op.mutates if name in arguments})
-        if check.ready is not None:
-            self._stream.synchronize()
+            compared = [(name, got, expected[name]) for name, got in check.after.items()
+                        if isinstance(got, torch.Tensor) and isinstance(expected.get(name), torch.Tensor)]
+            verdicts = [agreement(got, want, op.tolerance_for(got.dtype)) for _, got, want in compared]
+        if check.stream is not None:
+            check.stream.synchronize()  # this thread's wait, never the program's
         # looked at once the reference has read them: the program wrote to an argument that was not
         # copied, before or while the reference ran, so the values the call saw are gone
         if any(check.inputs[name]._version != version for name, version in check.kept.items()):
             self.count("skipped")
             return
         self.count("checked")
-        for name, got in check.after.items():
-            want = expected.get(name)
-            if not isinstance(got, torch.Tensor) or not isinstance(want, torch.Tensor):
-                continue
+        flags = [v for v in verdicts if v is not None]
+        if len(flags) == len(verdicts) and len({v.device for v in flags}) <= 1 and \
+                (not flags or bool(torch.stack(flags).all())):
+            return  # every output agrees: one flag read back, no element
+        for name, got, want in compared:
             comparison = compare(got, want, op.tolerance_for(got.dtype), op.batch_axes.get(name), same_dtype=False)
             if not comparison.passed:
                 self.count("failed")
@@ -255,11 +324,17 @@ class Verifier:
             log.warning(mismatch.line())
 
     def drain(self, timeout: float = 10.0) -> int:
-        """Wait up to `timeout` seconds for the checks queued so far; return how many were left
-        unchecked (counted as abandoned), never waiting longer."""
+        """Send the gate the statistics of every call so far, wait up to `timeout` seconds for its
+        decisions and for the checks queued; return how many checks were left unchecked (counted
+        as abandoned), never waiting longer."""
+        for policy in list(self._policies):
+            if policy.feed is not None:
+                policy.feed.flush()
+        deadline = time.monotonic() + timeout
+        while GATE.pending() and time.monotonic() < deadline:
+            time.sleep(0.002)
         if self._queue is None:
             return 0
-        deadline = time.monotonic() + timeout
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.005)
         left = self._queue.unfinished_tasks
@@ -276,6 +351,18 @@ def _as_returned(result: Any, after: dict[str, Any], outputs: tuple[str, ...]) -
     if isinstance(result, (tuple, list)):
         return type(result)(after.get(name, value) for name, value in zip(names, result))
     return after.get(names[0], result) if names else result
+
+
+def _on(stream: Any) -> Any:
+    """Work issued inside goes to `stream` (a CUDA stream), or where it would anyway (None)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _after(side: Any, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Run the call once the work on `side` so far is done (on the program's stream)."""
+    if side is not None:
+        torch.cuda.current_stream().wait_stream(side)
+    return call(*args, **kwargs)
 
 
 def _copy(value: Any) -> Any:
@@ -327,8 +414,9 @@ recorder.before_graph_capture(VERIFIER.drain)  # the worker's CUDA calls would b
 
 def _report_at_exit() -> None:
     VERIFIER.drain()
-    if settings.VERIFY_REPORT.get() and VERIFIER.counters["calls"]:
-        log.warning("replay.verify: " + ", ".join(f"{k} {v}" for k, v in VERIFIER.counters.items()))
+    counted = VERIFIER.counts()
+    if settings.VERIFY_REPORT.get() and counted["calls"]:
+        log.warning("replay.verify: " + ", ".join(f"{k} {v}" for k, v in counted.items()))
 
 
 atexit.register(_report_at_exit)

@@ -1,0 +1,139 @@
+"""The statistics the outlier gate reads, computed on the tensors' device for a batch of calls at
+once: one kernel launch for the batch, none for a call.
+
+A batch lists its tensors in a table of (address, element count, element type) rows; one kernel
+reads every listed tensor and writes, per tensor, PROGRAMS partial sums of |x| and x^2 and
+partial maxima of |x|. On a GPU both the table and the partials live in pinned host memory,
+which the device reads and writes directly (unified addressing): a batch costs the launch and an
+event, no copy. The gate's thread finishes the reduction once the event has passed
+(replay/verify/gate.py). On the host (no GPU, or tensors in host memory) torch computes the same
+partials (one "program" a tensor).
+
+Launching: Triton's own launch path (binding, specialisation key, cache lookup) costs about twice
+the launch itself on the H100 host measured (30 us against 16 us, docs/PERFORMANCE.md); after
+the first launch, which compiles the kernel, the compiled kernel's launcher is called directly.
+Its arguments never change kind (two pinned buffers), so one compiled kernel serves every batch.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+from replay.context import recorder_kernel
+
+MAX_TENSORS = 4  # the first floating-point tensors of a call that the gate reads
+STAT_ELEMENTS = 1 << 20  # larger ones (weights) are described by their size only: reading them costs too much
+PROGRAMS = 32  # partial results a tensor: programs reading it side by side
+BLOCK = 4096  # elements a program reads a step
+TYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 3}
+
+
+@triton.jit
+def _partials(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+    """This program's share of x: sum |x|, sum x^2, max |x| (NaN carried by the sums)."""
+    offsets = tl.arange(0, BLOCK)
+    absolute = tl.zeros([BLOCK], tl.float32)
+    squares = tl.zeros([BLOCK], tl.float32)
+    top = tl.zeros([BLOCK], tl.float32)
+    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        at = start + offsets
+        value = tl.load(x_ptr + at, mask=at < n, other=0.0).to(tl.float32)
+        magnitude = tl.abs(value)
+        absolute += magnitude
+        squares += value * value
+        top = tl.maximum(top, magnitude)
+    tl.store(out_ptr, tl.sum(absolute, 0))
+    tl.store(out_ptr + 1, tl.sum(squares, 0))
+    tl.store(out_ptr + 2, tl.max(top, 0))
+
+
+@triton.jit
+def _batch_stats_kernel(table_ptr, out_ptr, PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(1)
+    address = tl.load(table_ptr + row * 3)
+    n = tl.load(table_ptr + row * 3 + 1)
+    code = tl.load(table_ptr + row * 3 + 2)
+    out = out_ptr + (row * PROGRAMS + tl.program_id(0)) * 3
+    # one branch an element type (TYPE_CODES)
+    if code == 0:
+        _partials(address.to(tl.pointer_type(tl.float32)), n, out, BLOCK)
+    elif code == 1:
+        _partials(address.to(tl.pointer_type(tl.bfloat16)), n, out, BLOCK)
+    elif code == 2:
+        _partials(address.to(tl.pointer_type(tl.float16)), n, out, BLOCK)
+    else:
+        _partials(address.to(tl.pointer_type(tl.float64)), n, out, BLOCK)
+
+
+def watchable(value: torch.Tensor) -> bool:
+    """Whether the gate reads `value`'s contents (not only its size)."""
+    return value.dtype in TYPE_CODES and 0 < value.numel() <= STAT_ELEMENTS and value.is_contiguous()
+
+
+def buffers(batches: int, rows: int, cuda: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables ([batches, rows, 3] int64) and partials ([batches, rows, PROGRAMS, 3] float32) of
+    `batches` batches in flight; pinned (and so reachable from the device) for a GPU."""
+    table = torch.zeros(batches, rows, 3, dtype=torch.int64, pin_memory=cuda)
+    partials = torch.zeros(batches, rows, PROGRAMS, 3, dtype=torch.float32, pin_memory=cuda)
+    return table, partials
+
+
+def on_host(tensors: list[torch.Tensor], partials: torch.Tensor) -> None:
+    """The partials of host tensors, computed now by torch (program 0 of each row; the rest zero)."""
+    partials[:len(tensors)].zero_()
+    for row, tensor in enumerate(tensors):
+        values = tensor.detach().reshape(-1).double()
+        magnitude = values.abs()
+        partials[row, 0] = torch.stack((magnitude.sum(), values.square().sum(), magnitude.max())).float()
+
+
+def launch(table: torch.Tensor, partials: torch.Tensor, rows: int) -> None:
+    """Queue the kernel for the first `rows` rows of `table` (pinned, filled) on the current CUDA
+    stream; the partials are in place once the stream has passed it."""
+    _LAUNCHER.launch(table, partials, rows)
+
+
+def launch_in_triton(table: torch.Tensor, partials: torch.Tensor, rows: int) -> Any:
+    """Triton's own launch of the kernel (the interpreter included); returns the compiled kernel
+    where Triton gives one."""
+    with recorder_kernel():  # the verifier's own launch: never a call of the program's
+        return _batch_stats_kernel[(PROGRAMS, rows)](table, partials, PROGRAMS=PROGRAMS, BLOCK=BLOCK, num_warps=4)
+
+
+def _direct_launch_fits() -> bool:
+    """Whether this Triton launches a compiled kernel as `kernel.run(grid0, grid1, grid2, stream,
+    function, packed_metadata, launch_metadata, enter_hook, exit_hook, *arguments)`, the call
+    that _Launcher makes itself; read once from Triton's own launch path."""
+    try:
+        source = inspect.getsource(triton.runtime.jit.JITFunction.run)
+    except (OSError, TypeError, AttributeError):
+        return False
+    return ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata"
+            in " ".join(source.split()))
+
+
+class _Launcher:
+    """The first launch through Triton (which compiles), the next ones through the compiled
+    kernel's launcher where this Triton launches that way."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[int, Any] = {}  # per device: a kernel is loaded on one
+
+    def launch(self, table: torch.Tensor, partials: torch.Tensor, rows: int) -> None:
+        device = torch.cuda.current_device()
+        compiled = self._compiled.get(device)
+        if compiled is None:
+            compiled = launch_in_triton(table, partials, rows)
+            if _direct_launch_fits() and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
+                self._compiled[device] = compiled
+            return
+        stream = triton.runtime.driver.active.get_current_stream(device)
+        compiled.run(PROGRAMS, rows, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                     table, partials, PROGRAMS, BLOCK)
+
+
+_LAUNCHER = _Launcher()
