@@ -45,6 +45,7 @@ from replay.verify.verifier import WINDOW, Policy
 MODES: tuple[tuple[str, object], ...] = (
     ("off", None), ("floor: every call through a hook", "hook"),
     ("floor: the hook waits for the GPU", "sync"), ("the hook runs the reference after every call", "reference"),
+    ("floor: the hook reads each tensor argument's address, size and type", "inspect"),
     ("sample 0, outlier gate off: the unchecked call", (0.0, False)),
     ("sample 0, outlier gate on: the gate's statistics", (0.0, True)),
     ("sample 0.01, outlier gate off", (0.01, False)),
@@ -76,6 +77,21 @@ def linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (x.double() @ weight.double().t()).to(x.dtype)
 
 
+small = replay.op("bench_verify_small")
+small.reference(spiky_reference)
+
+
+@small.batched
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    """One small op: what the verifier's per-call path costs where the op costs little."""
+    return x * 2
+
+
+def small_op(device: str) -> Callable[[], object]:
+    x = torch.randn(8, 64, device=device)
+    return lambda: [doubled(x) for _ in range(2000)]
+
+
 def mlp(device: str) -> Callable[[], object]:
     gen = torch.Generator(device=device).manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -100,13 +116,19 @@ def decode(device: str) -> Callable[[], object]:
 
 
 def floor_hook(kind: str) -> Callable[..., object]:
-    """A verifier hook that checks nothing: it calls the op, after waiting for the GPU ("sync"), or
-    and then its reference on the same arguments ("reference": what checking every call costs at
-    the least; the model's ops that write in place write the same values again)."""
+    """A verifier hook that checks nothing: it calls the op, after waiting for the GPU ("sync") or
+    reading where each tensor argument is and what it holds ("inspect": the least a gate that
+    reads contents must do in Python), or and then its reference on the same arguments
+    ("reference": what checking every call costs at the least; the model's ops that write in
+    place write the same values again)."""
     def hook(spec: CallSpec, call: Callable[..., object], signature: inspect.Signature, args: tuple,
              kwargs: dict) -> object:
         if kind == "sync":
             torch.cuda.current_stream().synchronize()
+        elif kind == "inspect":
+            described = [(v.data_ptr(), v.numel(), v.dtype) for v in (*args, *kwargs.values())
+                         if isinstance(v, torch.Tensor)]
+            del described
         result = call(*args, **kwargs)
         if kind == "reference":
             get_op(spec.op).get("reference").fn(*args, **kwargs)
@@ -159,10 +181,11 @@ def rare_bug(device: str, first: int, calls: int = 3000) -> str:
     finally:
         Policy.open_window = open_window  # type: ignore[method-assign]
         replay.verify.stop("bench_verify_spiky")
-    if not caught:
+    after = [call for call in opened if call > first]  # a window opened before the spikes is no answer
+    if not caught or not after:
         return f"first spike at call {first}: not caught in {calls} calls"
-    return (f"first spike at call {first}: the gate decided at call {opened[0]} ({opened[0] - first} calls later), "
-            f"caught at call {caught[0]} (window {WINDOW} calls)")
+    return (f"first spike at call {first}: the gate decided at call {after[0]} ({after[0] - first} calls later), "
+            f"caught at call {caught[0]} (window {WINDOW} calls; {len(opened) - len(after)} windows opened before)")
 
 
 def main() -> int:
@@ -172,7 +195,8 @@ def main() -> int:
     args = parser.parse_args()
     import replay_kernels  # noqa: F401  (registers the model's ops; the interpreter without a GPU)
 
-    workloads = {"7B-shaped MLP, 16 rows x 8": (mlp(args.device), ("bench_verify_linear",))}
+    workloads = {"7B-shaped MLP, 16 rows x 8": (mlp(args.device), ("bench_verify_linear",)),
+                 "one small op x 2000": (small_op(args.device), ("bench_verify_small",))}
     if args.device == "cuda":  # on a CPU the model's kernels run in the Triton interpreter: no timing to speak of
         workloads["tiny model: prefill 8 + decode 32"] = (decode(args.device), tuple(replay_kernels.OPS))
     modes = [(label, mode) for label, mode in MODES if args.device == "cuda" or mode != "sync"]

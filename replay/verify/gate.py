@@ -1,14 +1,16 @@
-"""The outlier gate: which calls look unlike the calls before them, decided off the program's
-thread, a batch of calls late; the calls after an unusual one are then checked whatever the
-sampling rate says.
+"""The outlier gate: which calls look unlike the calls before them, decided a batch of calls late
+without ever waiting for the device; the calls after an unusual one are then checked whatever
+the sampling rate says.
 
 What the gate reads. Each call of a verified op has a *kind*: for every tensor argument its
 element type, its size rounded to a power of two, and whether the gate reads its contents. Each
 kind has its own statistics: the contents of up to MAX_TENSORS floating-point tensors of the
 call (contiguous, at most STAT_ELEMENTS elements), as mean |x|, root mean square and max |x|.
 They are computed for BATCH calls at a time, by one kernel on the tensors' device
-(replay/verify/call_stats.py), and read by the gate's own thread once an event says they are
-in. So they describe each tensor as it is when its batch closes, at most BATCH calls of the op
+(replay/verify/call_stats.py), and scored when a later batch closes, once an event says they
+are in (asked, never waited for; a drain waits). The scoring runs on the thread that closes the
+batch, the program's: on a thread of its own it cost the program more, in hand-overs of the
+interpreter lock, than the scoring itself (docs/PERFORMANCE.md). So they describe each tensor as it is when its batch closes, at most BATCH calls of the op
 after its call ran: the batch holds the tensors, so their memory is not reused meanwhile, but a
 tensor written in place since (by the call itself, or a buffer the program reuses) is read as it
 is then. Either way the gate sees what the op is handed lately, which is what it decides on: the
@@ -30,19 +32,15 @@ outlier does not move the centroid, so a run of bad inputs stays flagged.
 """
 from __future__ import annotations
 
-import logging
-import queue
+import collections
 import threading
-import time
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from replay.verify import call_stats
-from replay.verify.call_stats import MAX_TENSORS, STAT_ELEMENTS, TYPE_CODES
-
-log = logging.getLogger(__name__)
+from replay.verify.call_stats import MAX_TENSORS, PROGRAMS, STAT_ELEMENTS, TYPE_CODES
 
 ALPHA = 0.02
 QUANTILE = 0.99
@@ -51,10 +49,8 @@ WARMUP = 64  # calls of an op before a kind never seen counts as an outlier
 KIND_WARMUP = 64  # calls of a kind that only teach its statistics
 KINDS = 256  # kinds remembered per op; past that the oldest is forgotten (and flagged if it comes back)
 BATCH = 32  # calls whose statistics are computed together: the gate decides this many calls late at least
-BATCHES = 8  # batches in flight at once; past that a batch goes unread ("unscored")
+BATCHES = 16  # batches in flight at once; past that a batch goes unread ("unscored")
 HELD_BYTES = 64 << 20  # a batch closes early rather than hold more of the program's memory than this
-POLL_SECONDS = 0.0002  # how often the gate's thread asks whether a batch's statistics are in
-GATHER_SECONDS = 0.001  # how long the gate's thread lets batches gather once one has come
 
 
 class OutlierGate:
@@ -143,18 +139,19 @@ def features(partials: np.ndarray, numels: np.ndarray) -> np.ndarray:
 class StatsFeed:
     """One verified op's calls on their way to its gate. `observe` runs on the program's thread
     and never waits for the device: it notes the call's kind and the tensors to read, and every
-    BATCH calls hands the batch to the device (one launch and an event) and to the gate's thread.
-    `on_flag(number)` is called from the gate's thread for a call found unusual."""
+    BATCH calls hands the batch to the device (one launch and an event) and scores the batches
+    whose statistics are in. `on_flag(number)` is called for a call found unusual."""
 
     def __init__(self, on_flag: Callable[[int], None], count: Callable[[str, int], None]) -> None:
         self.on_flag, self.count = on_flag, count
         self.gates = KindGates()
         self._lock = threading.Lock()
-        # where the tensors read live: the CUDA device current when the gate was made, or -1 the host
-        self._device = torch.cuda.current_device() if torch.cuda.is_initialized() else -1
+        self._device: int | None = None  # where the tensors read live (a CUDA device, -1 the host): see _adopt
         # [BATCHES, rows, 3] int64 and [BATCHES, rows, PROGRAMS, 3] float32 (call_stats); pinned for a GPU
-        self._tables, self._partials = call_stats.buffers(BATCHES, BATCH * MAX_TENSORS, self._device >= 0)
+        self._tables: Any = None
+        self._partials: Any = None
         self._free = list(range(BATCHES))  # batch buffers not in flight
+        self._pending: collections.deque[tuple[int, list[Any], list[torch.Tensor], Any]] = collections.deque()
         self._calls: list[tuple[int, tuple[Any, ...], int]] = []  # the open batch: (number, kind, rows read)
         self._tensors: list[torch.Tensor] = []  # its tensors to read, held until they are
         self._rows: list[int] = []  # address, count, type code a tensor
@@ -167,8 +164,11 @@ class StatsFeed:
         for value in (*args, *kwargs.values()) if kwargs else args:
             if isinstance(value, torch.Tensor):
                 n = value.numel()
-                watched = (len(read) < MAX_TENSORS and value.dtype in TYPE_CODES and 0 < n <= STAT_ELEMENTS
-                           and value.is_contiguous() and value.get_device() == self._device)
+                watched = False
+                if (len(read) < MAX_TENSORS and value.dtype in TYPE_CODES and 0 < n <= STAT_ELEMENTS
+                        and value.is_contiguous()):
+                    where = value.get_device()
+                    watched = where == (self._device if self._device is not None else self._adopt(where))
                 kind += (value.dtype, n.bit_length(), watched)
                 if watched:
                     read.append(value)
@@ -181,17 +181,28 @@ class StatsFeed:
             if len(self._calls) == BATCH or self._held > HELD_BYTES:
                 self._close()
 
+    def _adopt(self, device: int) -> int:
+        """The first tensor to read decides where the gate reads (its CUDA device, or the host):
+        the buffers are made for it."""
+        with self._lock:
+            if self._device is None:
+                self._tables, self._partials = call_stats.buffers(BATCHES, BATCH * MAX_TENSORS, device >= 0)
+                self._device = device
+            return self._device
+
     def flush(self) -> None:
-        """Hand over the open batch, however few calls it holds (a drain)."""
+        """Close the open batch, however few calls it holds, and score every batch (a drain: this
+        waits for the device)."""
         with self._lock:
             self._close()
+            self._score(wait=True)
 
     def _close(self) -> None:
         calls, tensors, rows = self._calls, self._tensors, self._rows
         self._calls, self._tensors, self._rows, self._held = [], [], [], 0
         if not calls:
             return
-        if not self._free:  # the gate is behind: these calls go unread
+        if not self._free:  # every buffer still on the device: these calls go unread
             self.count("unscored", len(calls))
             return
         batch = self._free.pop()
@@ -199,76 +210,39 @@ class StatsFeed:
         if tensors:
             table, partials = self._tables[batch], self._partials[batch]
             table.numpy()[:len(tensors)] = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
-            if self._device >= 0:
+            if self._device is not None and self._device >= 0:
                 with torch.cuda.device(self._device):  # its current stream: where the program works on them
                     call_stats.launch(table, partials, len(tensors))
                     landed = torch.cuda.Event()
                     landed.record()
             else:
                 call_stats.on_host(tensors, partials)
-        GATE.submit(self, batch, calls, tensors, landed)
+        self._pending.append((batch, calls, tensors, landed))
+        self._score(wait=False)
 
-    def decide(self, batches: list[tuple[int, list[tuple[int, tuple[Any, ...], int]], list[torch.Tensor], Any]]
-               ) -> None:
-        """The gate's thread: score the calls of some closed batches (in order: buffer, calls,
-        tensors, event) once their statistics are in, all at once."""
-        try:
-            calls: list[tuple[int, tuple[Any, ...], int]] = []
-            numbers = [np.zeros((0, 3))]
-            for batch, its_calls, tensors, landed in batches:
-                while landed is not None and not landed.query():
-                    time.sleep(POLL_SECONDS)  # never a blocking wait: it could hold the interpreter lock
-                rows = len(tensors)
-                if rows:
-                    numbers.append(features(self._partials[batch, :rows].numpy(),
-                                            self._tables[batch, :rows, 1].numpy()))
-                tensors.clear()  # read: the program's memory is its own again
-                calls += its_calls
-            for number in self.gates.flag(calls, np.concatenate(numbers)):
-                self.count("flagged", 1)
-                self.on_flag(number)
-        finally:
-            with self._lock:
-                self._free += (batch for batch, *_ in batches)
-
-
-class GateThread:
-    """The thread that reads the statistics and decides, for every verified op."""
-
-    def __init__(self) -> None:
-        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    def submit(self, feed: StatsFeed, *batch: Any) -> None:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="replay-verify-gate", daemon=True)
-                self._thread.start()
-        self._queue.put((feed, *batch))
-
-    def pending(self) -> int:
-        return self._queue.unfinished_tasks
-
-    def _run(self) -> None:
-        while True:
-            waiting = [self._queue.get()]
-            time.sleep(GATHER_SECONDS)  # let more batches come: one wake-up, one scoring for all of them
-            while True:
-                try:
-                    waiting.append(self._queue.get_nowait())
-                except queue.Empty:
+    def _score(self, wait: bool) -> None:
+        """Score the closed batches whose statistics are in, oldest first, all at once (under the
+        lock). Without `wait` a batch still on the device stops the walk: it is scored at a later
+        close; nothing here waits for the device then."""
+        ready = []
+        while self._pending:
+            landed = self._pending[0][3]
+            if landed is not None and not landed.query():
+                if not wait:
                     break
-            by_feed: dict[StatsFeed, list[Any]] = {}
-            for feed, *batch in waiting:
-                by_feed.setdefault(feed, []).append(batch)
-            for feed, batches in by_feed.items():
-                try:
-                    feed.decide(batches)
-                except Exception as exc:  # the gate's failure is never the program's
-                    log.warning(f"replay.verify: the outlier gate failed: {type(exc).__name__}: {exc}")
-            for _ in waiting:
-                self._queue.task_done()
-
-
-GATE = GateThread()
+                landed.synchronize()
+            ready.append(self._pending.popleft())
+        if not ready:
+            return
+        calls: list[tuple[int, tuple[Any, ...], int]] = []
+        partials, sizes = [np.zeros((0, PROGRAMS, 3), dtype=np.float32)], [np.zeros(0, dtype=np.int64)]
+        for batch, its_calls, tensors, _ in ready:
+            rows = len(tensors)
+            partials.append(self._partials[batch, :rows].numpy())
+            sizes.append(self._tables[batch, :rows, 1].numpy())
+            calls += its_calls
+        numbers = features(np.concatenate(partials), np.concatenate(sizes))
+        self._free += (batch for batch, *_ in ready)  # read: their buffers and the program's memory are free
+        for number in self.gates.flag(calls, numbers):
+            self.count("flagged", 1)
+            self.on_flag(number)

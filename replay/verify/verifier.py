@@ -1,10 +1,14 @@
 """Checking calls against their reference off the critical path.
 
-A verified call returns its own result at once. A sampled share of calls, and every call the
-outlier gate flags, has its inputs copied before it runs (stream-ordered on a GPU) and its
-outputs after; a worker thread runs the op's reference on those inputs (on a stream of its own)
-and compares with the op's tolerance. A mismatch is reported (`on_mismatch`, by default one line
-on stderr) and written, rate-limited, as a one-call snapshot that `replay run` replays.
+A verified call returns its own result at once, and nothing on the program's thread waits for
+the device. An unchecked call costs a counter and two comparisons (and, with the outlier gate
+on, its arguments noted for the gate: replay/verify/gate.py). A sampled call, or one of the
+WINDOW calls after one the gate found unusual, has its inputs copied before it runs and its
+outputs after, on the verifier's own stream ordered against the program's by events; a worker
+thread runs the op's reference on those copies (on that stream), reduces the comparison on the
+device to one flag (compare.agreement) and reads it, running the full comparison only when it
+fails. A mismatch is reported (`on_mismatch`, by default one line on stderr) and written,
+rate-limited, as a one-call snapshot that `replay run` replays.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from replay.recorder.staging import CallSpec
 from replay.context import returned_values, tag
 from replay.registry import Op
 from replay.snapshot.files import safe_component
-from replay.verify.gate import GATE, StatsFeed
+from replay.verify.gate import StatsFeed
 
 log = logging.getLogger(__name__)
 
@@ -324,15 +328,13 @@ class Verifier:
             log.warning(mismatch.line())
 
     def drain(self, timeout: float = 10.0) -> int:
-        """Send the gate the statistics of every call so far, wait up to `timeout` seconds for its
-        decisions and for the checks queued; return how many checks were left unchecked (counted
-        as abandoned), never waiting longer."""
+        """Let the gate score every call so far (a wait for the device), then wait up to `timeout`
+        seconds for the checks queued; return how many checks were left unchecked (counted as
+        abandoned), never waiting longer."""
         for policy in list(self._policies):
             if policy.feed is not None:
                 policy.feed.flush()
         deadline = time.monotonic() + timeout
-        while GATE.pending() and time.monotonic() < deadline:
-            time.sleep(0.002)
         if self._queue is None:
             return 0
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
