@@ -26,9 +26,10 @@ spike, a NaN, a scale never seen).
 How far is far. Per number, an exponentially weighted centroid and mean absolute deviation
 (weight ALPHA, or plain means over a kind's first 1/ALPHA calls), updated once a batch from the
 calls that were not outliers; a call's score is its largest deviation in those units. The
-threshold is MARGIN times a running estimate of the QUANTILE-th quantile of past scores (a
-stochastic-approximation step per call). A kind's first KIND_WARMUP calls only teach it; an
-outlier does not move the centroid, so a run of bad inputs stays flagged.
+threshold is MARGIN times a running estimate of the QUANTILE-th quantile of past scores (the
+stochastic-approximation steps of a batch's calls taken at once). A kind's first KIND_WARMUP
+calls only teach it; an outlier does not move the centroid, so a run of bad inputs stays
+flagged.
 """
 from __future__ import annotations
 
@@ -48,84 +49,72 @@ MARGIN = 3.0
 WARMUP = 64  # calls of an op before a kind never seen counts as an outlier
 KIND_WARMUP = 64  # calls of a kind that only teach its statistics
 KINDS = 256  # kinds remembered per op; past that the oldest is forgotten (and flagged if it comes back)
-BATCH = 32  # calls whose statistics are computed together: the gate decides this many calls late at least
+BATCH = 64  # calls whose statistics are computed together: the gate decides this many calls late at least
 BATCHES = 16  # batches in flight at once; past that a batch goes unread ("unscored")
 HELD_BYTES = 64 << 20  # a batch closes early rather than hold more of the program's memory than this
 
 
-class OutlierGate:
-    """flag(X) -> which rows of features X ([calls, features], one kind, in call order) are
-    outliers; learns from the rest."""
-
-    def __init__(self, width: int, warmup: int = KIND_WARMUP) -> None:
-        self.warmup = warmup
-        self.seen = 0
-        self._center = np.zeros(width)
-        self._spread = np.zeros(width)
-        self._q = 0.0
-
-    def flag(self, x: np.ndarray) -> np.ndarray:
-        first = self.seen == 0
-        if first:
-            self._center = x[0].copy()
-            self.seen = 1
-        rest = x[1:] if first else x
-        flagged = np.zeros(len(rest), dtype=bool)
-        if len(rest):
-            scale = self._spread + 1e-6 * (np.abs(self._center) + 1)
-            scores = (np.abs(rest - self._center) / scale).max(axis=1, initial=0.0)
-            if self.seen >= self.warmup:
-                flagged = scores > MARGIN * max(self._q, 1.0)
-            self._learn(rest[~flagged], scores[~flagged])
-        return np.concatenate(([False], flagged)) if first else flagged
-
-    def _learn(self, x: np.ndarray, scores: np.ndarray) -> None:
-        m = len(x)
-        if not m:
-            return
-        # plain means over the first calls (a fair estimate from the start), then weight ALPHA a call
-        weight = max(1.0 - (1.0 - ALPHA) ** m, m / (self.seen + m))
-        deviation = np.abs(x - self._center).mean(axis=0)
-        self._center += weight * (x.mean(axis=0) - self._center)
-        self._spread += weight * (deviation - self._spread)
-        # Robbins-Monro: q moves up by QUANTILE for each score above it, down by 1 - QUANTILE for each below
-        above = int((scores > self._q).sum())
-        step = max(self._q, 1.0) * max(ALPHA, 1.0 / (self.seen + m))
-        self._q = max(self._q + step * (QUANTILE * above - (1 - QUANTILE) * (m - above)), 0.0)
-        self.seen += m
+WIDTH = 3 * MAX_TENSORS  # numbers a call: three a tensor read, zeros where the kind reads fewer
 
 
 class KindGates:
-    """An op's gate: one OutlierGate a kind, and the kinds seen."""
+    """An op's gate. Each kind (an id given at the call, `kind_id`) has a row in arrays of
+    centroids, spreads, quantile estimates and counts, so that a batch of calls of any kinds is
+    scored with one set of array operations (their cost is per batch, not per kind)."""
 
     def __init__(self) -> None:
-        self.calls = 0
-        self._kinds: dict[tuple[Any, ...], OutlierGate] = {}
+        self._ids: dict[tuple[Any, ...], int] = {}
+        self._center = np.zeros((KINDS, WIDTH))
+        self._spread = np.zeros((KINDS, WIDTH))
+        self._q = np.zeros(KINDS)
+        self._seen = np.zeros(KINDS, dtype=np.int64)
 
-    def flag(self, calls: list[tuple[int, tuple[Any, ...], int]], numbers: np.ndarray) -> list[int]:
-        """The numbers of a batch's calls ((number, kind, tensors read), in call order) that are
-        outliers, given the feature rows of their tensors read ([rows, 3], in the same order)."""
-        flagged: list[int] = []
-        by_kind: dict[tuple[Any, ...], tuple[list[int], list[int]]] = {}  # its calls' places, their first rows
-        row = 0
-        for i, (_, kind, count) in enumerate(calls):
-            places, starts = by_kind.setdefault(kind, ([], []))
-            places.append(i)
-            starts.append(row)
-            row += count
-        for kind, (places, starts) in by_kind.items():
-            count = calls[places[0]][2]
-            x = numbers[np.add.outer(np.asarray(starts), np.arange(count))].reshape(len(starts), 3 * count)
-            gate = self._kinds.get(kind)
-            if gate is None:
-                if len(self._kinds) >= KINDS:
-                    del self._kinds[next(iter(self._kinds))]
-                gate = self._kinds[kind] = OutlierGate(3 * count)
-                if self.calls + places[0] >= WARMUP:  # a kind never seen, after the op's warm-up
-                    flagged.append(calls[places[0]][0])
-            flagged += (calls[places[j]][0] for j in np.flatnonzero(gate.flag(x)))
-        self.calls += len(calls)
-        return sorted(flagged)
+    def kind_id(self, kind: tuple[Any, ...]) -> tuple[int, bool]:
+        """The row of `kind`, and whether it is new. Past KINDS kinds every kind starts again
+        (learning anew is cheaper than remembering which to forget)."""
+        known = self._ids.get(kind)
+        if known is not None:
+            return known, False
+        if len(self._ids) >= KINDS:
+            self._ids.clear()
+            self._seen[:] = 0
+        row = self._ids[kind] = len(self._ids)
+        return row, True
+
+    def flag(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Which of a batch's calls (kind rows `ids`, features `x` [calls, WIDTH], in call order)
+        are outliers; learns from the rest, once for the batch."""
+        kinds, first = np.unique(ids, return_index=True)
+        starting = self._seen[kinds] == 0
+        starters = np.zeros(len(ids), dtype=bool)
+        starters[first[starting]] = True  # a kind's first call sets its centroid and is not scored
+        self._center[kinds[starting]] = x[first[starting]]
+        self._seen[kinds[starting]] = 1
+        center, q = self._center[ids], self._q[ids]
+        scores = (np.abs(x - center) / (self._spread[ids] + 1e-6 * (np.abs(center) + 1))).max(axis=1)
+        flagged = ~starters & (self._seen[ids] >= KIND_WARMUP) & (scores > MARGIN * np.maximum(q, 1.0))
+        learn = ~starters & ~flagged
+        k, which = np.unique(ids[learn], return_inverse=True)  # the kinds that learn, and each row's among them
+        if not len(k):
+            return flagged
+        member = (which[:, None] == np.arange(len(k))[None, :]).astype(np.float64)  # [rows, kinds]
+        m = member.sum(axis=0)
+        sums = member.T @ np.concatenate((x[learn], np.abs(x[learn] - center[learn]),
+                                          (scores[learn] > q[learn])[:, None]), axis=1)
+        seen = self._seen[k]
+        # plain means over a kind's first calls (a fair estimate from the start), then weight ALPHA a call
+        weight = np.maximum(1.0 - (1.0 - ALPHA) ** m, m / (seen + m))[:, None]
+        self._center[k] += weight * (sums[:, :WIDTH] / m[:, None] - self._center[k])
+        self._spread[k] += weight * (sums[:, WIDTH:2 * WIDTH] / m[:, None] - self._spread[k])
+        # Robbins-Monro, a batch's m steps at once: q moves up by QUANTILE for each score above it and
+        # down by 1 - QUANTILE for each below, by steps of max(ALPHA, 1/n) for the n-th call of the kind
+        above = sums[:, -1]
+        steps = np.maximum(ALPHA * m, np.log((seen + m) / seen))
+        self._q[k] = np.maximum(self._q[k] + np.maximum(self._q[k], 1.0) * steps
+                                * (QUANTILE * above - (1 - QUANTILE) * (m - above)) / m, 0.0)
+        self._seen[k] += m.astype(np.int64)
+        return flagged
+
 
 def features(partials: np.ndarray, numels: np.ndarray) -> np.ndarray:
     """[rows, 3]: mean |x|, rms and max |x| of each row's tensor, from its partials ([rows,
@@ -151,8 +140,9 @@ class StatsFeed:
         self._tables: Any = None
         self._partials: Any = None
         self._free = list(range(BATCHES))  # batch buffers not in flight
-        self._pending: collections.deque[tuple[int, list[Any], list[torch.Tensor], Any]] = collections.deque()
-        self._calls: list[tuple[int, tuple[Any, ...], int]] = []  # the open batch: (number, kind, rows read)
+        self._pending: collections.deque[tuple[int, list[tuple[int, int, int]], list[torch.Tensor], Any]] = \
+            collections.deque()
+        self._calls: list[tuple[int, int, int]] = []  # the open batch: (number, kind row, tensors read)
         self._tensors: list[torch.Tensor] = []  # its tensors to read, held until they are
         self._rows: list[int] = []  # address, count, type code a tensor
         self._held = 0
@@ -177,9 +167,13 @@ class StatsFeed:
                 self._tensors.append(tensor)
                 self._rows += (tensor.data_ptr(), tensor.numel(), TYPE_CODES[tensor.dtype])
                 self._held += tensor.numel() * tensor.element_size()
-            self._calls.append((number, tuple(kind), len(read)))
+            row, new = self.gates.kind_id(tuple(kind))
+            self._calls.append((number, row, len(read)))
             if len(self._calls) == BATCH or self._held > HELD_BYTES:
                 self._close()
+        if new and number >= WARMUP:  # a kind never seen, after the op's warm-up: known now, no device needed
+            self.count("flagged", 1)
+            self.on_flag(number)
 
     def _adopt(self, device: int) -> int:
         """The first tensor to read decides where the gate reads (its CUDA device, or the host):
@@ -234,7 +228,7 @@ class StatsFeed:
             ready.append(self._pending.popleft())
         if not ready:
             return
-        calls: list[tuple[int, tuple[Any, ...], int]] = []
+        calls: list[tuple[int, int, int]] = []
         partials, sizes = [np.zeros((0, PROGRAMS, 3), dtype=np.float32)], [np.zeros(0, dtype=np.int64)]
         for batch, its_calls, tensors, _ in ready:
             rows = len(tensors)
@@ -242,7 +236,14 @@ class StatsFeed:
             sizes.append(self._tables[batch, :rows, 1].numpy())
             calls += its_calls
         numbers = features(np.concatenate(partials), np.concatenate(sizes))
+        ids, counts = np.array(calls, dtype=np.int64)[:, 1:].T
+        # each call's rows side by side, zeros past the tensors it read
+        starts = np.cumsum(counts) - counts
+        at = starts[:, None] + np.arange(MAX_TENSORS)[None, :]
+        present = np.arange(MAX_TENSORS)[None, :] < counts[:, None]
+        x = np.where(present[:, :, None], numbers[np.minimum(at, max(len(numbers) - 1, 0))] if len(numbers) else 0.0,
+                     0.0).reshape(len(calls), WIDTH)
         self._free += (batch for batch, *_ in ready)  # read: their buffers and the program's memory are free
-        for number in self.gates.flag(calls, numbers):
+        for place in np.flatnonzero(self.gates.flag(ids, x)):
             self.count("flagged", 1)
-            self.on_flag(number)
+            self.on_flag(calls[place][0])
