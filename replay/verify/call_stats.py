@@ -3,7 +3,7 @@ once: one kernel launch for the batch, none for a call.
 
 A batch lists its tensors in a table of (address, element count, element type) rows; one kernel
 reads every listed tensor and writes, per tensor, PROGRAMS partial sums of |x| and x^2 and
-partial maxima of |x|. On a GPU both the table and the partials live in pinned host memory,
+partial maxima of |x| ([rows, 3, PROGRAMS]: the host reduces along its last, contiguous axis). On a GPU both the table and the partials live in pinned host memory,
 which the device reads and writes directly (unified addressing): a batch costs the launch and an
 event, no copy. The gate's thread finishes the reduction once the event has passed
 (replay/verify/gate.py). On the host (no GPU, or tensors in host memory) torch computes the same
@@ -33,8 +33,9 @@ TYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float
 
 
 @triton.jit
-def _partials(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
-    """This program's share of x: sum |x|, sum x^2, max |x| (NaN carried by the sums)."""
+def _partials(x_ptr, n, out_ptr, PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's share of x: sum |x|, sum x^2, max |x| (NaN carried by the sums), PROGRAMS
+    apart."""
     offsets = tl.arange(0, BLOCK)
     absolute = tl.zeros([BLOCK], tl.float32)
     squares = tl.zeros([BLOCK], tl.float32)
@@ -47,8 +48,8 @@ def _partials(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
         squares += value * value
         top = tl.maximum(top, magnitude)
     tl.store(out_ptr, tl.sum(absolute, 0))
-    tl.store(out_ptr + 1, tl.sum(squares, 0))
-    tl.store(out_ptr + 2, tl.max(top, 0))
+    tl.store(out_ptr + PROGRAMS, tl.sum(squares, 0))
+    tl.store(out_ptr + 2 * PROGRAMS, tl.max(top, 0))
 
 
 @triton.jit
@@ -57,16 +58,16 @@ def _batch_stats_kernel(table_ptr, out_ptr, PROGRAMS: tl.constexpr, BLOCK: tl.co
     address = tl.load(table_ptr + row * 3)
     n = tl.load(table_ptr + row * 3 + 1)
     code = tl.load(table_ptr + row * 3 + 2)
-    out = out_ptr + (row * PROGRAMS + tl.program_id(0)) * 3
+    out = out_ptr + row * 3 * PROGRAMS + tl.program_id(0)
     # one branch an element type (TYPE_CODES)
     if code == 0:
-        _partials(address.to(tl.pointer_type(tl.float32)), n, out, BLOCK)
+        _partials(address.to(tl.pointer_type(tl.float32)), n, out, PROGRAMS, BLOCK)
     elif code == 1:
-        _partials(address.to(tl.pointer_type(tl.bfloat16)), n, out, BLOCK)
+        _partials(address.to(tl.pointer_type(tl.bfloat16)), n, out, PROGRAMS, BLOCK)
     elif code == 2:
-        _partials(address.to(tl.pointer_type(tl.float16)), n, out, BLOCK)
+        _partials(address.to(tl.pointer_type(tl.float16)), n, out, PROGRAMS, BLOCK)
     else:
-        _partials(address.to(tl.pointer_type(tl.float64)), n, out, BLOCK)
+        _partials(address.to(tl.pointer_type(tl.float64)), n, out, PROGRAMS, BLOCK)
 
 
 def watchable(value: torch.Tensor) -> bool:
@@ -75,10 +76,10 @@ def watchable(value: torch.Tensor) -> bool:
 
 
 def buffers(batches: int, rows: int, cuda: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tables ([batches, rows, 3] int64) and partials ([batches, rows, PROGRAMS, 3] float32) of
+    """The tables ([batches, rows, 3] int64) and partials ([batches, rows, 3, PROGRAMS] float32) of
     `batches` batches in flight; pinned (and so reachable from the device) for a GPU."""
     table = torch.zeros(batches, rows, 3, dtype=torch.int64, pin_memory=cuda)
-    partials = torch.zeros(batches, rows, PROGRAMS, 3, dtype=torch.float32, pin_memory=cuda)
+    partials = torch.zeros(batches, rows, 3, PROGRAMS, dtype=torch.float32, pin_memory=cuda)
     return table, partials
 
 
@@ -88,7 +89,7 @@ def on_host(tensors: list[torch.Tensor], partials: torch.Tensor) -> None:
     for row, tensor in enumerate(tensors):
         values = tensor.detach().reshape(-1).double()
         magnitude = values.abs()
-        partials[row, 0] = torch.stack((magnitude.sum(), values.square().sum(), magnitude.max())).float()
+        partials[row, :, 0] = torch.stack((magnitude.sum(), values.square().sum(), magnitude.max())).float()
 
 
 def launch(table: torch.Tensor, partials: torch.Tensor, rows: int) -> None:

@@ -117,11 +117,11 @@ class KindGates:
 
 
 def features(partials: np.ndarray, numels: np.ndarray) -> np.ndarray:
-    """[rows, 3]: mean |x|, rms and max |x| of each row's tensor, from its partials ([rows,
-    PROGRAMS, 3]) and sizes; what is not finite (a NaN, an overflow) as 1e30, far from anything."""
-    sums = partials[:, :, :2].astype(np.float64).sum(axis=1)
+    """[rows, 3]: mean |x|, rms and max |x| of each row's tensor, from its partials ([rows, 3,
+    PROGRAMS]) and sizes; what is not finite (a NaN, an overflow) as 1e30, far from anything."""
+    sums = partials[:, :2].sum(axis=2, dtype=np.float64)
     numbers = np.stack((sums[:, 0] / numels, np.sqrt(np.maximum(sums[:, 1], 0.0) / numels),
-                        partials[:, :, 2].max(axis=1)), axis=1)
+                        partials[:, 2].max(axis=1)), axis=1)
     return np.where(np.isfinite(numbers), numbers, 1e30)
 
 
@@ -136,7 +136,7 @@ class StatsFeed:
         self.gates = KindGates()
         self._lock = threading.Lock()
         self._device: int | None = None  # where the tensors read live (a CUDA device, -1 the host): see _adopt
-        # [BATCHES, rows, 3] int64 and [BATCHES, rows, PROGRAMS, 3] float32 (call_stats); pinned for a GPU
+        # [BATCHES, rows, 3] int64 and [BATCHES, rows, 3, PROGRAMS] float32 (call_stats); pinned for a GPU
         self._tables: Any = None
         self._partials: Any = None
         self._free = list(range(BATCHES))  # batch buffers not in flight
@@ -144,29 +144,32 @@ class StatsFeed:
             collections.deque()
         self._calls: list[tuple[int, int, int]] = []  # the open batch: (number, kind row, tensors read)
         self._tensors: list[torch.Tensor] = []  # its tensors to read, held until they are
-        self._rows: list[int] = []  # address, count, type code a tensor
+        self._rows: list[tuple[int, int, int]] = []  # address, count, type code a tensor
         self._held = 0
 
     def observe(self, number: int, args: tuple, kwargs: dict) -> None:
         """Note one call, before it runs."""
         kind: list[Any] = []
-        read: list[torch.Tensor] = []
+        read: list[tuple[int, int, int]] = []  # address, count, type code of each tensor read
+        held: list[torch.Tensor] = []
+        size = 0
+        device = self._device
         for value in (*args, *kwargs.values()) if kwargs else args:
             if isinstance(value, torch.Tensor):
-                n = value.numel()
-                watched = False
-                if (len(read) < MAX_TENSORS and value.dtype in TYPE_CODES and 0 < n <= STAT_ELEMENTS
-                        and value.is_contiguous()):
-                    where = value.get_device()
-                    watched = where == (self._device if self._device is not None else self._adopt(where))
-                kind += (value.dtype, n.bit_length(), watched)
+                dtype, n = value.dtype, value.numel()
+                code = TYPE_CODES.get(dtype)
+                watched = (code is not None and len(read) < MAX_TENSORS and 0 < n <= STAT_ELEMENTS
+                           and value.is_contiguous()
+                           and value.get_device() == (device if device is not None else self._adopt(value)))
+                kind.append((dtype, n.bit_length(), watched))
                 if watched:
-                    read.append(value)
+                    read.append((value.data_ptr(), n, code or 0))
+                    held.append(value)
+                    size += n * value.element_size()
         with self._lock:
-            for tensor in read:
-                self._tensors.append(tensor)
-                self._rows += (tensor.data_ptr(), tensor.numel(), TYPE_CODES[tensor.dtype])
-                self._held += tensor.numel() * tensor.element_size()
+            self._tensors += held
+            self._rows += read
+            self._held += size
             row, new = self.gates.kind_id(tuple(kind))
             self._calls.append((number, row, len(read)))
             if len(self._calls) == BATCH or self._held > HELD_BYTES:
@@ -175,9 +178,10 @@ class StatsFeed:
             self.count("flagged", 1)
             self.on_flag(number)
 
-    def _adopt(self, device: int) -> int:
+    def _adopt(self, tensor: torch.Tensor) -> int:
         """The first tensor to read decides where the gate reads (its CUDA device, or the host):
         the buffers are made for it."""
+        device = tensor.get_device()
         with self._lock:
             if self._device is None:
                 self._tables, self._partials = call_stats.buffers(BATCHES, BATCH * MAX_TENSORS, device >= 0)
@@ -203,7 +207,7 @@ class StatsFeed:
         landed = None
         if tensors:
             table, partials = self._tables[batch], self._partials[batch]
-            table.numpy()[:len(tensors)] = np.asarray(rows, dtype=np.int64).reshape(-1, 3)
+            table.numpy()[:len(tensors)] = rows
             if self._device is not None and self._device >= 0:
                 with torch.cuda.device(self._device):  # its current stream: where the program works on them
                     call_stats.launch(table, partials, len(tensors))
@@ -229,7 +233,7 @@ class StatsFeed:
         if not ready:
             return
         calls: list[tuple[int, int, int]] = []
-        partials, sizes = [np.zeros((0, PROGRAMS, 3), dtype=np.float32)], [np.zeros(0, dtype=np.int64)]
+        partials, sizes = [np.zeros((0, 3, PROGRAMS), dtype=np.float32)], [np.zeros(0, dtype=np.int64)]
         for batch, its_calls, tensors, _ in ready:
             rows = len(tensors)
             partials.append(self._partials[batch, :rows].numpy())
