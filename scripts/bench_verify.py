@@ -184,8 +184,9 @@ def rare_bug(device: str, first: int, calls: int = 3000) -> str:
     after = [call for call in opened if call > first]  # a window opened before the spikes is no answer
     if not caught or not after:
         return f"first spike at call {first}: not caught in {calls} calls"
-    return (f"first spike at call {first}: the gate decided at call {after[0]} ({after[0] - first} calls later), "
-            f"caught at call {caught[0]} (window {WINDOW} calls; {len(opened) - len(after)} windows opened before)")
+    return (f"first spike at call {first}: the gate decided after {after[0]} calls ({after[0] - first} calls after "
+            f"the first spike), caught at call {caught[0]} (window {WINDOW} calls, from the call in flight; "
+            f"{len(opened) - len(after)} windows opened before)")
 
 
 def main() -> int:
