@@ -147,7 +147,8 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
         # "not within", so that NaN arithmetic can only fail; an infinity matches only itself
         # (rtol * inf would let any value pass against it)
         infinite = (torch.isinf(a) | torch.isinf(e)) & (a != e)
-        bad = ~(diff <= tolerance.atol + tolerance.rtol * e.abs()) & ~both_nan | nan_mismatch | infinite
+        # equal values agree (0 * inf, an infinity's bound at rtol 0, is NaN)
+        bad = ~((diff <= tolerance.atol + tolerance.rtol * e.abs()) | (a == e)) & ~both_nan | nan_mismatch | infinite
     finite = torch.isfinite(diff) & torch.isfinite(e)
     max_abs = float(diff[finite].max()) if finite.any() else float("inf")
     rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
@@ -181,9 +182,9 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
 def agreement(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance | None) -> torch.Tensor | None:
     """Whether `compare(actual, expected, tolerance, same_dtype=False)` passes, as a 0-d bool
     tensor on the tensors' device, computed in stream order with nothing read back; None where
-    the shapes differ (compare says how). The same element rule as compare's, so a caller can
+    the shapes or devices differ (compare says how, on the host). The same element rule as compare's, so a caller can
     read one flag for many outputs and run compare only on a failure."""
-    if actual.shape != expected.shape:
+    if actual.shape != expected.shape or actual.device != expected.device:
         return None
     if tolerance is None:
         return _elementwise_bits_equal(actual, expected).all()

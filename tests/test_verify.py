@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -21,7 +22,8 @@ import replay
 from replay.cli import main
 from replay.verify import Mismatch
 from replay.verify import call_stats
-from replay.verify.gate import BATCH, BATCHES, WIDTH, KindGates
+from replay.verify import gate as gate_module
+from replay.verify.gate import BATCH, BATCHES, KINDS, WIDTH, KindGates
 from replay.verify.verifier import WINDOW, Policy
 
 rowscale = replay.op("verify_rowscale", batch_axes={"x": 0, "out": 0})
@@ -211,7 +213,7 @@ def test_threads_call_a_verified_op_at_once(verifying: Path) -> None:
     assert counted["checked"] + counted["dropped"] >= 150
 
 
-def test_a_drain_gives_up_at_its_timeout_and_counts_what_it_left(verifying: Path) -> None:
+def test_a_drain_gives_up_at_its_timeout_and_says_what_it_left(verifying: Path) -> None:
     @replay.verify(reference=lambda x: (time.sleep(0.05), x * 2)[1], sample=1.0, outliers=False)
     def slow_checked(x: torch.Tensor) -> torch.Tensor:
         return x * 2
@@ -396,12 +398,14 @@ def test_no_wait_for_the_device_on_the_calling_thread(device: str, verifying: Pa
     rowscale_batched(xs[0], 0.5)  # the first call compiles the statistics kernel (Triton reads its cache)
     replay.verify.drain()
     waits.clear()
+    before = replay.verify.counters()
     for x in xs:
         rowscale_batched(x, 0.5)
     calls_checked = waits[:]
     monkeypatch.undo()
     replay.verify.drain()
-    assert calls_checked == [] and delta({k: 0 for k in replay.verify.counters()})["failed"] >= 1
+    counted = delta(before)
+    assert calls_checked == [] and counted["failed"] >= 1 and counted["checked"] + counted["dropped"] == len(xs)
 
 
 def test_a_clean_decode_loop_is_almost_never_flagged(verifying: Path) -> None:
@@ -447,10 +451,56 @@ def test_the_statistics_kernel_launched_directly_reads_device_memory_through_pin
         call_stats.launch(table[b], partials[b], len(tensors))
     torch.cuda.synchronize()
     if call_stats._direct_launch_fits():
-        assert list(call_stats._LAUNCHER._compiled) == [torch.cuda.current_device()]
+        assert call_stats._LAUNCHER._compiled[torch.cuda.current_device()] is not None  # launched directly
     for b, tensors in enumerate(batches):
         _, twin = call_stats.buffers(1, 4, cuda=False)
         call_stats.on_host([t.cpu() for t in tensors], twin[0])
         for row in range(len(tensors)):
             assert torch.allclose(partials[b, row, :2].double().sum(1), twin[0, row, :2].double().sum(1), rtol=1e-5)
             assert partials[b, row, 2].max() == twin[0, row, 2].max()
+
+
+def test_calls_the_gate_reads_nothing_of_are_still_verified(verifying: Path) -> None:
+    """An op handed only tensors the gate does not read (integers, non-contiguous), in batches of
+    their own and beside batches that read some: the calls run, are counted and sampled."""
+    @replay.verify(reference=lambda x: x * 2, sample=0.05)
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    before = replay.verify.counters()
+    for call in range(3 * BATCH):
+        x = torch.arange(8) if call < BATCH else torch.ones(8, 8).t() if call < 2 * BATCH else torch.ones(8)
+        assert torch.equal(twice(x), x * 2)
+    replay.verify.drain()
+    counted = delta(before)
+    assert counted["calls"] == 3 * BATCH and counted["failed"] == 0 and counted["checked"] >= 1
+    replay.verify.stop(twice.__replay_spec__.op)
+
+
+def spiked_after(gates: KindGates, row: int, scale: float, calls: int, gen: torch.Generator) -> bool:
+    """Teach `row` `calls` calls of noise at `scale`, then say whether a spike is flagged."""
+    x = (torch.randn(calls, WIDTH, generator=gen).abs() * scale).double().numpy()
+    gates.flag(np.full(calls, row), x)
+    spike = x[:1].copy()
+    spike[0, 2] = scale * 50
+    return bool(gates.flag(np.array([row]), spike)[0])
+
+
+def test_a_kind_learnt_anew_after_the_table_fills_keeps_nothing_of_the_one_before() -> None:
+    gen = torch.Generator().manual_seed(8)
+    gates = KindGates()
+    first, _ = gates.kind_id(("loud",))
+    spiked_after(gates, first, 100.0, 200, gen)  # the loud kind learns a large spread
+    for k in range(KINDS - 1):  # the table fills
+        gates.kind_id(("other", k))
+    row, new = gates.kind_id(("quiet",))  # every kind starts again: the quiet one in the loud one's row
+    assert new and row == first and spiked_after(gates, row, 0.01, 200, gen)
+
+
+def test_a_nan_early_teaches_a_kind_nothing() -> None:
+    gen = torch.Generator().manual_seed(9)
+    gates = KindGates()
+    row, _ = gates.kind_id(("masked",))
+    nan_rows = np.full((3, WIDTH), gate_module.NOT_FINITE)
+    gates.flag(np.full(3, row), nan_rows)  # the first calls: not finite, not learnt
+    assert spiked_after(gates, row, 1.0, 200, gen)

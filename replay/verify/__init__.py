@@ -118,12 +118,14 @@ def configure(*, enabled: bool | None = None, sample: float | None = None, direc
 
 def counters() -> dict[str, int]:
     """Calls seen, checked, flagged by the gate, skipped (compiled or graph capture), dropped (the
-    queue was full), failed (mismatches), snapshots written, abandoned at a drain."""
+    queue was full), failed (mismatches), snapshots written, abandoned at exit, unscored by the
+    gate (its buffers all busy)."""
     return VERIFIER.counts()
 
 
 def drain(timeout: float = 10.0) -> int:
-    """Wait up to `timeout` seconds for pending checks; return how many were abandoned."""
+    """Let the gate decide on every call so far, and wait up to `timeout` seconds for pending
+    checks; return how many are still pending (they go on)."""
     return VERIFIER.drain(timeout)
 
 

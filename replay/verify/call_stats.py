@@ -113,8 +113,10 @@ def _direct_launch_fits() -> bool:
         source = inspect.getsource(triton.runtime.jit.JITFunction.run)
     except (OSError, TypeError, AttributeError):
         return False
+    source = " ".join(source.split())
+    # the arguments after the hooks are every bound argument, constexprs included (Triton 3.0 passed fewer)
     return ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata"
-            in " ".join(source.split()))
+            in source and "launch_exit_hook, *bound_args.values())" in source)
 
 
 class _Launcher:
@@ -122,19 +124,26 @@ class _Launcher:
     kernel's launcher where this Triton launches that way."""
 
     def __init__(self) -> None:
-        self._compiled: dict[int, Any] = {}  # per device: a kernel is loaded on one
+        self._compiled: dict[int, Any] = {}  # per device (a kernel is loaded on one); None: Triton's launch always
 
     def launch(self, table: torch.Tensor, partials: torch.Tensor, rows: int) -> None:
         device = torch.cuda.current_device()
-        compiled = self._compiled.get(device)
-        if compiled is None:
+        if device not in self._compiled:
             compiled = launch_in_triton(table, partials, rows)
-            if _direct_launch_fits() and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata"):
-                self._compiled[device] = compiled
+            fits = _direct_launch_fits() and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata")
+            self._compiled[device] = compiled if fits else None
+            return
+        compiled = self._compiled[device]
+        if compiled is None:
+            launch_in_triton(table, partials, rows)
             return
         stream = triton.runtime.driver.active.get_current_stream(device)
-        compiled.run(PROGRAMS, rows, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                     table, partials, PROGRAMS, BLOCK)
+        try:
+            compiled.run(PROGRAMS, rows, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                         table, partials, PROGRAMS, BLOCK)
+        except TypeError:  # a launcher that takes its arguments otherwise refuses them before launching
+            self._compiled[device] = None
+            launch_in_triton(table, partials, rows)
 
 
 _LAUNCHER = _Launcher()

@@ -29,11 +29,13 @@ calls that were not outliers; a call's score is its largest deviation in those u
 threshold is MARGIN times a running estimate of the QUANTILE-th quantile of past scores (the
 stochastic-approximation steps of a batch's calls taken at once). A kind's first KIND_WARMUP
 calls only teach it; an outlier does not move the centroid, so a run of bad inputs stays
-flagged.
+flagged; nor does a call whose numbers are not all finite (a NaN, an infinity: scored, never
+learnt, so a masked -inf in every call teaches a kind nothing rather than everything).
 """
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 from typing import Any, Callable
 
@@ -42,6 +44,8 @@ import torch
 
 from replay.verify import call_stats
 from replay.verify.call_stats import MAX_TENSORS, PROGRAMS, STAT_ELEMENTS, TYPE_CODES
+
+log = logging.getLogger(__name__)
 
 ALPHA = 0.02
 QUANTILE = 0.99
@@ -55,6 +59,7 @@ HELD_BYTES = 64 << 20  # a batch closes early rather than hold more of the progr
 
 
 WIDTH = 3 * MAX_TENSORS  # numbers a call: three a tensor read, zeros where the kind reads fewer
+NOT_FINITE = 1e30  # what a NaN or an infinity among a call's numbers becomes: far from anything
 
 
 class KindGates:
@@ -77,23 +82,26 @@ class KindGates:
             return known, False
         if len(self._ids) >= KINDS:
             self._ids.clear()
-            self._seen[:] = 0
+            for state in (self._center, self._spread, self._q, self._seen):
+                state.fill(0)
         row = self._ids[kind] = len(self._ids)
         return row, True
 
     def flag(self, ids: np.ndarray, x: np.ndarray) -> np.ndarray:
         """Which of a batch's calls (kind rows `ids`, features `x` [calls, WIDTH], in call order)
         are outliers; learns from the rest, once for the batch."""
-        kinds, first = np.unique(ids, return_index=True)
+        finite = (x < NOT_FINITE).all(axis=1)  # a NaN or an infinity is scored, never learnt
+        places = np.flatnonzero(finite)
+        kinds, first = np.unique(ids[places], return_index=True)
         starting = self._seen[kinds] == 0
         starters = np.zeros(len(ids), dtype=bool)
-        starters[first[starting]] = True  # a kind's first call sets its centroid and is not scored
-        self._center[kinds[starting]] = x[first[starting]]
+        starters[places[first[starting]]] = True  # a kind's first finite call sets its centroid
+        self._center[kinds[starting]] = x[places[first[starting]]]
         self._seen[kinds[starting]] = 1
-        center, q = self._center[ids], self._q[ids]
+        center, q, seen = self._center[ids], self._q[ids], self._seen[ids]
         scores = (np.abs(x - center) / (self._spread[ids] + 1e-6 * (np.abs(center) + 1))).max(axis=1)
-        flagged = ~starters & (self._seen[ids] >= KIND_WARMUP) & (scores > MARGIN * np.maximum(q, 1.0))
-        learn = ~starters & ~flagged
+        flagged = ~starters & (seen >= KIND_WARMUP) & (scores > MARGIN * np.maximum(q, 1.0))
+        learn = ~starters & ~flagged & finite & (seen > 0)
         k, which = np.unique(ids[learn], return_inverse=True)  # the kinds that learn, and each row's among them
         if not len(k):
             return flagged
@@ -118,11 +126,11 @@ class KindGates:
 
 def features(partials: np.ndarray, numels: np.ndarray) -> np.ndarray:
     """[rows, 3]: mean |x|, rms and max |x| of each row's tensor, from its partials ([rows, 3,
-    PROGRAMS]) and sizes; what is not finite (a NaN, an overflow) as 1e30, far from anything."""
+    PROGRAMS]) and sizes; what is not finite (a NaN, an overflow) as NOT_FINITE."""
     sums = partials[:, :2].sum(axis=2, dtype=np.float64)
     numbers = np.stack((sums[:, 0] / numels, np.sqrt(np.maximum(sums[:, 1], 0.0) / numels),
                         partials[:, 2].max(axis=1)), axis=1)
-    return np.where(np.isfinite(numbers), numbers, 1e30)
+    return np.where(np.isfinite(numbers), numbers, NOT_FINITE)
 
 
 class StatsFeed:
@@ -146,9 +154,21 @@ class StatsFeed:
         self._tensors: list[torch.Tensor] = []  # its tensors to read, held until they are
         self._rows: list[tuple[int, int, int]] = []  # address, count, type code a tensor
         self._held = 0
+        self._failed = False  # a failure to note a call was logged
 
-    def observe(self, number: int, args: tuple, kwargs: dict) -> None:
-        """Note one call, before it runs."""
+    def observe(self, number: int, args: tuple, kwargs: dict) -> bool:
+        """Note one call, before it runs; True when its batch is full, to be closed (`close`)
+        once the call has run. The gate never breaks a call: what fails here is logged once and
+        the call goes unnoted."""
+        try:
+            return self._observe(number, args, kwargs)
+        except Exception as exc:  # an argument nothing here foresaw
+            if not self._failed:
+                self._failed = True
+                log.warning(f"replay.verify: the outlier gate could not note a call: {type(exc).__name__}: {exc}")
+            return False
+
+    def _observe(self, number: int, args: tuple, kwargs: dict) -> bool:
         kind: list[Any] = []
         read: list[tuple[int, int, int]] = []  # address, count, type code of each tensor read
         held: list[torch.Tensor] = []
@@ -172,11 +192,18 @@ class StatsFeed:
             self._held += size
             row, new = self.gates.kind_id(tuple(kind))
             self._calls.append((number, row, len(read)))
-            if len(self._calls) == BATCH or self._held > HELD_BYTES:
-                self._close()
+            due = len(self._calls) >= BATCH or self._held > HELD_BYTES
         if new and number >= WARMUP:  # a kind never seen, after the op's warm-up: known now, no device needed
             self.count("flagged", 1)
             self.on_flag(number)
+        return due
+
+    def close(self) -> None:
+        """Close the open batch (its last call has run): its statistics go to the device, and the
+        batches whose statistics are in are scored."""
+        with self._lock:
+            self._close()
+            self._score(wait=False)
 
     def _adopt(self, tensor: torch.Tensor) -> int:
         """The first tensor to read decides where the gate reads (its CUDA device, or the host):
@@ -216,7 +243,6 @@ class StatsFeed:
             else:
                 call_stats.on_host(tensors, partials)
         self._pending.append((batch, calls, tensors, landed))
-        self._score(wait=False)
 
     def _score(self, wait: bool) -> None:
         """Score the closed batches whose statistics are in, oldest first, all at once (under the
@@ -235,18 +261,18 @@ class StatsFeed:
         calls: list[tuple[int, int, int]] = []
         partials, sizes = [np.zeros((0, 3, PROGRAMS), dtype=np.float32)], [np.zeros(0, dtype=np.int64)]
         for batch, its_calls, tensors, _ in ready:
-            rows = len(tensors)
-            partials.append(self._partials[batch, :rows].numpy())
-            sizes.append(self._tables[batch, :rows, 1].numpy())
+            if tensors:  # a batch of calls that read none has no statistics (nor, maybe, buffers)
+                partials.append(self._partials[batch, :len(tensors)].numpy())
+                sizes.append(self._tables[batch, :len(tensors), 1].numpy())
             calls += its_calls
         numbers = features(np.concatenate(partials), np.concatenate(sizes))
         ids, counts = np.array(calls, dtype=np.int64)[:, 1:].T
         # each call's rows side by side, zeros past the tensors it read
         starts = np.cumsum(counts) - counts
-        at = starts[:, None] + np.arange(MAX_TENSORS)[None, :]
         present = np.arange(MAX_TENSORS)[None, :] < counts[:, None]
-        x = np.where(present[:, :, None], numbers[np.minimum(at, max(len(numbers) - 1, 0))] if len(numbers) else 0.0,
-                     0.0).reshape(len(calls), WIDTH)
+        laid = np.zeros((len(calls), MAX_TENSORS, 3))
+        laid[present] = numbers[(starts[:, None] + np.arange(MAX_TENSORS)[None, :])[present]]
+        x = laid.reshape(len(calls), WIDTH)
         self._free += (batch for batch, *_ in ready)  # read: their buffers and the program's memory are free
         for place in np.flatnonzero(self.gates.flag(ids, x)):
             self.count("flagged", 1)

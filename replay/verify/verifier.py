@@ -88,7 +88,8 @@ class _Check:
     kept: dict[str, int]  # the inputs not copied, the program's own tensors: their version counters
     after: dict[str, Any]  # the kernel's outputs and mutated arguments, copied after it
     result: Any
-    stream: Any  # the CUDA stream the copies were made on, where the reference runs; None on the host
+    device: int | None  # the CUDA device of its tensors; None on the host
+    copied: Any  # the event after which its copies are in place (a GPU)
 
 
 class Policy:
@@ -130,7 +131,7 @@ class Verifier:
         self._random = random.Random()
         self._queue: queue.Queue[_Check] | None = None
         self._worker: threading.Thread | None = None
-        self._streams: dict[int, Any] = {}  # per CUDA device: where checks copy and run their reference
+        self._cuda_streams: dict[int, tuple[Any, Any]] = {}  # per CUDA device: see _streams
         self._snapshots: dict[str, int] = {}  # written, per op
         self._policies: list[Policy] = []
         self._retired_calls = 0
@@ -161,11 +162,14 @@ class Verifier:
         policy.next_sample = min(after + 1 + gap, sys.maxsize)
 
     def retire(self, policy: Policy) -> None:
-        """`policy` is no longer used: its calls stay counted."""
+        """`policy` is no longer used: its calls stay counted, its gate's batches are scored (none
+        is left on the device writing into its buffers)."""
         with self._lock:
             if policy in self._policies:
                 self._policies.remove(policy)
                 self._retired_calls += policy.calls()
+        if policy.feed is not None:
+            policy.feed.flush()
 
     # the call path ------------------------------------------------------------------------------
 
@@ -195,20 +199,27 @@ class Verifier:
     def _call(self, policy: Policy, spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature,
               args: tuple, kwargs: dict) -> Any:
         number = next(policy.numbers)
-        if policy.feed is None and number < policy.next_sample and not policy.window:
+        if policy.feed is None and number < policy.next_sample and policy.window <= 0:
             return call(*args, **kwargs)  # the common case: no statistics, no check
         if not self.settings.enabled:
             return call(*args, **kwargs)
         if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
             self.count("skipped")  # nothing may be issued into a graph being captured
             return call(*args, **kwargs)
-        if policy.feed is not None:
-            policy.feed.observe(number, args, kwargs)
-        sampled = number >= policy.next_sample
-        if sampled:
+        feed = policy.feed
+        batch_due = feed is not None and feed.observe(number, args, kwargs)
+        result = self._route(policy, number, spec, call, signature, args, kwargs)
+        if feed is not None and batch_due:
+            feed.close()  # after the call: what it wrote is read as written
+        return result
+
+    def _route(self, policy: Policy, number: int, spec: CallSpec, call: Callable[..., Any],
+               signature: inspect.Signature, args: tuple, kwargs: dict) -> Any:
+        """Run the call, checked if it is sampled or in a window the gate opened."""
+        if number >= policy.next_sample:
             self.schedule(policy, number)
-        elif policy.window:
-            policy.window -= 1
+        elif policy.window > 0:
+            policy.window -= 1  # two threads may take the last one: then it reads as closed
         else:
             return call(*args, **kwargs)
         if self._full():
@@ -218,34 +229,41 @@ class Verifier:
 
     def _checked(self, policy: Policy, number: int, spec: CallSpec, call: Callable[..., Any],
                  signature: inspect.Signature, args: tuple, kwargs: dict) -> Any:
-        """Run a checked call: its inputs copied before it, its outputs after, on a stream of the
-        verifier's own ordered against the program's by events (on a GPU); the check queued."""
+        """Run a checked call: its inputs copied before it and its outputs after, on a copying
+        stream of the verifier's own (on a GPU); the program's stream waits for those copies
+        only, never for a reference; the check queued."""
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        side = self._side_stream(bound.arguments.values())
-        with _on(side):
+        device = _cuda_device(bound.arguments.values())
+        copying = self._streams(device)[0] if device is not None else None
+        program = torch.cuda.current_stream(device) if device is not None else None
+        if copying is not None:
+            copying.wait_stream(program)  # the inputs as the program left them
+        with _on(copying):
             inputs, kept = _inputs(bound.arguments, policy.op.mutates)
-        result = _after(side, call, args, kwargs)  # the call waits for the copies: it may write its inputs
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream())  # the outputs as the call left them
-        with _on(side):
+        if copying is not None and program is not None:
+            program.wait_stream(copying)  # the call may write its inputs
+        result = call(*args, **kwargs)
+        if copying is not None:
+            copying.wait_stream(program)  # the outputs as the call left them
+        with _on(copying):
             after = {name: _copy(value) for name, value in returned_values(result, policy.op.outputs).items()}
             after.update({name: _copy(bound.arguments[name]) for name in policy.op.mutates if name in bound.arguments})
-        if side is not None:
-            torch.cuda.current_stream().wait_stream(side)  # the program may overwrite its outputs once copied
-        self._submit(_Check(policy, spec, number, signature, inputs, kept, after, result, side))
+        copied = None
+        if copying is not None and program is not None:
+            copied = copying.record_event()
+            program.wait_event(copied)  # the program may overwrite them next
+        self._submit(_Check(policy, spec, number, signature, inputs, kept, after, result, device, copied))
         return result
 
-    def _side_stream(self, values: Any) -> Any:
-        """The verifier's stream on the current device where a checked call holds CUDA tensors, else None."""
-        if not any(isinstance(v, torch.Tensor) and v.is_cuda for v in values):
-            return None
-        index = torch.cuda.current_device()
-        stream = self._streams.get(index)
-        if stream is None:
-            stream = self._streams[index] = torch.cuda.Stream(index)
-        stream.wait_stream(torch.cuda.current_stream())  # what the program wrote so far
-        return stream
+    def _streams(self, device: int) -> tuple[Any, Any]:
+        """The verifier's two streams on a CUDA device: one copies checked calls' tensors, one runs
+        references (so that the program, waiting for a copy, never waits for a reference)."""
+        streams = self._cuda_streams.get(device)
+        if streams is None:
+            with self._lock:  # the program's thread and the worker may ask first at once
+                streams = self._cuda_streams.setdefault(device, (torch.cuda.Stream(device), torch.cuda.Stream(device)))
+        return streams
 
     def _full(self) -> bool:
         return self._queue is not None and self._queue.full()
@@ -278,17 +296,22 @@ class Verifier:
 
     def _check(self, check: _Check) -> None:
         op = check.policy.op
-        with _on(check.stream):
-            # the op's mutated arguments are copied again: the snapshot of a mismatch needs them as they came in
-            arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
-            bound = inspect.BoundArguments(check.signature, arguments)
-            expected = returned_values(op.get("reference").fn(*bound.args, **bound.kwargs), op.outputs)
-            expected.update({name: arguments[name] for name in op.mutates if name in arguments})
-            compared = [(name, got, expected[name]) for name, got in check.after.items()
-                        if isinstance(got, torch.Tensor) and isinstance(expected.get(name), torch.Tensor)]
-            verdicts = [agreement(got, want, op.tolerance_for(got.dtype)) for _, got, want in compared]
-        if check.stream is not None:
-            check.stream.synchronize()  # this thread's wait, never the program's
+        stream = self._streams(check.device)[1] if check.device is not None else None
+        if stream is not None:
+            stream.wait_event(check.copied)
+        try:
+            with _on(stream):
+                # the op's mutated arguments are copied again: the snapshot of a mismatch needs them as they came in
+                arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
+                bound = inspect.BoundArguments(check.signature, arguments)
+                expected = returned_values(op.get("reference").fn(*bound.args, **bound.kwargs), op.outputs)
+                expected.update({name: arguments[name] for name in op.mutates if name in arguments})
+                compared = [(name, got, expected[name]) for name, got in check.after.items()
+                            if isinstance(got, torch.Tensor) and isinstance(expected.get(name), torch.Tensor)]
+                verdicts = [agreement(got, want, op.tolerance_for(got.dtype)) for _, got, want in compared]
+        finally:
+            if stream is not None:
+                stream.synchronize()  # this thread's wait, never the program's; a failed check's too
         # looked at once the reference has read them: the program wrote to an argument that was not
         # copied, before or while the reference ran, so the values the call saw are gone
         if any(check.inputs[name]._version != version for name, version in check.kept.items()):
@@ -329,8 +352,8 @@ class Verifier:
 
     def drain(self, timeout: float = 10.0) -> int:
         """Let the gate score every call so far (a wait for the device), then wait up to `timeout`
-        seconds for the checks queued; return how many checks were left unchecked (counted as
-        abandoned), never waiting longer."""
+        seconds for the checks queued; return how many are still pending (they go on), never
+        waiting longer."""
         for policy in list(self._policies):
             if policy.feed is not None:
                 policy.feed.flush()
@@ -339,9 +362,7 @@ class Verifier:
             return 0
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.005)
-        left = self._queue.unfinished_tasks
-        self.count("abandoned", left)
-        return left
+        return self._queue.unfinished_tasks
 
 
 def _as_returned(result: Any, after: dict[str, Any], outputs: tuple[str, ...]) -> Any:
@@ -360,11 +381,12 @@ def _on(stream: Any) -> Any:
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
-def _after(side: Any, call: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """Run the call once the work on `side` so far is done (on the program's stream)."""
-    if side is not None:
-        torch.cuda.current_stream().wait_stream(side)
-    return call(*args, **kwargs)
+def _cuda_device(values: Any) -> int | None:
+    """The device of the first CUDA tensor among `values`, if any."""
+    for value in values:
+        if isinstance(value, torch.Tensor) and value.is_cuda:
+            return value.get_device()
+    return None
 
 
 def _copy(value: Any) -> Any:
@@ -415,7 +437,7 @@ recorder.before_graph_capture(VERIFIER.drain)  # the worker's CUDA calls would b
 
 
 def _report_at_exit() -> None:
-    VERIFIER.drain()
+    VERIFIER.count("abandoned", VERIFIER.drain())  # the checks the process ends without
     counted = VERIFIER.counts()
     if settings.VERIFY_REPORT.get() and counted["calls"]:
         log.warning("replay.verify: " + ", ".join(f"{k} {v}" for k, v in counted.items()))
