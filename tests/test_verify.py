@@ -504,3 +504,15 @@ def test_a_nan_early_teaches_a_kind_nothing() -> None:
     nan_rows = np.full((3, WIDTH), gate_module.NOT_FINITE)
     gates.flag(np.full(3, row), nan_rows)  # the first calls: not finite, not learnt
     assert spiked_after(gates, row, 1.0, 200, gen)
+
+
+def test_a_function_of_the_script_being_run_is_told_its_snapshots_need_a_module(verifying: Path, said) -> None:
+    def scripted(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    scripted.__module__ = "__main__"  # as a function in `python prog.py` is
+    replay.verify(reference=lambda x: x + 1, sample=0.0)(scripted)
+    assert said() == ["replay.verify: test_a_function_of_the_script_being_run_is_told_its_snapshots_need_a_module."
+                      "<locals>.scripted is defined in the script being run (__main__): its mismatch snapshots "
+                      "replay once it lives in a module that `replay run --provider MODULE` can import"]
+    replay.verify.stop("test_a_function_of_the_script_being_run_is_told_its_snapshots_need_a_module.<locals>.scripted")

@@ -75,6 +75,9 @@ def _declare(fn: Callable[..., Any], reference: Callable[..., Any], rtol: float 
     name = fn.__qualname__ if fn.__qualname__ not in all_ops() else f"{fn.__module__}.{fn.__qualname__}"
     tolerance = None if rtol is None and atol is None else Tolerance(rtol=rtol or 0.0, atol=atol or 0.0)
     declared = declare_op(name, tolerance=tolerance, provider=fn.__module__)
+    if fn.__module__ == "__main__":  # `replay run` imports an op's module: a script's is no module to import
+        log.warning(f"replay.verify: {fn.__qualname__} is defined in the script being run (__main__): its mismatch "
+                    "snapshots replay once it lives in a module that `replay run --provider MODULE` can import")
     declared.variant("default")(fn)
     declared.reference(reference)
     return declared
