@@ -4,10 +4,10 @@ A verified call returns its own result at once, and nothing on the program's thr
 the device. An unchecked call costs a counter and two comparisons (and, with the outlier gate
 on, its arguments noted for the gate: replay/verify/gate.py). A sampled call, or one of the
 WINDOW calls after one the gate found unusual, has its inputs copied before it runs and its
-outputs after, on the verifier's own stream ordered against the program's by events; a worker
-thread runs the op's reference on those copies (on that stream), reduces the comparison on the
-device to one flag (compare.agreement) and reads it, running the full comparison only when it
-fails. A mismatch is reported (`on_mismatch`, by default one line on stderr) and written,
+outputs after, on a copying stream of the verifier's ordered against the program's by events (the
+program waits for those copies, nothing more); a worker thread runs the op's reference on the
+copies (on a second stream of the verifier's), reduces the comparison on the device to one flag
+(compare.agreement) and reads it, running the full comparison only when it fails. A mismatch is reported (`on_mismatch`, by default one line on stderr) and written,
 rate-limited, as a one-call snapshot that `replay run` replays.
 """
 from __future__ import annotations
@@ -117,7 +117,7 @@ class Policy:
         return int(repr(self.numbers)[len("count("):-1])
 
     def open_window(self, number: int) -> None:
-        """The gate found call `number` unusual: check the next WINDOW calls (from the gate's thread)."""
+        """The gate found call `number` unusual: check the next WINDOW calls, from the call in flight."""
         self.window = WINDOW
 
 
@@ -176,7 +176,8 @@ class Verifier:
     def hook(self, policy: Policy) -> Callable[..., Any]:
         """What the recorder calls instead of the op's variant while the op is verified. An
         unchecked call costs a counter, two comparisons and the call, plus, with the gate on, its
-        statistics launched; nothing on this path waits for the device."""
+        arguments noted (and every BATCH calls one launch); nothing on this path waits for the
+        device."""
         if policy.outliers:
             policy.feed = StatsFeed(policy.open_window, self.count)
         self.schedule(policy, -1)
