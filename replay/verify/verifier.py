@@ -184,24 +184,34 @@ class Verifier:
         with self._lock:
             self._policies.append(policy)
         compiled = torch.compiler.disable(self._call, recursive=False)  # a graph break around the check
-        eager = self._call
-        settings = self.settings
+        noted = self._noted
+        settings, numbers, ungated = self.settings, policy.numbers, policy.feed is None
+        is_compiling = torch.compiler.is_compiling
 
         def verified(spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature, args: tuple,
                      kwargs: dict) -> Any:
-            if torch.compiler.is_compiling():
+            if is_compiling():
                 if settings.compile == "skip":
                     self.count("skipped")  # counted when traced: a compiled graph holds no Python
                     return call(*args, **kwargs)
                 return compiled(policy, spec, call, signature, args, kwargs)
-            return eager(policy, spec, call, signature, args, kwargs)
+            number = next(numbers)
+            if ungated and number < policy.next_sample and policy.window <= 0:
+                return call(*args, **kwargs)  # the common case: no statistics, no check
+            return noted(policy, number, spec, call, signature, args, kwargs)
         return verified
 
     def _call(self, policy: Policy, spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature,
               args: tuple, kwargs: dict) -> Any:
+        """A call under torch.compile ("break": here in a graph break)."""
         number = next(policy.numbers)
         if policy.feed is None and number < policy.next_sample and policy.window <= 0:
-            return call(*args, **kwargs)  # the common case: no statistics, no check
+            return call(*args, **kwargs)
+        return self._noted(policy, number, spec, call, signature, args, kwargs)
+
+    def _noted(self, policy: Policy, number: int, spec: CallSpec, call: Callable[..., Any],
+               signature: inspect.Signature, args: tuple, kwargs: dict) -> Any:
+        """A call that is gated, sampled or in a window: noted for the gate, then run, checked or not."""
         if not self.settings.enabled:
             return call(*args, **kwargs)
         if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
