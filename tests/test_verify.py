@@ -516,3 +516,22 @@ def test_a_function_of_the_script_being_run_is_told_its_snapshots_need_a_module(
                       "<locals>.scripted is defined in the script being run (__main__): its mismatch snapshots "
                       "replay once it lives in a module that `replay run --provider MODULE` can import"]
     replay.verify.stop("test_a_function_of_the_script_being_run_is_told_its_snapshots_need_a_module.<locals>.scripted")
+
+
+def test_a_failing_gate_never_breaks_the_program(verifying: Path, monkeypatch: pytest.MonkeyPatch, said) -> None:
+    """The scoring fails (here on purpose): the calls go on, it is said once, the gate's buffers
+    are not lost (once it works again, it scores batch after batch)."""
+    replay.verify("verify_rowscale", sample=0.0)
+    works = gate_module.features
+    monkeypatch.setattr(gate_module, "features", lambda *a: 1 / 0)
+    x = torch.ones(2, 4)
+    for _ in range(BATCHES * BATCH + 5):
+        assert torch.equal(rowscale_batched(x, 2.0), x * 2)
+    replay.verify.drain()
+    assert said() == ["replay.verify: the outlier gate failed: ZeroDivisionError: division by zero; the program goes on"]
+    monkeypatch.setattr(gate_module, "features", works)
+    before = replay.verify.counters()
+    for _ in range(2 * BATCH):
+        rowscale_batched(x, 2.0)
+    replay.verify.drain()
+    assert delta(before)["unscored"] == 0

@@ -163,10 +163,14 @@ class StatsFeed:
         try:
             return self._observe(number, args, kwargs)
         except Exception as exc:  # an argument nothing here foresaw
-            if not self._failed:
-                self._failed = True
-                log.warning(f"replay.verify: the outlier gate could not note a call: {type(exc).__name__}: {exc}")
+            self._failure(exc)
             return False
+
+    def _failure(self, exc: Exception) -> None:
+        """Say once that the gate failed; the program goes on (the calls concerned go unscored)."""
+        if not self._failed:
+            self._failed = True
+            log.warning(f"replay.verify: the outlier gate failed: {type(exc).__name__}: {exc}; the program goes on")
 
     def _observe(self, number: int, args: tuple, kwargs: dict) -> bool:
         kind: list[Any] = []
@@ -201,9 +205,12 @@ class StatsFeed:
     def close(self) -> None:
         """Close the open batch (its last call has run): its statistics go to the device, and the
         batches whose statistics are in are scored."""
-        with self._lock:
-            self._close()
-            self._score(wait=False)
+        try:
+            with self._lock:
+                self._close()
+                self._score(wait=False)
+        except Exception as exc:  # the gate's failure is never the program's
+            self._failure(exc)
 
     def _adopt(self, tensor: torch.Tensor) -> int:
         """The first tensor to read decides where the gate reads (its CUDA device, or the host):
@@ -218,9 +225,12 @@ class StatsFeed:
     def flush(self) -> None:
         """Close the open batch, however few calls it holds, and score every batch (a drain: this
         waits for the device)."""
-        with self._lock:
-            self._close()
-            self._score(wait=True)
+        try:
+            with self._lock:
+                self._close()
+                self._score(wait=True)
+        except Exception as exc:
+            self._failure(exc)
 
     def _close(self) -> None:
         calls, tensors, rows = self._calls, self._tensors, self._rows
@@ -260,11 +270,16 @@ class StatsFeed:
             return
         calls: list[tuple[int, int, int]] = []
         partials, sizes = [np.zeros((0, 3, PROGRAMS), dtype=np.float32)], [np.zeros(0, dtype=np.int64)]
-        for batch, its_calls, tensors, _ in ready:
-            if tensors:  # a batch of calls that read none has no statistics (nor, maybe, buffers)
-                partials.append(self._partials[batch, :len(tensors)].numpy())
-                sizes.append(self._tables[batch, :len(tensors), 1].numpy())
-            calls += its_calls
+        try:
+            for batch, its_calls, tensors, _ in ready:
+                if tensors:  # a batch of calls that read none has no statistics (nor, maybe, buffers)
+                    partials.append(self._partials[batch, :len(tensors)].numpy())
+                    sizes.append(self._tables[batch, :len(tensors), 1].numpy())
+                calls += its_calls
+        finally:  # read (or failed to be): their buffers and the program's memory are free again
+            self._free += (batch for batch, *_ in ready)
+            for _, _, tensors, _ in ready:
+                tensors.clear()
         numbers = features(np.concatenate(partials), np.concatenate(sizes))
         ids, counts = np.array(calls, dtype=np.int64)[:, 1:].T
         # each call's rows side by side, zeros past the tensors it read
@@ -273,7 +288,6 @@ class StatsFeed:
         laid = np.zeros((len(calls), MAX_TENSORS, 3))
         laid[present] = numbers[(starts[:, None] + np.arange(MAX_TENSORS)[None, :])[present]]
         x = laid.reshape(len(calls), WIDTH)
-        self._free += (batch for batch, *_ in ready)  # read: their buffers and the program's memory are free
         for place in np.flatnonzero(self.gates.flag(ids, x)):
             self.count("flagged", 1)
             self.on_flag(calls[place][0])
