@@ -405,7 +405,8 @@ def test_no_wait_for_the_device_on_the_calling_thread(device: str, verifying: Pa
     monkeypatch.undo()
     replay.verify.drain()
     counted = delta(before)
-    assert calls_checked == [] and counted["failed"] >= 1 and counted["checked"] + counted["dropped"] == len(xs)
+    # every call took the checked path (a check the queue had no room for is dropped, not waited for)
+    assert calls_checked == [] and counted["checked"] >= 1 and counted["checked"] + counted["dropped"] == len(xs)
 
 
 def test_a_clean_decode_loop_is_almost_never_flagged(verifying: Path) -> None:
