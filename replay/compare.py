@@ -136,19 +136,9 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
         return Comparison(True, True, numel, max_ulp=0 if expected.dtype in _ULP_DTYPES else None, rows=rows)
     a, e = actual.to(torch.float64), expected.to(torch.float64)
     diff = (a - e).abs()
-    nan_mismatch = torch.isnan(a) != torch.isnan(e)
     both_nan = torch.isnan(a) & torch.isnan(e)
     diff = torch.where(both_nan | (a == e), torch.zeros_like(diff), diff)  # equal infinities differ by 0, not NaN
-    if tolerance is None:
-        bad = ~_elementwise_bits_equal(actual, expected)
-    elif not (actual.dtype.is_floating_point or expected.dtype.is_floating_point):
-        bad = actual.to(torch.int64) != expected.to(torch.int64)  # integers compare exactly, not through float64
-    else:
-        # "not within", so that NaN arithmetic can only fail; an infinity matches only itself
-        # (rtol * inf would let any value pass against it)
-        infinite = (torch.isinf(a) | torch.isinf(e)) & (a != e)
-        # equal values agree (0 * inf, an infinity's bound at rtol 0, is NaN)
-        bad = ~((diff <= tolerance.atol + tolerance.rtol * e.abs()) | (a == e)) & ~both_nan | nan_mismatch | infinite
+    bad = _disagreeing(actual, expected, tolerance)
     finite = torch.isfinite(diff) & torch.isfinite(e)
     max_abs = float(diff[finite].max()) if finite.any() else float("inf")
     rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
@@ -182,17 +172,25 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
 def agreement(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance | None) -> torch.Tensor | None:
     """Whether `compare(actual, expected, tolerance, same_dtype=False)` passes, as a 0-d bool
     tensor on the tensors' device, computed in stream order with nothing read back; None where
-    the shapes or devices differ (compare says how, on the host). The same element rule as compare's, so a caller can
-    read one flag for many outputs and run compare only on a failure."""
+    the shapes or devices differ (compare says how, on the host). Compare's own element rule
+    (_disagreeing), so a caller can read one flag for many outputs and run compare only on a
+    failure."""
     if actual.shape != expected.shape or actual.device != expected.device:
         return None
+    return ~_disagreeing(actual, expected, tolerance).any()
+
+
+def _disagreeing(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance | None) -> torch.Tensor:
+    """Element by element, where `actual` and `expected` (same shape) disagree: bits (tolerance
+    None), exact integers, or for floats not close: equal values (infinities included) and two
+    NaNs agree, anything else only by a finite difference within atol + rtol * |expected| (so an
+    infinity matches only itself, and NaN arithmetic can only fail)."""
     if tolerance is None:
-        return _elementwise_bits_equal(actual, expected).all()
+        return ~_elementwise_bits_equal(actual, expected)
     if not (actual.dtype.is_floating_point or expected.dtype.is_floating_point):
-        return (actual.to(torch.int64) == expected.to(torch.int64)).all()
-    # isclose: equal (infinities included), both NaN, or a finite difference within atol + rtol * |e|
-    return torch.isclose(actual.to(torch.float64), expected.to(torch.float64), rtol=tolerance.rtol,
-                         atol=tolerance.atol, equal_nan=True).all()
+        return actual.to(torch.int64) != expected.to(torch.int64)  # integers compare exactly, not through float64
+    return ~torch.isclose(actual.to(torch.float64), expected.to(torch.float64), rtol=tolerance.rtol,
+                          atol=tolerance.atol, equal_nan=True)
 
 
 def _elementwise_bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -70,11 +70,6 @@ def _batch_stats_kernel(table_ptr, out_ptr, PROGRAMS: tl.constexpr, BLOCK: tl.co
         _partials(address.to(tl.pointer_type(tl.float64)), n, out, PROGRAMS, BLOCK)
 
 
-def watchable(value: torch.Tensor) -> bool:
-    """Whether the gate reads `value`'s contents (not only its size)."""
-    return value.dtype in TYPE_CODES and 0 < value.numel() <= STAT_ELEMENTS and value.is_contiguous()
-
-
 def buffers(batches: int, rows: int, cuda: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The tables ([batches, rows, 3] int64) and partials ([batches, rows, 3, PROGRAMS] float32) of
     `batches` batches in flight; pinned (and so reachable from the device) for a GPU."""

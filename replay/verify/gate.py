@@ -52,12 +52,10 @@ QUANTILE = 0.99
 MARGIN = 3.0
 WARMUP = 64  # calls of an op before a kind never seen counts as an outlier
 KIND_WARMUP = 64  # calls of a kind that only teach its statistics
-KINDS = 256  # kinds remembered per op; past that the oldest is forgotten (and flagged if it comes back)
+KINDS = 256  # kinds remembered per op; past that every kind starts again (KindGates.kind_id)
 BATCH = 64  # calls whose statistics are computed together: the gate decides this many calls late at least
 BATCHES = 16  # batches in flight at once; past that a batch goes unread ("unscored")
 HELD_BYTES = 64 << 20  # a batch closes early rather than hold more of the program's memory than this
-
-
 WIDTH = 3 * MAX_TENSORS  # numbers a call: three a tensor read, zeros where the kind reads fewer
 NOT_FINITE = 1e30  # what a NaN or an infinity among a call's numbers becomes: far from anything
 
@@ -134,9 +132,9 @@ def features(partials: np.ndarray, numels: np.ndarray) -> np.ndarray:
 
 
 class StatsFeed:
-    """One verified op's calls on their way to its gate. `observe` runs on the program's thread
-    and never waits for the device: it notes the call's kind and the tensors to read, and every
-    BATCH calls hands the batch to the device (one launch and an event) and scores the batches
+    """One verified op's calls on their way to its gate, on the program's thread, never waiting for
+    the device: `observe` notes a call's kind and the tensors to read; `close`, after the BATCH-th
+    call has run, hands the batch to the device (one launch and an event) and scores the batches
     whose statistics are in. `on_flag(number)` is called for a call found unusual."""
 
     def __init__(self, on_flag: Callable[[int], None], count: Callable[[str, int], None]) -> None:
@@ -154,7 +152,7 @@ class StatsFeed:
         self._tensors: list[torch.Tensor] = []  # its tensors to read, held until they are
         self._rows: list[tuple[int, int, int]] = []  # address, count, type code a tensor
         self._held = 0
-        self._failed = False  # a failure to note a call was logged
+        self._failed = False  # the gate's failure was said (_failure)
 
     def observe(self, number: int, args: tuple, kwargs: dict) -> bool:
         """Note one call, before it runs; True when its batch is full, to be closed (`close`)

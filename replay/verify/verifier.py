@@ -203,15 +203,12 @@ class Verifier:
 
     def _call(self, policy: Policy, spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature,
               args: tuple, kwargs: dict) -> Any:
-        """A call under torch.compile ("break": here in a graph break)."""
-        number = next(policy.numbers)
-        if policy.feed is None and number < policy.next_sample and policy.window <= 0:
-            return call(*args, **kwargs)
-        return self._noted(policy, number, spec, call, signature, args, kwargs)
+        """A call under torch.compile ("break": here in a graph break), where speed is no concern."""
+        return self._noted(policy, next(policy.numbers), spec, call, signature, args, kwargs)
 
     def _noted(self, policy: Policy, number: int, spec: CallSpec, call: Callable[..., Any],
                signature: inspect.Signature, args: tuple, kwargs: dict) -> Any:
-        """A call that is gated, sampled or in a window: noted for the gate, then run, checked or not."""
+        """A call past the fast path: noted for the gate (with one on), then run, checked or not."""
         if not self.settings.enabled:
             return call(*args, **kwargs)
         if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
