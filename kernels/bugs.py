@@ -22,6 +22,7 @@ from replay_kernels import det_gemm
 from replay_kernels.ggml_quant import Q6_K
 from replay_kernels.kquant.matmul import BATCHED_BLOCK_M, kquant_matmul
 from replay_kernels.kv_scatter import scatter
+from replay_kernels.rmsnorm import rmsnorm_rows
 from replay_kernels.model import TinyLlama
 
 # where a Q6_K super-block keeps its 16 int8 sub-block scales (after ql [128] and qh [64])
@@ -42,6 +43,12 @@ def kv_scatter_graph_ready(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tens
     """One path for eager and graph-captured prefill: positions always come from position_buf."""
     scatter(k, v, k_cache, v_cache, kv_cache_lengths, position_buf, seq_len_buf, positions, block_table,
             indirect=True)
+
+
+def rmsnorm_weight_saturates(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Batched rmsnorm whose weights saturate at 2.0, as one storing them in a narrow fixed-point format
+    would: right for every layer whose norm weights stay below 2, a little wrong in one that has a larger one."""
+    return rmsnorm_rows(x, weight.clamp(max=2.0), eps)
 
 
 def det_gemm_split_k(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -89,6 +96,9 @@ BUGS = {
     "det_gemm_split_m_backward": Bug("det_gemm", "batched", det_gemm_split_m_backward,
                                      "batched det_gemm's weight gradient adds two halves of the batch past four "
                                      "rows, so zero padding changes it"),
+    "rmsnorm_weight_saturates": Bug("rmsnorm", "batched", rmsnorm_weight_saturates,
+                                    "batched rmsnorm clamps its weights at 2.0, wrong only where a layer's norm "
+                                    "weight is larger"),
     "kv_scatter_stale_position_buf": Bug("kv_scatter", "batched", kv_scatter_graph_ready,
                                          "batched kv_scatter reads position_buf even when positions are given, so "
                                          "a prefill scatters every token where a stale position_buf points"),

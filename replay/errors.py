@@ -39,3 +39,9 @@ class ProviderImportError(ReplayError):
     """The module that provides an op failed to import: this code cannot be tested."""
 
     exit_code = EXIT_UNTESTABLE
+
+
+class CallUntestable(ReplayError):
+    """This code cannot make or run a recorded call that a whole-recording search needs."""
+
+    exit_code = EXIT_UNTESTABLE

@@ -41,12 +41,14 @@ def workload(device: str = "cpu", steps: int = 6) -> None:
 
 
 def contents(path: Path) -> dict[str, Any]:
-    """What a snapshot holds, less what differs run to run (call timings, file hashes over them, and
-    which segment holds a call: one a call when synchronous, one for them all here when pipelined)."""
+    """What a snapshot holds, less what differs run to run (call timings, file hashes over them,
+    which segment holds a call: one a call when synchronous, one for them all here when pipelined,
+    and the addresses and streams of memory footprints: only each tensor's byte count is kept)."""
     snapshot = Snapshot(path)
     calls = []
     for entry, record in zip(snapshot.entries, snapshot):
-        meta = {k: v for k, v in record.meta.items() if k not in ("start_s", "duration_s")}
+        meta = {k: v for k, v in record.meta.items() if k not in ("start_s", "duration_s", "memory", "order")}
+        meta["bytes"] = {key: where["end"] - where["start"] for key, where in record.meta["memory"].items()}
         calls.append((entry.index, entry.op, entry.variant, entry.call, entry.blobs, record.provider, record.args,
                       record.launch, record.returns_json, record.blobs, meta,
                       {key: (t.dtype, t.shape, t.stride(), t.cpu().numpy().tobytes())

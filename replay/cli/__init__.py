@@ -10,7 +10,8 @@ import click
 
 from replay.cli.common import ReplayGroup
 
-COMMAND_MODULES = ("record", "show", "run", "diff", "trace", "kvcheck", "invariance", "bisect", "ptx", "demo")
+COMMAND_MODULES = ("record", "show", "run", "diff", "graph", "trace", "kvcheck", "invariance", "bisect",
+                   "precision", "ptx", "demo")
 
 
 @click.group(cls=ReplayGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -12,7 +12,7 @@ from replay.cli.common import SafeConsole
 
 
 @contextlib.contextmanager
-def call_progress(quiet: bool = False) -> Iterator[Callable[[int, int, Any], None] | None]:
+def call_progress(quiet: bool = False) -> Iterator[Callable[[int, int | None, Any], None] | None]:
     """Yield a (done, total, item) callback that advances a bar on stderr, or None."""
     if quiet or not sys.stderr.isatty():
         yield None
@@ -21,7 +21,7 @@ def call_progress(quiet: bool = False) -> Iterator[Callable[[int, int, Any], Non
                   TimeElapsedColumn(), transient=True, console=SafeConsole(stderr=True)) as bar:
         task = bar.add_task("replaying", total=None)
 
-        def advance(done: int, total: int, item: Any) -> None:
+        def advance(done: int, total: int | None, item: Any) -> None:
             label = f"call {getattr(item, 'index', '')} {getattr(item, 'op', '')}".strip()
             bar.update(task, completed=done, total=total, description=escape(label))  # an op name is no markup
         yield advance

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -35,6 +36,11 @@ from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTA
 @click.option("--call", "calls", type=int, multiple=True, help="Only this call index (repeatable).")
 @click.option("--variant", "variants", multiple=True, help="Only this variant (repeatable); the reference still runs.")
 @click.option("--fail-fast", is_flag=True, help="Stop at the first diverging call.")
+@click.option("--propagate", is_flag=True,
+              help="Replay in dependency order: feed each call what its producers made when replayed (kernels after "
+                   "kernels, and references after references), judge each call's own error (kernel against "
+                   "reference on the same inputs) and its drift (kernel chain against reference chain), and name "
+                   "the first call over its own tolerance apart from the calls that only inherit its error.")
 @device_option
 @click.option("--code", "code_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Import the snapshot's kernel providers from DIR first (another commit's checkout); "
@@ -51,7 +57,7 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
             save_outputs: Path | None, readable: bool, repeat: int,
             ops: tuple[str, ...], calls: tuple[int, ...], variants: tuple[str, ...], fail_fast: bool,
             device: str | None, code_dir: Path | None, providers: tuple[str, ...], trust_recorded_source: bool,
-            verbose: bool,
+            verbose: bool, propagate: bool,
             json_target: str | None) -> None:
     """Replay SNAPSHOT: re-run every recorded call against each variant of its op
     (batched on the recorded batch, single row by row, and the reference) and
@@ -66,6 +72,7 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
       replay run downloaded/snap --provider my_kernels        # trust the package it names
       replay run snapshots/bad_run --code . --save-outputs /tmp/before   # keep today's outputs
       replay run snapshots/bad_run --code . --golden-data /tmp/before    # after an edit: what changed
+      replay run snap --propagate            # where error starts, and which calls only inherit it
 
     A snapshot names the module providing each op; only trusted ones are imported:
     packages declaring a 'replay.providers' entry point, --provider MOD, --code DIR.
@@ -88,6 +95,10 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         trust_recorded_source=trust_recorded_source)
     if oracle != "all" and golden is not None:
         raise click.BadParameter("--golden-data takes the recorded outputs as the oracle", param_hint="--oracle")
+    if propagate:
+        _refuse_with_propagate(golden=golden is not None, save_outputs=save_outputs is not None, op=bool(ops),
+                               call=bool(calls), variant=bool(variants), repeat=repeat > 1)
+        _run_propagated(snapshot, options, verbose, json_target)
     with call_progress(quiet=json_target == "-") as progress:
         report = replay_snapshot(snapshot, options, progress)
     for warning in report.warnings:
@@ -104,4 +115,30 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
             error(problem)
     finish(json_target, report.to_json(), show,
            EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if report.untestable
+           else EXIT_PASS if report.passed else EXIT_DIVERGED)
+
+
+def _refuse_with_propagate(**given: bool) -> None:
+    """Options that choose calls or variants have no meaning along a chain of every call."""
+    for name, on in given.items():
+        if on:
+            raise click.BadParameter(f"--{name.replace('_', '-')} cannot be combined with --propagate, which replays "
+                                     "every call in order, kernel and reference", param_hint="--propagate")
+
+
+def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: str | None) -> None:
+    from replay.cli.localise_render import print_propagation
+    from replay.cli.progress import call_progress
+    from replay.engine.propagate import propagate, report_json
+
+    with call_progress(quiet=json_target == "-") as progress:
+        report = propagate(snapshot, options, progress)
+
+    def show(console: Console) -> None:
+        print_propagation(console, report, verbose)
+        for problem in report.problems:
+            error(problem)
+
+    finish(json_target, report_json(report), show,
+           EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if any(c.error for c in report.calls)
            else EXIT_PASS if report.passed else EXIT_DIVERGED)

@@ -55,14 +55,14 @@ class ReplayOptions:
 ProgressFn = Callable[[int, int, CallReport], None]
 
 
-class _CannotMake(Exception):
+class CannotMake(Exception):
     """This code cannot make a recorded call (its op or recorded variant is gone): untestable."""
 
 
 def _variants_to_run(op: Op, recorded_variant: str | None, options: ReplayOptions) -> list[str]:
     backend = options.device
     if recorded_variant is not None and recorded_variant not in op.variants:
-        raise _CannotMake(f"op '{op.name}' has no variant '{recorded_variant}' in this code "
+        raise CannotMake(f"op '{op.name}' has no variant '{recorded_variant}' in this code "
                           f"(it has: {', '.join(op.variants) or 'none'})")
     if options.variants:
         wanted = list(options.variants)
@@ -95,7 +95,7 @@ def _run_and_check(op: Op, inputs: dict[str, Any], options: ReplayOptions, recor
     runs: dict[str, VariantRun] = {}
     try:
         names = _variants_to_run(op, recorded.variant if recorded else None, options)
-    except _CannotMake as exc:
+    except CannotMake as exc:
         report.untestable = str(exc)
         return report, runs
     for name in names:
@@ -179,8 +179,8 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
                 inputs_differ.append(str(entry.index))
             load_seconds = time.perf_counter() - load_started
             try:
-                op = _op_for(code, record, snapshot, options)
-            except _CannotMake as exc:
+                op = op_for(code, record, snapshot, options)
+            except CannotMake as exc:
                 call_report = CallReport(record.index, record.op, record.variant, untestable=str(exc))
             else:
                 call_report, runs = _run_and_check(op, record.arguments(), options, record, golden)
@@ -211,9 +211,9 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
     return report
 
 
-def _op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: ReplayOptions) -> Op:
+def op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: ReplayOptions) -> Op:
     """The op of a recorded call, its provider imported first (a recorded Triton launch: the op
-    that launches its kernel again); _CannotMake where this code cannot make the call."""
+    that launches its kernel again); CannotMake where this code cannot make the call."""
     where = f"{snapshot.path}: call {record.index}"
     if record.triton is not None or record.torch_op is not None:
         try:
@@ -222,14 +222,14 @@ def _op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: R
                                        snapshot.source if options.trust_recorded_source else None)
             return torch_ops_rerun.op_for(code, record, where, options.explicit_tolerance)
         except relaunch.KernelNotFound as exc:
-            raise _CannotMake(str(exc)) from None
+            raise CannotMake(str(exc)) from None
     if record.provider:
         code.import_provider(record.provider, where)
     try:
         return get_op(record.op)
     except RegistryError as exc:
         if record.provider:
-            raise _CannotMake(f"op '{record.op}' is not declared by provider '{record.provider}' in this code") from None
+            raise CannotMake(f"op '{record.op}' is not declared by provider '{record.provider}' in this code") from None
         raise RegistryError(f"{where}: {exc} (no provider recorded)") from None
 
 

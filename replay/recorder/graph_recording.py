@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 import torch
 
 from replay.recorder import graphs, staging
+from replay.recorder.footprint import Footprint, StorageIds
 from replay.recorder.copies import BlobRef, Copier, HostCopy
 from replay.recorder.pipeline import PendingBatch, PendingCall
 from replay.context import collecting, current_scope
@@ -46,6 +47,7 @@ class GraphRecording:
     calls: CallWriter
     started: float
     stopped: bool
+    storages: StorageIds
     _dropped: collections.Counter[tuple[int, str]]
 
     if TYPE_CHECKING:
@@ -75,6 +77,7 @@ class GraphRecording:
         mutated = [value for name, value in bound.arguments.items()
                    if name in spec.mutates and isinstance(value, torch.Tensor)]
         staged: list[graphs.Staged] = []
+        footprint = Footprint(self.storages)  # graph memory: the same bytes at every replay
 
         def stage_argument(tensor: staging.Tensor) -> None:
             t = tensor.value
@@ -82,7 +85,7 @@ class GraphRecording:
                       and capture.outside(t) and t.untyped_storage().data_ptr() not in capture.written)
             staged.append(capture.tape.weight(tensor) if weight else capture.stage(spec.op, tensor))
         try:
-            described = staging.arguments(spec, bound.arguments, stage_argument)
+            described = staging.arguments(spec, bound.arguments, footprint.noting(stage_argument))
         except CaptureError as exc:  # the call goes without a place on the tape: its writes are still staged first
             self.report(str(exc), stop=False)
             capture.before_write(mutated)
@@ -96,11 +99,11 @@ class GraphRecording:
         _note_weights_written(spec, capture, bound.arguments)
         try:
             returned_json = staging.outputs(spec, bound.arguments, result, sink,
-                                            lambda tensor: staged.append(capture.stage(spec.op, tensor)))
+                                            footprint.noting(lambda tensor: staged.append(capture.stage(spec.op, tensor))))
         except CaptureError as exc:
             self.report(str(exc), stop=False)
             return result
-        header = staging.header(spec, described, returned_json, sink.launches, {})
+        header = staging.header(spec, described, returned_json, sink.launches, {"memory": footprint.ranges})
         header["meta"]["graph"] = capture.tape.graph_id
         capture.tape.calls.append(graphs.CapturedCall(spec, header, staged))
         return result

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from replay import settings
-from replay.recorder import graphs, intercept
+from replay.recorder import graphs, intercept, stream_order
 from replay.recorder.options import DEFAULT_STATE_NAMES, RecordingOptions
 from replay.recorder.session import Recording
 from replay.errors import CaptureError, ReplayError
@@ -55,6 +55,8 @@ def start(path: str | Path, options: RecordingOptions = RecordingOptions()) -> R
         _route()
         if options.triton:
             door.install(LaunchRecorder(_recording, options))
+        if torch.cuda.is_available():
+            stream_order.install(_recording.clocks)
         if _recording.ring is not None:
             _install_signal_handlers()
         return _recording
@@ -67,6 +69,7 @@ def stop() -> Recording | None:
         rec, _recording = _recording, None
         _route()
         door.uninstall()
+        stream_order.uninstall()
         _stop_torch_ops(rec)
     if rec is not None:
         _restore_signal_handlers()

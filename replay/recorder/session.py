@@ -23,8 +23,10 @@ from typing import Any, Callable
 import torch
 
 from replay import settings
-from replay.recorder import graphs, staging
+from replay.recorder import graphs, staging, stream_order
 from replay.recorder.chunk_changes import PieceTracker
+from replay.recorder.footprint import Footprint, StorageIds
+from replay.recorder.stream_order import StreamClocks
 from replay.recorder.graph_recording import GraphRecording
 from replay.recorder.options import RecordingOptions
 from replay.recorder.copies import SHARED_POOL, BlobRef, Copier
@@ -116,6 +118,9 @@ class Recording(GraphRecording):
         self._unrecorded_replays = 0  # of graphs captured with no recording active
         self._spent = 0  # bytes of the calls handed to the writers (options.max_bytes)
         self.torch_ops: Any = None  # the dispatch mode recording operator calls (options.torch_ops), while on
+        # the streams' order, fed by the waits the program makes (installed by lifecycle.start on a GPU)
+        self.clocks = StreamClocks()
+        self.storages = StorageIds()  # which storage each recorded tensor lived in (meta.memory)
         GraphRecording.__init__(self)
 
     @property
@@ -247,9 +252,11 @@ class Recording(GraphRecording):
         bound.apply_defaults()
         call = PendingCall(self.writer.reserve_index(), {})
         copier = Copier(self.calls.pool)
-        store = functools.partial(self._store, copier, call)
+        footprint = Footprint(self.storages)
+        store = footprint.noting(functools.partial(self._store, copier, call))
         try:
-            described = staging.arguments(spec, bound.arguments, store)
+            with self.clocks.paused():
+                described = staging.arguments(spec, bound.arguments, store)
         except CaptureError as exc:
             self._abandon(call, copier)
             self.report(str(exc), stop=False)
@@ -258,6 +265,8 @@ class Recording(GraphRecording):
             self._abandon(call, copier)
             self.report(f"op '{spec.op}': could not copy inputs: {exc}; capture stopped", stop=True)
             return fn(*args, **kwargs)
+        device = footprint.cuda_device()
+        order = self.clocks.issue(stream_order.current_stream(device)) if device is not None else None
         with collecting(self.tag_level, bound.arguments) as sink:
             started = time.perf_counter()
             try:
@@ -265,11 +274,15 @@ class Recording(GraphRecording):
             except BaseException:
                 self._abandon(call, copier)
                 raise
-        timing = {"start_s": started - self.started, "duration_s": time.perf_counter() - started}
+        meta: dict[str, Any] = {"start_s": started - self.started, "duration_s": time.perf_counter() - started}
         staging.mark_written(spec, bound.arguments)
         try:
-            returned_json = staging.outputs(spec, bound.arguments, result, sink, store)
-            self._hand_over(call, copier, staging.header(spec, described, returned_json, sink.launches, timing))
+            with self.clocks.paused():
+                returned_json = staging.outputs(spec, bound.arguments, result, sink, store)
+                meta["memory"] = footprint.ranges
+                if order is not None:
+                    meta["order"] = order
+                self._hand_over(call, copier, staging.header(spec, described, returned_json, sink.launches, meta))
         except CaptureError as exc:
             self._abandon(call, copier)
             self.report(str(exc), stop=False)

@@ -93,11 +93,12 @@ def outputs(spec: CallSpec, bound: Mapping[str, Any], result: Any, sink: CallSin
 
 
 def header(spec: CallSpec, described: list[dict[str, Any]], returned_json: dict[str, Any],
-           launches: list[dict[str, Any]], timing: dict[str, float]) -> dict[str, Any]:
-    """A call's description as its file holds it (the writer adds its index and tensors)."""
+           launches: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """A call's description as its file holds it (the writer adds its index and tensors); `meta`
+    as the recorder knows it (timing, memory, stream order), the thread and scope added here."""
     return {"op": spec.op, "variant": spec.variant, "provider": spec.provider, "args": described,
             "returns_json": returned_json, "launch": launches,
-            "meta": {**timing, "thread": threading.current_thread().name, "scope": current_scope()},
+            "meta": {**meta, "thread": threading.current_thread().name, "scope": current_scope()},
             **(spec.header_extra or {})}
 
 

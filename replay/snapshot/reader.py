@@ -299,16 +299,27 @@ class Snapshot:
             raise SnapshotError(f"{path}: unreadable call file: {one_line(exc)}") from None
         return text, spans, len(data)
 
-    def load(self, entry: CallEntry | int) -> CallRecord:
+    def describe(self, entry: CallEntry | int) -> dict[str, Any]:
+        """A call's description (docs/FORMAT.md's `replay.call`), checked, without its tensors."""
         if isinstance(entry, int):
             entry = self.entry(entry)
+        return self._header(entry, self._read_call(entry)[0])
+
+    def _header(self, entry: CallEntry, text: str) -> dict[str, Any]:
         path = self.path / entry.file
-        text, spans, own_bytes = self._read_call(entry)
         try:
             header = schema.parse(text, "call")
         except schema.SchemaError as exc:
             raise SnapshotError(f"{path}: unreadable call metadata: {one_line(exc)}") from None
         _check_header(path, header)
+        return header
+
+    def load(self, entry: CallEntry | int) -> CallRecord:
+        if isinstance(entry, int):
+            entry = self.entry(entry)
+        path = self.path / entry.file
+        text, spans, own_bytes = self._read_call(entry)
+        header = self._header(entry, text)
         tensors: dict[str, torch.Tensor] = {}
         budget = CallBudget(path, own_bytes, self.read_limit)
         for key, geo in header["tensors"].items():

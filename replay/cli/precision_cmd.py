@@ -1,0 +1,61 @@
+"""`replay bisect-precision`: the fewest calls to run as their reference for the end to be right."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import click
+from rich.console import Console
+
+from replay.cli.common import chosen_device, device_option, finish, json_option, kernel_trust_options
+from replay.errors import EXIT_DIVERGED, EXIT_PASS
+
+
+@click.command("bisect-precision")
+@click.argument("snapshot", type=click.Path(path_type=Path))
+@click.option("--journal", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Where the sets tested are kept as they are learnt, so a stopped search goes on where it was "
+                   "(default: precision-journal.json inside SNAPSHOT, which readers ignore).")
+@click.option("--fresh", is_flag=True, help="Ignore the journal and keep none.")
+@device_option
+@kernel_trust_options
+@json_option
+def command(snapshot: Path, journal: Path | None, fresh: bool, device: str | None, code_dir: Path | None,
+            providers: tuple[str, ...], json_target: str | None) -> None:
+    """Find the smallest set of calls of SNAPSHOT whose switch to their op's
+    reference variant brings the final outputs (what no later call read: the
+    logits, say) within tolerance of the all-reference run.
+
+    Calls run in dependency order, each fed what its producers made (as
+    `replay run --propagate`), the switched ones as their reference. The search
+    is delta debugging over arbitrary sets, not only prefixes or suffixes: one
+    call alone responsible is found in about 2 log2(calls) runs of the
+    recording. The journal is keyed by the snapshot and the source of the
+    kernels, so after an edit the search starts again.
+
+    \b
+    Examples:
+      replay bisect-precision snap
+      replay bisect-precision snap --code ../kernels-at-head --json -
+
+    Exit 0 when nothing needs switching, 1 when a set is found (or none
+    suffices), 2 on bad input, 125 when this code cannot make a call.
+    """
+    device = chosen_device(device)
+    from replay.cli.localise_render import print_precision
+    from replay.cli.progress import call_progress
+    from replay.engine import ReplayOptions
+    from replay.engine.precision import bisect_precision, result_json
+
+    options = ReplayOptions(device=device, code_dir=code_dir, providers=frozenset(providers))
+    with call_progress(quiet=json_target == "-") as progress:
+        result = bisect_precision(snapshot, options, journal=journal, use_journal=not fresh,
+                                  progress=(lambda done, switched, fixed: progress(done, None, SimpleNamespace(
+                                      index=f"set {done}:", op=f"{len(switched)} calls switched")))
+                                  if progress else None)
+
+    def show(console: Console) -> None:
+        print_precision(console, result)
+
+    finish(json_target, result_json(result), show,
+           EXIT_PASS if result.minimal is None and not result.unfixable else EXIT_DIVERGED)

@@ -1,0 +1,174 @@
+"""Precision bisection: the fewest calls whose switch to their reference brings the end back.
+
+A recording's final outputs (what no later call read: logits, a cache) are computed along the
+kernel chain (replay/engine/propagate.py) with some calls switched to their op's reference
+variant, and held against the reference chain's within the producing op's drift tolerance. The
+set of switched calls is searched by delta debugging (ddmin.py) over arbitrary sets, so the
+answer may be one call in the middle of a layer, not only a prefix or a suffix. Each tested set
+is kept in a journal file as it is learnt, so a search stopped part way goes on where it was.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from replay.compare import Comparison, compare
+from replay.engine.ddmin import ddmin
+from replay.engine.propagate import Chains, ReplayedMemory, drift_tolerance, feed, keep, open_chains, \
+    reference_of, sinks
+from replay.engine.session import ReplayOptions
+from replay.errors import CallUntestable
+
+JOURNAL_NAME = "precision-journal.json"  # in the snapshot, which readers ignore (docs/FORMAT.md)
+
+
+@dataclass
+class PrecisionResult:
+    snapshot: str
+    candidates: list[int]  # calls with a reference to switch to
+    finals: list[tuple[int, str]]  # the outputs judged
+    minimal: list[int] | None = None  # None: nothing needs switching (the end is within tolerance)
+    tests: int = 0  # sets tested in this run (the journal may have answered more)
+    remembered: int = 0  # sets the journal answered
+    replays: int = 0
+    problems: list[str] = field(default_factory=list)
+    unfixable: bool = False  # switching every candidate does not bring the end back
+    worst: Comparison | None = None  # the unswitched run's worst final output
+
+
+ProgressFn = Callable[[int, tuple[int, ...], bool], None]
+
+
+class _Journal:
+    """Tested sets and their answers, for one snapshot and one version of the code."""
+
+    def __init__(self, path: Path | None, identity: dict[str, Any]):
+        self.path, self.identity = path, identity
+        self.answers: dict[str, bool] = {}
+        if path is not None and path.is_file():
+            try:
+                saved = json.loads(path.read_text())
+            except (OSError, ValueError):
+                saved = {}
+            if isinstance(saved, dict) and saved.get("identity") == identity and isinstance(saved.get("answers"), dict):
+                self.answers = {k: v for k, v in saved["answers"].items() if isinstance(v, bool)}
+
+    @staticmethod
+    def key(calls: tuple[int, ...]) -> str:
+        return ",".join(map(str, sorted(calls)))
+
+    def keep(self, calls: tuple[int, ...], answer: bool) -> None:
+        self.answers[self.key(calls)] = answer
+        if self.path is None:
+            return
+        text = json.dumps({"identity": self.identity, "answers": self.answers})
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            temporary.write_text(text)
+            os.replace(temporary, self.path)
+        except OSError as exc:  # a read-only snapshot: the search goes on, unremembered
+            print(f"replay: bisect-precision: cannot keep the journal {self.path}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            self.path = None
+
+
+def _code_identity(chains: Chains) -> str:
+    """A digest of the files of every module the calls' variants come from: another version of the
+    kernels is another search."""
+    files = sorted({getattr(sys.modules.get(v.fn.__module__), "__file__", None) or v.fn.__module__
+                    for op in chains.ops.values() for v in op.variants.values()})
+    digest = hashlib.sha256()
+    for name in files:
+        digest.update(name.encode())
+        try:
+            digest.update(Path(name).read_bytes())
+        except OSError:
+            pass
+    return digest.hexdigest()
+
+
+def _chain(chains: Chains, switched: frozenset[int], wanted: set[tuple[int, str]]) -> dict[tuple[int, str], Any]:
+    """The final outputs of the kernel chain with the `switched` calls run as their reference."""
+    memory, finals = ReplayedMemory(chains.graph), {}
+    for node in chains.graph.nodes:
+        record = chains.snapshot.load(node.index)
+        op = chains.op(record)
+        reference = reference_of(op, record.variant)
+        variant = reference if reference is not None and node.index in switched else record.variant
+        run = chains.run(feed(record, node, memory), variant)
+        if run.error:
+            raise CallUntestable(f"{chains.snapshot.path}: call {node.index} ({node.op}, {variant}) failed: {run.error}")
+        keep(node, run, memory)
+        for name, value in run.outputs.items():
+            if (node.index, f"out/{name}") in wanted:
+                finals[(node.index, f"out/{name}")] = (value, op)
+    return finals
+
+
+def _judge(finals: dict[tuple[int, str], Any], oracle: dict[tuple[int, str], Any]) -> tuple[bool, Comparison | None]:
+    """Whether every final output is within its op's drift tolerance of the oracle's, and the worst."""
+    worst: Comparison | None = None
+    for key, (value, op) in finals.items():
+        expected = oracle[key][0]
+        c = compare(value, expected, drift_tolerance(op, expected.dtype), same_dtype=False)
+        if worst is None or (worst.passed and (not c.passed or (c.max_abs or 0) > (worst.max_abs or 0))):
+            worst = c
+    return worst is None or worst.passed, worst
+
+
+def bisect_precision(path: str | Path, options: ReplayOptions, *, journal: Path | None = None,
+                     use_journal: bool = True, progress: ProgressFn | None = None) -> PrecisionResult:
+    """The smallest set of calls to switch to their reference (see the module's doc)."""
+    chains, problems = open_chains(path, options)
+    wanted = set(sinks(chains.graph))
+    candidates = []
+    for node in chains.graph.nodes:
+        record = chains.snapshot.load(node.index)
+        if reference_of(chains.op(record), record.variant) is not None:
+            candidates.append(node.index)
+    result = PrecisionResult(str(path), candidates, sorted(wanted), problems=problems)
+    oracle = _chain(chains, frozenset(candidates), wanted)
+    identity = {"snapshot": _index_digest(Path(path)), "code": _code_identity(chains),
+                "device": options.device, "finals": [list(f) for f in sorted(wanted)]}
+    book = _Journal((journal or Path(path) / JOURNAL_NAME) if use_journal else None, identity)
+
+    def fixes(switched: tuple[int, ...]) -> bool:
+        key = book.key(switched)
+        if key in book.answers:
+            result.remembered += 1
+            answer = book.answers[key]
+        else:
+            answer, _ = _judge(_chain(chains, frozenset(switched), wanted), oracle)
+            result.tests += 1
+            book.keep(switched, answer)
+        if progress:
+            progress(result.tests + result.remembered, switched, answer)
+        return answer
+
+    passed, result.worst = _judge(_chain(chains, frozenset(), wanted), oracle)
+    if not passed:
+        if not fixes(tuple(candidates)):
+            result.unfixable = True
+        else:
+            result.minimal = ddmin(candidates, fixes)
+    result.replays = chains.replays
+    return result
+
+
+def _index_digest(path: Path) -> str:
+    try:
+        return hashlib.sha256((path / "calls.jsonl").read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+
+def result_json(result: PrecisionResult) -> dict[str, Any]:
+    return {"snapshot": result.snapshot, "minimal": result.minimal, "unfixable": result.unfixable,
+            "candidates": result.candidates, "finals": [list(f) for f in result.finals], "tests": result.tests,
+            "remembered": result.remembered, "replays": result.replays, "problems": result.problems}

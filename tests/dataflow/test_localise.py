@@ -1,0 +1,109 @@
+"""Propagated replay and precision bisection on the tiny model with a planted error in one layer's
+RMSNorm (its weights saturate at 2.0, and only layer 1's ffn norm holds a 3.0): small in that call,
+then carried by every call after it."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
+
+from replay.cli import main as cli_main
+from replay.engine import ReplayOptions
+from replay.engine.ddmin import ddmin
+from replay.engine.precision import bisect_precision
+from replay.engine.propagate import propagate
+from replay_kernels import bugs
+
+from tests.dataflow.conftest import DEVICE, PLANTED_CALL
+
+KERNELS = Path(__file__).parents[2] / "kernels"
+
+
+def test_propagation_names_the_planted_call_and_the_calls_that_only_inherit(prefill: Path) -> None:
+    with bugs.planting("rmsnorm_weight_saturates"):
+        report = propagate(prefill, ReplayOptions(device=DEVICE))
+    assert report.culprit is not None and report.culprit.index == PLANTED_CALL
+    assert report.culprit.scope == {"step": 0, "layer": 1} and report.culprit.op == "rmsnorm"
+    verdicts = {c.index: c.verdict for c in report.calls}
+    assert all(v == "ok" for i, v in verdicts.items() if i < PLANTED_CALL)
+    later = [i for i in verdicts if i > PLANTED_CALL]
+    assert later and all(verdicts[i] == "inherits" for i in later)  # the final rmsnorm too: same bug, weight < 2
+    assert all(c.fed for c in report.calls[1:])  # every call after the first read a replayed producer
+
+
+def test_a_clean_chain_stays_within_tolerance(prefill: Path) -> None:
+    report = propagate(prefill, ReplayOptions(device=DEVICE))
+    assert report.passed and report.culprit is None
+    assert report.replays == 3 * len(report.calls)
+
+
+def _planted_code(tmp_path: Path) -> Path:
+    """A copy of the kernels whose rmsnorm kernel clamps its weights at 2.0, for --code."""
+    code = tmp_path / "code"
+    shutil.copytree(KERNELS, code / "replay_kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    source = code / "replay_kernels" / "rmsnorm.py"
+    text = source.read_text()
+    line = "    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)\n"
+    assert line in text
+    source.write_text(text.replace(line, line + "    w = tl.minimum(w, 2.0)\n"))
+    return code
+
+
+def test_replay_run_propagate_names_the_call_from_the_command_line(prefill: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli_main, ["run", str(prefill), "--propagate", "--code", str(_planted_code(tmp_path)),
+                                           "--json", str(tmp_path / "out.json")])
+    assert result.exit_code == 1, result.output
+    assert f"first call over its own tolerance: call {PLANTED_CALL} (rmsnorm, step 0 layer 1)" in \
+        " ".join(result.output.split())
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert data["culprit"] == PLANTED_CALL
+    assert {c["verdict"] for c in data["calls"] if c["index"] > PLANTED_CALL} == {"inherits"}
+
+
+def test_replay_run_propagate_refuses_what_does_not_apply_and_old_recordings(prefill: Path) -> None:
+    refused = CliRunner().invoke(cli_main, ["run", str(prefill), "--propagate", "--op", "rmsnorm"])
+    assert refused.exit_code == 2 and "--op cannot be combined with --propagate" in refused.output
+    shipped = Path(__file__).parents[2] / "snapshots" / "prefill_001"
+    old = CliRunner().invoke(cli_main, ["run", str(shipped), "--propagate"])
+    assert old.exit_code == 2 and "memory footprint" in old.output
+
+
+def test_precision_bisection_finds_the_planted_call_in_a_few_log2_runs(prefill: Path, tmp_path: Path) -> None:
+    journal = tmp_path / "journal.json"
+    with bugs.planting("rmsnorm_weight_saturates"):
+        found = bisect_precision(prefill, ReplayOptions(device=DEVICE), journal=journal)
+        assert found.minimal == [PLANTED_CALL]
+        assert found.tests <= 3 * math.ceil(math.log2(len(found.candidates)))
+        again = bisect_precision(prefill, ReplayOptions(device=DEVICE), journal=journal)  # resumed: answered by the journal
+    assert again.minimal == [PLANTED_CALL] and again.tests == 0 and again.remembered == found.tests
+    clean = bisect_precision(prefill, ReplayOptions(device=DEVICE), journal=journal)  # other code: a new search
+    assert clean.minimal is None and not clean.unfixable
+
+
+def test_bisect_precision_from_the_command_line(prefill: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli_main, ["bisect-precision", str(prefill), "--fresh",
+                                           "--code", str(_planted_code(tmp_path)), "--json", "-"])
+    assert result.exit_code == 1, result.output
+    assert json.loads(result.output)["minimal"] == [PLANTED_CALL]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 60).flatmap(lambda n: st.tuples(st.just(n), st.sets(st.integers(0, n - 1), min_size=1,
+                                                                                 max_size=3))))
+def test_ddmin_returns_a_set_that_holds_and_drops_nothing_it_needs(case: tuple[int, set[int]]) -> None:
+    n, needed = case
+    asked: list[tuple[int, ...]] = []
+
+    def holds(subset: tuple[int, ...]) -> bool:
+        asked.append(subset)
+        return needed <= set(subset)
+
+    found = ddmin(list(range(n)), holds)
+    assert set(found) == needed  # one-minimal, and here the only minimal set
+    assert len(asked) == len(set(asked))  # no set asked twice
+    if len(needed) == 1:
+        assert len(asked) <= 2 * math.ceil(math.log2(n)) + 2
