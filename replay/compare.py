@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from replay import metrics
+from replay.metrics import Metric
 from replay.tolerance import Tolerance
 
 # float formats whose bit patterns, read as integers, order like the values (the ULP distance)
@@ -37,6 +39,13 @@ class Comparison:
     nmse: float = 0.0
     cosine: float = 1.0
     max_ulp: int | None = None
+    rel_diff: float = 0.0
+    beyond: float = 0.0  # share of elements more than one thousandth off (replay/metrics.py)
+    finite_agree: bool = True  # NaN and infinities where the oracle has them, and only there
+    metric: str | None = None  # the rule `passed` follows when not the element-wise tolerance
+    fp64_error: float | None = None  # rms distance from a float64 run of the reference (metric fp64)
+    fp64_reference_error: float | None = None  # the reference's own
+    fp64_scale: float | None = None  # rms of that float64 run
     dtype: str | None = None  # of both tensors; None when they differ (values then print as float64)
     first_index: list[int] | None = None
     first_actual: float | None = None
@@ -48,6 +57,25 @@ class Comparison:
 
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def judged_by(self, metric: Metric) -> None:
+        """Pass or fail by `metric` instead of the element-wise tolerance (a shape or dtype problem
+        still fails); the mismatching elements and rows stay those of the tolerance, for the report."""
+        if self.problem:
+            return
+        self.metric = str(metric)
+        self.passed = metric.holds(asdict(self))
+
+    def metric_value(self) -> str:
+        """'nmse 3.2e-05 (bound 1e-06)' for the metric this comparison was judged by, or ''."""
+        if self.metric is None or ":" not in self.metric:
+            return ""
+        name, _, bound = self.metric.partition(":")
+        value = {"ulp": self.max_ulp, "fp64": (self.fp64_error, self.fp64_reference_error)}.get(name,
+                                                                                             getattr(self, name, None))
+        if name == "fp64" and isinstance(value, tuple):
+            return f"rms error vs float64 {value[0]:.3g}, the reference's {value[1]:.3g} (factor {bound})"
+        return f"{name} {value:.3g} (bound {bound})" if isinstance(value, (int, float)) else ""
 
     def first_difference(self) -> str:
         """'first at [0, 5]: -0.68649167 vs -0.6864917 (3 ulp; max 40 ulp)', or '' with no mismatch."""
@@ -135,24 +163,17 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, tolerance: Tolerance |
         rows = expected.shape[batch_axis] if batch_axis is not None and expected.dim() else None
         return Comparison(True, True, numel, max_ulp=0 if expected.dtype in _ULP_DTYPES else None, rows=rows)
     a, e = actual.to(torch.float64), expected.to(torch.float64)
-    diff = (a - e).abs()
-    both_nan = torch.isnan(a) & torch.isnan(e)
-    diff = torch.where(both_nan | (a == e), torch.zeros_like(diff), diff)  # equal infinities differ by 0, not NaN
     bad = _disagreeing(actual, expected, tolerance)
-    finite = torch.isfinite(diff) & torch.isfinite(e)
-    max_abs = float(diff[finite].max()) if finite.any() else float("inf")
-    rel = diff / e.abs().clamp_min(torch.finfo(torch.float64).tiny)
-    max_rel = float(rel[finite].max()) if finite.any() else float("inf")
-    denom = float((e[finite] ** 2).sum()) if finite.any() else 0.0
-    nmse = float((diff[finite] ** 2).sum()) / denom if denom > 0 else float(max_abs > 0)
-    cosine = _cosine(a, e)
     mismatches = int(bad.sum())
     dtype_ok = actual.dtype == expected.dtype or not same_dtype
     ulps = ulp_distances(actual, expected)
-    comparison = Comparison(False, mismatches == 0 and dtype_ok, numel,
-                            mismatches=mismatches, max_abs=max_abs, max_rel=max_rel, nmse=nmse, cosine=cosine,
+    measured = metrics.measure(actual, expected)
+    if not bool((torch.isfinite(a) & torch.isfinite(e)).any()):  # nothing finite to measure a distance on
+        measured.update(max_abs=float("inf"), max_rel=float("inf"))
+    comparison = Comparison(False, mismatches == 0 and dtype_ok, numel, mismatches=mismatches,
                             max_ulp=int(ulps.max()) if ulps is not None and numel else None,
-                            dtype=dtype_name(actual.dtype) if actual.dtype == expected.dtype else None)
+                            dtype=dtype_name(actual.dtype) if actual.dtype == expected.dtype else None,
+                            **measured)
     if not dtype_ok:
         comparison.problem = f"dtype {actual.dtype} != expected {expected.dtype}"
     if mismatches:
@@ -198,12 +219,3 @@ def _elementwise_bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return bit_pattern(a) == bit_pattern(b)
     return a == b
 
-
-def _cosine(a: torch.Tensor, e: torch.Tensor) -> float:
-    fa, fe = a.flatten(), e.flatten()
-    ok = torch.isfinite(fa) & torch.isfinite(fe)
-    fa, fe = fa[ok], fe[ok]
-    na, ne = float(fa.norm()), float(fe.norm())
-    if na == 0 or ne == 0:
-        return 1.0 if na == ne else 0.0
-    return float((fa @ fe) / (na * ne))

@@ -20,6 +20,8 @@ from replay.recorder.staging import CallSpec
 from replay.errors import RegistryError
 from replay.kernel_rules import KernelRules
 from replay.snapshot.schema import check_name
+from replay import metrics
+from replay.metrics import Metric
 from replay.tolerance import DEFAULT, EXACT, Tolerance
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -75,6 +77,8 @@ class Op:
     # a rerun of the recorded variant against the outputs it recorded (None: `tolerance`); a
     # recorded Triton launch or torch op is held to the bit there, to its reference within reason
     rerun_tolerance: Tolerance | None = None
+    # how its comparisons pass (None: element-wise within `tolerance`); replay run --metric overrides
+    metric: Metric | None = None
 
     def variant(self, name: str, *, backends: Iterable[str] = BACKENDS) -> Callable[[F], F]:
         """Decorator registering `fn` as variant `name`, runnable on `backends`.
@@ -206,7 +210,8 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
        mutates: Iterable[str] = (), outputs: Iterable[str] = (),
        tolerance: Tolerance | Mapping[torch.dtype, Tolerance] | None = None,
        serial_rows: bool = False, split_row: Callable[[dict[str, Any], int], dict[str, Any]] | None = None,
-       doc: str = "", provider: str | None = None, kernel_rules: KernelRules | None = None) -> Op:
+       doc: str = "", provider: str | None = None, kernel_rules: KernelRules | None = None,
+       metric: str | None = None) -> Op:
     """Declare op `name`: the argument layout, tolerance and contracts its variants share.
 
     Args:
@@ -227,6 +232,8 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
         provider: the module snapshots name to import the op again (default: the caller's).
         kernel_rules: what its kernels' PTX must show (`replay.KernelRules`: the grid axis
             rows come from, the arguments each launch path reads); checked by `replay ptx`.
+        metric: how its comparisons pass instead of element by element within `tolerance`:
+            'nmse:1e-6', 'cosine:0.9999', 'fp64:2', ... (replay/metrics.py lists them).
 
     Returns:
         The Op; its `reference`, `single`, `batched`, `variant(name)` and `contract` decorate
@@ -245,8 +252,12 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
         raise RegistryError(f"op '{name}' is already declared by module '{existing.provider}'")
     if isinstance(tolerance, Tolerance):
         tolerance = {dt: tolerance for dt in DEFAULT}
+    try:
+        chosen = metrics.parse(metric) if metric is not None else None
+    except ValueError as exc:
+        raise RegistryError(f"op '{name}': {exc}") from None
     declared = Op(name, provider, dict(batch_axes or {}), tuple(state), tuple(mutates), tuple(outputs),
-                  dict(tolerance or {}), serial_rows, split_row, doc, kernel_rules)
+                  dict(tolerance or {}), serial_rows, split_row, doc, kernel_rules, metric=chosen)
     _OPS[name] = declared
     return declared
 

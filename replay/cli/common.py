@@ -177,6 +177,28 @@ class ToleranceValue(click.ParamType):
         return number
 
 
+class MetricValue(click.ParamType):
+    """A metric and its bound, `nmse:1e-6` (replay/metrics.py)."""
+
+    name = "METRIC"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from replay import metrics
+        try:
+            return metrics.parse(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def metric_help(float64_run: bool = True) -> str:
+    """--metric's help; `float64_run` where the command can run references in float64 (fp64)."""
+    fp64 = (", fp64:FACTOR (no further from a float64 run of the reference than the reference is, times "
+            "FACTOR)") if float64_run else ""
+    return ("How a comparison with an oracle passes instead of element by element within the tolerance: bitwise, "
+            "ulp:N, max_abs:T, max_rel:T, nmse:T, rel_diff:T, cosine:MIN, beyond:SHARE (of elements more than "
+            f"1e-3 off){fp64}. Every comparison's values are in --json whatever the metric.")
+
+
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`--json FILE|-`: write the report as JSON to FILE, or to stdout (and print nothing else)."""
     return click.option("--json", "json_target", metavar="FILE|-",

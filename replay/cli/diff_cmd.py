@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from replay.cli.common import ToleranceValue, finish, json_option
+from replay.cli.common import MetricValue, metric_help, ToleranceValue, finish, json_option
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 
 
@@ -14,10 +15,12 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS
 @click.argument("b", type=click.Path(path_type=Path))
 @click.option("--atol", type=ToleranceValue(), help="Absolute tolerance (default: bitwise).")
 @click.option("--rtol", type=ToleranceValue(), help="Relative tolerance (default: bitwise).")
+@click.option("--metric", type=MetricValue(), help=metric_help(float64_run=False))
 @click.option("--all", "show_all", is_flag=True,
               help="List every differing call, also those whose inputs already differ (knock-on differences).")
 @json_option
-def command(a: Path, b: Path, atol: float | None, rtol: float | None, show_all: bool, json_target: str | None) -> None:
+def command(a: Path, b: Path, atol: float | None, rtol: float | None, metric: Any, show_all: bool,
+            json_target: str | None) -> None:
     """Compare snapshots A and B (two commits, two devices) call by call: inputs,
     state, tags in recorded order, then outputs; name the first divergence.
 
@@ -35,7 +38,10 @@ def command(a: Path, b: Path, atol: float | None, rtol: float | None, show_all: 
     from replay.tolerance import Tolerance
 
     tolerance = Tolerance(atol or 0.0, rtol or 0.0) if atol is not None or rtol is not None else None
-    report = diff_snapshots(a, b, tolerance)
+    if metric is not None and metric.needs_float64_run:
+        raise click.BadParameter("fp64 compares a kernel with a float64 run of its reference, which a recording "
+                                 "has not: use it with replay run", param_hint="--metric")
+    report = diff_snapshots(a, b, tolerance, metric)
     from replay.cli.render import print_diff_report
 
     finish(json_target, report.to_json(), lambda console: print_diff_report(console, report, show_all),

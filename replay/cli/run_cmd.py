@@ -8,7 +8,7 @@ import click
 
 from rich.console import Console
 
-from replay.cli.common import ToleranceValue, chosen_device, device_option, error, finish, json_option, warn
+from replay.cli.common import MetricValue, metric_help, ToleranceValue, chosen_device, device_option, error, finish, json_option, warn
 from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
 
 
@@ -20,6 +20,8 @@ from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTA
 @click.option("--atol", type=ToleranceValue(), help="Absolute tolerance against --golden-data, and of a recorded "
               "Triton launch's or torch op's rerun against its recording (default: bitwise).")
 @click.option("--rtol", type=ToleranceValue(), help="Relative tolerance, as --atol (default: bitwise).")
+@click.option("--metric", type=MetricValue(), help=metric_help() + " Default: each op's declared metric, else "
+              "its tolerance.")
 @click.option("--oracle", type=click.Choice(["all", "reference"]), default="all", show_default=True,
               help="What the variants answer to: 'all' is the reference, each other, the op's contracts and the "
                    "recorded outputs (within the op's tolerance); 'reference' leaves the recorded outputs out, for a "
@@ -53,7 +55,7 @@ from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTA
               "only for snapshots you trust as you trust your own code.")
 @click.option("-v", "--verbose", is_flag=True, help="List every call, not just the failing ones, for long runs.")
 @json_option
-def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, oracle: str,
+def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, metric: Any, oracle: str,
             save_outputs: Path | None, readable: bool, repeat: int,
             ops: tuple[str, ...], calls: tuple[int, ...], variants: tuple[str, ...], fail_fast: bool,
             device: str | None, code_dir: Path | None, providers: tuple[str, ...], trust_recorded_source: bool,
@@ -92,7 +94,7 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         golden=golden is not None, golden_dir=Path(golden) if golden else None,
         atol=atol, rtol=rtol, repeat=repeat, fail_fast=fail_fast, providers=frozenset(providers),
         compare_recorded=oracle == "all", save_outputs=save_outputs, readable=readable,
-        trust_recorded_source=trust_recorded_source)
+        trust_recorded_source=trust_recorded_source, metric=metric)
     if oracle != "all" and golden is not None:
         raise click.BadParameter("--golden-data takes the recorded outputs as the oracle", param_hint="--oracle")
     if propagate:

@@ -5,7 +5,9 @@ from typing import Any, Callable, Iterable, Mapping
 
 import torch
 
+from replay import metrics
 from replay.compare import compare
+from replay.metrics import Metric
 from replay.engine.report import Check, CheckKind
 from replay.engine.runner import VariantRun
 from replay.registry import BATCHED, REFERENCE, SINGLE, Op
@@ -127,3 +129,40 @@ def reference_checks(op: Op, runs: Mapping[str, VariantRun], recorded_tag_order:
         checks += against_outputs(op, run, ref.outputs, CheckKind.VS_REFERENCE, REFERENCE, op.tolerance_for)
         checks += tag_checks(op, run, ref.tags, order, REFERENCE, op.tolerance_for)
     return checks
+
+
+JUDGED = (CheckKind.VS_REFERENCE, CheckKind.VS_RECORDED, CheckKind.VS_GOLDEN, CheckKind.TAG)
+
+
+def judge_by(checks: Iterable[Check], metric: Metric) -> None:
+    """Let `metric` decide the comparisons against an oracle (bitwise ones between variants and
+    runs stay bitwise); the fp64 rule decides only those float64_errors measured."""
+    for check in checks:
+        c = check.comparison
+        if check.kind in JUDGED and c is not None and (not metric.needs_float64_run or c.fp64_error is not None):
+            c.judged_by(metric)
+            check.passed = c.passed
+
+
+def float64_errors(runs: Mapping[str, VariantRun], truth: VariantRun, checks: Iterable[Check]) -> None:
+    """Each variant's and the reference's distance from a float64 run of the reference, on the
+    comparisons against the reference (the accuracy minifier's rule, metric fp64)."""
+    reference = runs.get(REFERENCE)
+    if reference is None or reference.error or truth.error:
+        return
+    for check in checks:
+        c, run = check.comparison, runs.get(check.variant)
+        if check.kind != CheckKind.VS_REFERENCE or c is None or run is None:
+            continue
+        exact, mine, theirs = (truth.outputs.get(check.name), run.outputs.get(check.name),
+                               reference.outputs.get(check.name))
+        if exact is None or mine is None or theirs is None or exact.shape != mine.shape:
+            continue
+        c.fp64_error, c.fp64_reference_error = metrics.rms_error(mine, exact), metrics.rms_error(theirs, exact)
+        c.fp64_scale = metrics.rms_error(exact, torch.zeros_like(exact))
+
+
+def in_float64(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The floating-point tensor arguments as float64, the rest as they are (metric fp64's run)."""
+    return {name: value.to(torch.float64) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+            for name, value in inputs.items()}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.compare import Comparison, compare
+from replay.metrics import Metric
 from replay.tolerance import Tolerance
 from replay.snapshot import CallRecord, Snapshot
 
@@ -78,7 +79,8 @@ def _difference(key: str, problem: str, comparison: Comparison | None = None) ->
     return out
 
 
-def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None) -> list[dict[str, Any]]:
+def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None,
+              metric: Metric | None = None) -> list[dict[str, Any]]:
     """Differences between two recordings of one call, in data-flow order. What a Triton launch's
     or an operator's output buffers held before it (its `write_only` arguments: torch.empty's
     leftovers) is no input of it, and is not compared."""
@@ -97,13 +99,17 @@ def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None) -> list
                 found.append(_difference(key, f"only in {'A' if name in ta else 'B'}"))
                 continue
             c = compare(tb[name], ta[name], tolerance, 0 if ta[name].dim() else None)
+            if metric is not None and not metric.needs_float64_run:
+                c.judged_by(metric)
             if not c.passed:
                 found.append(_difference(key, "values differ", c))
     return found
 
 
-def diff_snapshots(a: str | Path, b: str | Path, tolerance: Tolerance | None = None) -> DiffReport:
-    """Pair calls by op and ordinal and report every call whose inputs, tags or outputs differ."""
+def diff_snapshots(a: str | Path, b: str | Path, tolerance: Tolerance | None = None,
+                   metric: Metric | None = None) -> DiffReport:
+    """Pair calls by op and ordinal and report every call whose inputs, tags or outputs differ
+    (within `tolerance`, or by `metric`)."""
     snap_a, snap_b = Snapshot(a), Snapshot(b)
     report = DiffReport(str(a), str(b))
     if len(snap_a) != len(snap_b):
@@ -119,7 +125,7 @@ def diff_snapshots(a: str | Path, b: str | Path, tolerance: Tolerance | None = N
             continue
         eb = in_b[ea.op][ordinal]
         report.calls_compared += 1
-        differences = diff_call(snap_a.load(ea), snap_b.load(eb), tolerance)
+        differences = diff_call(snap_a.load(ea), snap_b.load(eb), tolerance, metric)
         if differences:
             report.calls.append(CallDiff(position, ea.index, eb.index, ea.op, ordinal, differences))
     for op in sorted(set(counted) | set(in_b)):

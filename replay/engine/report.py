@@ -51,6 +51,8 @@ class Check:
         if c is None:
             return f"{self.variant} vs {self.against}: {self.name}"
         text = f"{self.variant} vs {self.against}: '{self.name}' differs in {c.mismatches}/{c.numel} elements"
+        if c.metric is not None and not c.passed:
+            text = f"{self.variant} vs {self.against}: '{self.name}' fails {c.metric}: {c.metric_value()}"
         if c.problem:
             text = f"{self.variant} vs {self.against}: '{self.name}': {c.problem}"
         if c.bad_rows:

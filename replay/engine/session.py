@@ -15,6 +15,7 @@ from replay.engine.provenance import golden_warning
 from replay.engine.report import CallReport, CheckKind, RunReport
 from replay.engine.runner import VariantRun, run_variant
 from replay.errors import RegistryError, SnapshotError
+from replay.metrics import Metric
 from replay.code import KernelCode
 from replay.registry import REFERENCE, Op, get_op
 from replay.snapshot import CallRecord, Snapshot, SnapshotWriter
@@ -44,6 +45,7 @@ class ReplayOptions:
     save_outputs: Path | None = None  # a new snapshot: the recorded inputs, this code's outputs
     readable: bool = False  # what cannot be read is a warning, not bad input: the readable calls decide
     trust_recorded_source: bool = False  # run generated kernels (torch.compile's) from the source recorded
+    metric: Metric | None = None  # how comparisons against an oracle pass (None: each op's, else tolerance)
 
     @property
     def explicit_tolerance(self) -> Tolerance | None:
@@ -88,7 +90,22 @@ def check_arguments(op: Op, inputs: dict[str, Any], options: ReplayOptions,
 
 def _run_and_check(op: Op, inputs: dict[str, Any], options: ReplayOptions, recorded: CallRecord | None,
                    golden: CallRecord | None) -> tuple[CallReport, dict[str, VariantRun]]:
-    """check_arguments, and the runs it checked."""
+    """check_arguments, and the runs it checked, judged by the metric chosen (the op's or the
+    options'), where there is one."""
+    report, runs = _run_and_check_within_tolerance(op, inputs, options, recorded, golden)
+    metric = options.metric or op.metric
+    if metric is not None:
+        if metric.needs_float64_run and REFERENCE in runs:
+            truth = run_variant(op, op.variants[REFERENCE], checks.in_float64(inputs), options.device, 0)
+            checks.float64_errors(runs, truth, report.checks)
+        checks.judge_by(report.checks, metric)
+    return report, runs
+
+
+def _run_and_check_within_tolerance(op: Op, inputs: dict[str, Any], options: ReplayOptions,
+                                    recorded: CallRecord | None,
+                                    golden: CallRecord | None) -> tuple[CallReport, dict[str, VariantRun]]:
+    """Every check, each comparison passing element by element within its tolerance."""
     if options.golden and recorded is None:
         raise ValueError("golden mode needs the recorded call")
     report = CallReport(recorded.index if recorded else -1, op.name, recorded.variant if recorded else "-")

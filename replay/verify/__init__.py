@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from replay import recorder, settings
+from replay import metrics, recorder, settings
 from replay.errors import ReplayError
 from replay.registry import Op, all_ops, get_op, op as declare_op
 from replay.tolerance import Tolerance
@@ -31,7 +31,8 @@ _policies: dict[str, Policy] = {}
 
 def verify(target: Callable[..., Any] | str | None = None, /, reference: Callable[..., Any] | None = None, *,
            sample: float = 0.01, rtol: float | None = None, atol: float | None = None,
-           on_mismatch: Callable[[Mismatch], None] | None = None, outliers: bool = True) -> Any:
+           on_mismatch: Callable[[Mismatch], None] | None = None, outliers: bool = True,
+           metric: str | None = None) -> Any:
     """Verify calls against a reference, off the critical path.
 
     Args:
@@ -44,6 +45,9 @@ def verify(target: Callable[..., Any] | str | None = None, /, reference: Callabl
         on_mismatch: called with a Mismatch (op, call, output, rows, max error, snapshot path)
             instead of printing one line on stderr.
         outliers: also check every call whose inputs look unlike the calls before (the gate).
+        metric: for a function given a reference: how a check passes instead of within the
+            tolerance ('nmse:1e-6', 'cosine:0.9999', ...: replay/metrics.py; not ulp or fp64, which
+            need more than the two outputs). A registered op's own metric comes from replay.op.
 
     Returns:
         With an op's name, None; as a decorator, the function, wrapped.
@@ -63,18 +67,21 @@ def verify(target: Callable[..., Any] | str | None = None, /, reference: Callabl
             return fn
         if reference is None:
             raise ValueError(f"replay.verify: {fn.__qualname__} is no op's variant: give it a reference")
-        declared = _declare(fn, reference, rtol, atol)
+        declared = _declare(fn, reference, rtol, atol, metric)
         _enable(declared, sample, on_mismatch, outliers)
         return declared.variants["default"].call
     return decorate(target) if callable(target) else decorate
 
 
 def _declare(fn: Callable[..., Any], reference: Callable[..., Any], rtol: float | None,
-             atol: float | None) -> Op:
+             atol: float | None, metric: str | None) -> Op:
     """An op of its own for a plain function and its reference, so that a mismatch replays."""
     name = fn.__qualname__ if fn.__qualname__ not in all_ops() else f"{fn.__module__}.{fn.__qualname__}"
     tolerance = None if rtol is None and atol is None else Tolerance(rtol=rtol or 0.0, atol=atol or 0.0)
-    declared = declare_op(name, tolerance=tolerance, provider=fn.__module__)
+    if metric is not None and metrics.parse(metric).name not in metrics.ON_DEVICE:
+        raise ValueError(f"replay.verify: metric {metric!r} cannot be decided from the two outputs on the device; "
+                         f"one of {', '.join(metrics.ON_DEVICE)}")
+    declared = declare_op(name, tolerance=tolerance, provider=fn.__module__, metric=metric)
     if fn.__module__ == "__main__":  # `replay run` imports an op's module: a script's is no module to import
         log.warning(f"replay.verify: {fn.__qualname__} is defined in the script being run (__main__): its mismatch "
                     "snapshots replay once it lives in a module that `replay run --provider MODULE` can import")

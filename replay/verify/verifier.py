@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from replay import recorder, settings
+from replay import metrics
 from replay.compare import agreement, compare, row_ranges
 from replay.errors import ReplayError
 from replay.recorder.staging import CallSpec
@@ -316,7 +317,7 @@ class Verifier:
                 expected.update({name: arguments[name] for name in op.mutates if name in arguments})
                 compared = [(name, got, expected[name]) for name, got in check.after.items()
                             if isinstance(got, torch.Tensor) and isinstance(expected.get(name), torch.Tensor)]
-                verdicts = [agreement(got, want, op.tolerance_for(got.dtype)) for _, got, want in compared]
+                verdicts = [_agrees(op, got, want) for _, got, want in compared]
         finally:
             if stream is not None:
                 stream.synchronize()  # this thread's wait, never the program's; a failed check's too
@@ -332,6 +333,8 @@ class Verifier:
             return  # every output agrees: one flag read back, no element
         for name, got, want in compared:
             comparison = compare(got, want, op.tolerance_for(got.dtype), op.batch_axes.get(name), same_dtype=False)
+            if op.metric is not None:
+                comparison.judged_by(op.metric)
             if not comparison.passed:
                 self.count("failed")
                 self._report(check, name, comparison.bad_rows, comparison.max_abs, expected)
@@ -452,3 +455,13 @@ def _report_at_exit() -> None:
 
 
 atexit.register(_report_at_exit)
+
+
+def _agrees(op: Op, got: torch.Tensor, want: torch.Tensor) -> torch.Tensor | None:
+    """The device's verdict on one output, by the op's metric where it declares one (replay/metrics.py),
+    else within its tolerance; None where shapes or devices differ (compare then says how)."""
+    if op.metric is None:
+        return agreement(got, want, op.tolerance_for(got.dtype))
+    if got.shape != want.shape or got.device != want.device:
+        return None
+    return metrics.holds_on_device(op.metric, got, want)
