@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -39,3 +42,17 @@ def said(caplog: pytest.LogCaptureFixture) -> Callable[[], list[str]]:
         caplog.clear()
         return lines
     return messages
+
+
+@pytest.fixture(scope="session")
+def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of a fresh virtual environment that sees torch, safetensors, triton and numpy (this
+    environment's site-packages, by path) but not kernel-replay (its editable install is not run)."""
+    env = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next((env / "lib").glob("python*/site-packages"))
+    (site / "dependencies.pth").write_text("\n".join(p for p in sys.path if p.endswith("site-packages")) + "\n")
+    python = env / "bin" / "python"
+    absent = subprocess.run([str(python), "-c", "import replay"], capture_output=True, cwd=env)
+    assert absent.returncode != 0 and b"No module named 'replay'" in absent.stderr
+    return python

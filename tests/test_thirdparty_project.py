@@ -81,6 +81,21 @@ def test_an_off_by_one_mask_is_named_by_call_kernel_and_element(good: Project, t
     assert "'out_ptr' differs in 2/64 elements; first at [0, 31]" in detail  # the last column of each row
 
 
+@pytest.mark.parametrize("call, edited, code", [(1, False, 0), (2, True, 1)])
+def test_a_launch_reproduces_without_kernel_replay(good: Project, tmp_path: Path, bare_python: Path, call: int,
+                                                   edited: bool, code: int) -> None:
+    """append_kv (position_buf) as recorded; scale_rows (autotuned) with the off-by-one mask in the code given."""
+    given = edited_copy(good, tmp_path, OFF_BY_ONE[1], OFF_BY_ONE[2]) if edited else good.path
+    out = tmp_path / "repro"
+    made = shell(f"replay repro snapshots/serve_001 --call {call} -o {out} --code {given}", good.path)
+    assert made.returncode == code, made.stdout + made.stderr
+    assert json.loads((out / "call.json").read_text())["kind"] == "triton"
+    ran = subprocess.run([str(bare_python), str(out / "repro.py")], capture_output=True, text=True, cwd=tmp_path,
+                         timeout=600)
+    assert ran.returncode == code, ran.stdout + ran.stderr
+    assert ("out_ptr: DIFFERS (bits differ)" if edited else "cache_ptr: agrees (bitwise equal)") in ran.stdout
+
+
 def test_a_kernel_gone_from_the_code_is_untestable_and_says_what_was_looked_for(good: Project, tmp_path: Path) -> None:
     edited = edited_copy(good, tmp_path, "def append_kv_kernel(", "def append_rows_kernel(")
     done = shell(f"replay run snapshots/serve_001 --code {edited}", good.path)

@@ -11,7 +11,7 @@ import click
 from replay.cli.common import ReplayGroup
 
 COMMAND_MODULES = ("record", "show", "run", "diff", "graph", "trace", "kvcheck", "invariance", "bisect",
-                   "precision", "ptx", "demo")
+                   "precision", "repro", "ptx", "demo")
 
 
 @click.group(cls=ReplayGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
