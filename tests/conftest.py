@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 HAS_CUDA = torch.cuda.is_available()
+pytest_plugins = ["kernel_copies"]  # restore_kernels, for tests that import an edited copy through --code
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -9,7 +9,12 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+import pytest
+
+from kernel_copies import RMSNORM_MEAN_OVER_H_PLUS_1, edited_kernels
 from replay.cli import main as cli_main
+
+pytestmark = pytest.mark.usefixtures("restore_kernels")
 
 ROOT = Path(__file__).parent.parent
 SHIPPED = ROOT / "snapshots" / "prefill_001"
@@ -18,17 +23,6 @@ SHIPPED = ROOT / "snapshots" / "prefill_001"
 def _run(python: Path, directory: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(python), str(directory / "repro.py")], capture_output=True, text=True,
                           cwd=directory.parent, timeout=600)
-
-
-def _planted_code(tmp_path: Path) -> Path:
-    """The kernels with rmsnorm's mean of squares over H + 1 columns instead of H."""
-    code = tmp_path / "code"
-    shutil.copytree(ROOT / "kernels", code / "replay_kernels", ignore=shutil.ignore_patterns("__pycache__"))
-    source = code / "replay_kernels" / "rmsnorm.py"
-    text = source.read_text()
-    assert "tl.sum(x * x, axis=0) / H + eps" in text
-    source.write_text(text.replace("tl.sum(x * x, axis=0) / H + eps", "tl.sum(x * x, axis=0) / (H + 1) + eps"))
-    return code
 
 
 def test_a_clean_call_reproduces_without_kernel_replay(bare_python: Path, tmp_path: Path) -> None:
@@ -45,7 +39,7 @@ def test_a_clean_call_reproduces_without_kernel_replay(bare_python: Path, tmp_pa
 def test_a_planted_bug_diverges_here_and_there(bare_python: Path, tmp_path: Path) -> None:
     out = tmp_path / "call0"
     made = CliRunner().invoke(cli_main, ["repro", str(SHIPPED), "--call", "0", "-o", str(out),
-                                         "--code", str(_planted_code(tmp_path))])
+                                         "--code", str(edited_kernels(tmp_path, RMSNORM_MEAN_OVER_H_PLUS_1))])
     assert made.exit_code == 1 and "diverges here" in made.output
     ran = _run(bare_python, out)
     assert ran.returncode == 1, ran.stdout + ran.stderr

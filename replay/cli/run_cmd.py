@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from replay.cli.common import MetricValue, metric_help, ToleranceValue, chosen_device, device_option, error, finish, json_option, warn
-from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
+from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE, ReplayError
 
 
 @click.command("run")
@@ -53,13 +53,17 @@ from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTA
 @click.option("--trust-recorded-source", is_flag=True, help="Run kernels generated when recorded (torch.compile's, "
               "whose modules cannot be imported) from the source the snapshot stores. That source is code: "
               "only for snapshots you trust as you trust your own code.")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also write one self-contained HTML page: verdicts per call and, for each failing tensor, a "
+                   "heatmap of its difference, the rows that differ, both sides' values and a histogram of errors "
+                   "(with --propagate, the error of every call along the chain).")
 @click.option("-v", "--verbose", is_flag=True, help="List every call, not just the failing ones, for long runs.")
 @json_option
 def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, metric: Any, oracle: str,
             save_outputs: Path | None, readable: bool, repeat: int,
             ops: tuple[str, ...], calls: tuple[int, ...], variants: tuple[str, ...], fail_fast: bool,
             device: str | None, code_dir: Path | None, providers: tuple[str, ...], trust_recorded_source: bool,
-            verbose: bool, propagate: bool,
+            html_path: Path | None, verbose: bool, propagate: bool,
             json_target: str | None) -> None:
     """Replay SNAPSHOT: re-run every recorded call against each variant of its op
     (batched on the recorded batch, single row by row, and the reference) and
@@ -94,15 +98,18 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         golden=golden is not None, golden_dir=Path(golden) if golden else None,
         atol=atol, rtol=rtol, repeat=repeat, fail_fast=fail_fast, providers=frozenset(providers),
         compare_recorded=oracle == "all", save_outputs=save_outputs, readable=readable,
-        trust_recorded_source=trust_recorded_source, metric=metric)
+        trust_recorded_source=trust_recorded_source, metric=metric, evidence=html_path is not None)
     if oracle != "all" and golden is not None:
         raise click.BadParameter("--golden-data takes the recorded outputs as the oracle", param_hint="--oracle")
     if propagate:
         _refuse_with_propagate(golden=golden is not None, save_outputs=save_outputs is not None, op=bool(ops),
                                call=bool(calls), variant=bool(variants), repeat=repeat > 1)
-        _run_propagated(snapshot, options, verbose, json_target)
+        _run_propagated(snapshot, options, verbose, json_target, html_path)
     with call_progress(quiet=json_target == "-") as progress:
         report = replay_snapshot(snapshot, options, progress)
+    if html_path is not None:
+        from replay.engine.html import run_page
+        _write_page(html_path, run_page(report))
     for warning in report.warnings:
         warn(warning)
     from replay.cli.render import print_run_report
@@ -128,13 +135,17 @@ def _refuse_with_propagate(**given: bool) -> None:
                                      "every call in order, kernel and reference", param_hint="--propagate")
 
 
-def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: str | None) -> None:
+def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: str | None,
+                    html_path: Path | None) -> None:
     from replay.cli.localise_render import print_propagation
     from replay.cli.progress import call_progress
     from replay.engine.propagate import propagate, report_json
 
     with call_progress(quiet=json_target == "-") as progress:
         report = propagate(snapshot, options, progress)
+    if html_path is not None:
+        from replay.engine.html import propagation_page
+        _write_page(html_path, propagation_page(report))
 
     def show(console: Console) -> None:
         print_propagation(console, report, verbose)
@@ -144,3 +155,10 @@ def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: st
     finish(json_target, report_json(report), show,
            EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if any(c.error for c in report.calls)
            else EXIT_PASS if report.passed else EXIT_DIVERGED)
+
+
+def _write_page(path: Path, text: str) -> None:
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise ReplayError(f"{path}: cannot write the page: {exc.strerror or exc}") from None

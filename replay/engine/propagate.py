@@ -26,6 +26,7 @@ import torch
 from replay.code import KernelCode
 from replay.compare import Comparison, compare
 from replay.dataflow.graph import Access, CallNode, DependencyGraph, Edge, of_snapshot
+from replay.engine.evidence import Evidence, gather
 from replay.engine.runner import VariantRun, run_variant
 from replay.engine.session import ReplayOptions, CannotMake, op_for
 from replay.errors import CallUntestable, SnapshotError
@@ -184,6 +185,7 @@ class PropagationReport:
     calls: list[PropagatedCall]
     problems: list[str]
     replays: int = 0
+    evidence: list[Evidence] = field(default_factory=list)  # the failing tensors of calls over their own tolerance
 
     @property
     def culprit(self) -> PropagatedCall | None:
@@ -239,6 +241,11 @@ def propagate(path: str | Path, options: ReplayOptions, progress: ProgressFn | N
         if call.error is None:
             call.own = worst(ran, own, op.tolerance_for) if own is not None else None
             call.drift = worst(ran, chained, functools.partial(drift_tolerance, op))
+            if options.evidence and own is not None and call.own is not None and not call.own.passed:
+                report.evidence += [e for name, value in ran.outputs.items() if name in own.outputs
+                                    for e in [gather(node.index, name, f"{record.variant} vs {judge}", value,
+                                                     own.outputs[name], batch_axis=op.batch_axes.get(name))]
+                                    if e is not None]
         if progress:
             progress(done, len(chains.graph.nodes), call)
     report.replays = chains.replays

@@ -79,6 +79,7 @@ class CallReport:
     variant_seconds: dict[str, float] = field(default_factory=dict)
     load_seconds: float = 0.0
     untestable: str | None = None
+    evidence: list[Any] = field(default_factory=list)  # engine/evidence.py's, when a page is drawn
 
     @property
     def passed(self) -> bool:

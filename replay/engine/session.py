@@ -12,12 +12,14 @@ import torch
 from replay.compare import bit_pattern
 from replay.engine import checks
 from replay.engine.provenance import golden_warning
+from replay.engine import evidence
+from replay.engine.evidence import Evidence
 from replay.engine.report import CallReport, CheckKind, RunReport
 from replay.engine.runner import VariantRun, run_variant
 from replay.errors import RegistryError, SnapshotError
 from replay.metrics import Metric
 from replay.code import KernelCode
-from replay.registry import REFERENCE, Op, get_op
+from replay.registry import BATCHED, REFERENCE, Op, get_op
 from replay.snapshot import CallRecord, Snapshot, SnapshotWriter
 from replay.tolerance import Tolerance
 from replay.torch_ops import rerun as torch_ops_rerun
@@ -46,6 +48,7 @@ class ReplayOptions:
     readable: bool = False  # what cannot be read is a warning, not bad input: the readable calls decide
     trust_recorded_source: bool = False  # run generated kernels (torch.compile's) from the source recorded
     metric: Metric | None = None  # how comparisons against an oracle pass (None: each op's, else tolerance)
+    evidence: bool = False  # keep what a report draws of each failing tensor (replay run --html)
 
     @property
     def explicit_tolerance(self) -> Tolerance | None:
@@ -99,7 +102,39 @@ def _run_and_check(op: Op, inputs: dict[str, Any], options: ReplayOptions, recor
             truth = run_variant(op, op.variants[REFERENCE], checks.in_float64(inputs), options.device, 0)
             checks.float64_errors(runs, truth, report.checks)
         checks.judge_by(report.checks, metric)
+    if options.evidence:
+        report.evidence = _evidence(op, report, runs, recorded, golden if options.golden else None)
     return report, runs
+
+
+def _evidence(op: Op, report: CallReport, runs: dict[str, VariantRun], recorded: CallRecord | None,
+              golden: CallRecord | None) -> list[Evidence]:
+    """What a report draws of each failing tensor, by its most telling failing comparison: the two
+    tensors it compared, found again."""
+    found = []
+    drawn: set[tuple[bool, str]] = set()
+    for check in report.failures:
+        if check.comparison is None or check.kind in (CheckKind.REPEAT, CheckKind.ERROR, CheckKind.CONTRACT) \
+                or (check.kind is CheckKind.TAG, check.name) in drawn:
+            continue
+        drawn.add((check.kind is CheckKind.TAG, check.name))
+        tags = check.kind is CheckKind.TAG
+        run = runs.get(BATCHED if check.kind is CheckKind.SINGLE_VS_BATCHED else check.variant)
+        actual = (run.tags if tags else run.outputs).get(check.name) if run else None
+        if check.against in runs:
+            oracle = runs[check.against].tags if tags else runs[check.against].outputs
+        else:
+            record = golden or recorded
+            oracle = record.role("tag" if tags else "out") if record else {}
+        expected = oracle.get(check.name)
+        if actual is None or expected is None:
+            continue
+        gathered = evidence.gather(report.index, f"{'tag ' if tags else ''}{check.name}",
+                                   f"{check.variant} vs {check.against}", actual, expected,
+                                   batch_axis=op.batch_axes.get(check.name))
+        if gathered is not None:
+            found.append(gathered)
+    return found
 
 
 def _run_and_check_within_tolerance(op: Op, inputs: dict[str, Any], options: ReplayOptions,

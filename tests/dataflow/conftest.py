@@ -2,14 +2,12 @@
 (where the planted `rmsnorm_weight_saturates` bug shows), and `--code` swaps undone after each test."""
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import replay
-from replay import registry
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter on CPU (tests/conftest.py)
 PLANTED_CALL = 26  # layer 1's ffn rmsnorm: the call whose norm weight holds 3.0
@@ -32,14 +30,5 @@ def prefill(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def restore_kernels():
-    """`--code DIR` imports the kernels again from DIR in this process; put the installed ones back."""
-    ops, path = dict(registry._OPS), list(sys.path)
-    modules = {name: module for name, module in sys.modules.items() if name.startswith("replay_kernels")}
-    yield
-    registry._OPS.clear()
-    registry._OPS.update(ops)
-    sys.path[:] = path
-    for name in [n for n in sys.modules if n.startswith("replay_kernels")]:
-        del sys.modules[name]
-    sys.modules.update(modules)
+def _kernels_put_back(restore_kernels: None) -> None:
+    """Every test here may import an edited copy of the kernels through --code."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -16,12 +15,10 @@ from replay.engine import ReplayOptions
 from replay.engine.ddmin import ddmin
 from replay.engine.precision import bisect_precision
 from replay.engine.propagate import propagate
+from kernel_copies import RMSNORM_WEIGHT_SATURATES, edited_kernels
 from replay_kernels import bugs
 
 from tests.dataflow.conftest import DEVICE, PLANTED_CALL
-
-KERNELS = Path(__file__).parents[2] / "kernels"
-
 
 def test_propagation_names_the_planted_call_and_the_calls_that_only_inherit(prefill: Path) -> None:
     with bugs.planting("rmsnorm_weight_saturates"):
@@ -43,14 +40,7 @@ def test_a_clean_chain_stays_within_tolerance(prefill: Path) -> None:
 
 def _planted_code(tmp_path: Path) -> Path:
     """A copy of the kernels whose rmsnorm kernel clamps its weights at 2.0, for --code."""
-    code = tmp_path / "code"
-    shutil.copytree(KERNELS, code / "replay_kernels", ignore=shutil.ignore_patterns("__pycache__"))
-    source = code / "replay_kernels" / "rmsnorm.py"
-    text = source.read_text()
-    line = "    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)\n"
-    assert line in text
-    source.write_text(text.replace(line, line + "    w = tl.minimum(w, 2.0)\n"))
-    return code
+    return edited_kernels(tmp_path, RMSNORM_WEIGHT_SATURATES)
 
 
 def test_replay_run_propagate_names_the_call_from_the_command_line(prefill: Path, tmp_path: Path) -> None:
