@@ -2,6 +2,7 @@
 the installed kernels back after a command imported a copy in this process."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 from pathlib import Path
@@ -29,15 +30,23 @@ def edited_kernels(tmp_path: Path, edit: tuple[str, str, str], name: str = "code
     return code
 
 
-@pytest.fixture
-def restore_kernels() -> Iterator[None]:
+@contextlib.contextmanager
+def kernels_put_back() -> Iterator[None]:
     """`--code DIR` imports the kernels again from DIR in this process; put the installed ones back."""
     ops, path = dict(registry._OPS), list(sys.path)
     modules = {name: module for name, module in sys.modules.items() if name.startswith("replay_kernels")}
-    yield
-    registry._OPS.clear()
-    registry._OPS.update(ops)
-    sys.path[:] = path
-    for name in [n for n in sys.modules if n.startswith("replay_kernels")]:
-        del sys.modules[name]
-    sys.modules.update(modules)
+    try:
+        yield
+    finally:
+        registry._OPS.clear()
+        registry._OPS.update(ops)
+        sys.path[:] = path
+        for name in [n for n in sys.modules if n.startswith("replay_kernels")]:
+            del sys.modules[name]
+        sys.modules.update(modules)
+
+
+@pytest.fixture
+def restore_kernels() -> Iterator[None]:
+    with kernels_put_back():
+        yield

@@ -93,7 +93,7 @@ def test_replay_diff_metric(tmp_path: Path) -> None:
     from replay_kernels.model import TinyLlama
 
     for name, scale in (("a", 1.0), ("b", 1.0 + 1e-6)):
-        model = TinyLlama(device="cpu")
+        model = TinyLlama(device="cuda" if torch.cuda.is_available() else "cpu")
         model.weights.out_norm *= scale
         with replay.recording(tmp_path / name):
             model.prefill([3, 4])

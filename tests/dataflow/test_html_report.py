@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kernel_copies import RMSNORM_MEAN_OVER_H_PLUS_1, RMSNORM_WEIGHT_SATURATES, edited_kernels
+from kernel_copies import RMSNORM_MEAN_OVER_H_PLUS_1, RMSNORM_WEIGHT_SATURATES, edited_kernels, kernels_put_back
 from replay.cli import main as cli_main
 
 from tests.dataflow.conftest import PLANTED_CALL
@@ -44,8 +44,9 @@ def _parsed(path: Path) -> _Elements:
 def failing_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("page")
     page = tmp / "run.html"
-    result = CliRunner().invoke(cli_main, ["run", str(SHIPPED), "--op", "rmsnorm", "--code", str(edited_kernels(tmp, RMSNORM_MEAN_OVER_H_PLUS_1)),
-                                           "--html", str(page)])
+    with kernels_put_back():  # a module's fixture: set up before any test's own putting back
+        result = CliRunner().invoke(cli_main, ["run", str(SHIPPED), "--op", "rmsnorm", "--html", str(page), "--code",
+                                               str(edited_kernels(tmp, RMSNORM_MEAN_OVER_H_PLUS_1))])
     assert result.exit_code == 1, result.output
     return page
 
