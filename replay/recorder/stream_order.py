@@ -36,6 +36,10 @@ def current_stream(device: str) -> str:
     return stream_key(torch.cuda.current_stream(torch.device(device)))
 
 
+def _key(stream: Any) -> str:
+    return stream_key(stream if stream is not None else torch.cuda.current_stream())
+
+
 def _merged(a: Clock, b: Clock) -> Clock:
     out = dict(a)
     for stream, count in b.items():
@@ -68,7 +72,8 @@ class StreamClocks:
         finally:
             self._local.paused = False
 
-    def _seen(self) -> bool:
+    def watching(self) -> bool:
+        """False on a thread doing the recorder's own work (its waits are left out)."""
         return not getattr(self._local, "paused", False)
 
     def _host(self) -> Clock:
@@ -83,8 +88,6 @@ class StreamClocks:
             return {"stream": stream, "clock": dict(clock)}
 
     def recorded(self, event: Any, stream: str) -> None:
-        if not self._seen():
-            return
         with self._lock:
             self._events.pop(id(event), None)
             self._events[id(event)] = (event, _merged(self._streams.get(stream, {}), self._host()))
@@ -97,17 +100,33 @@ class StreamClocks:
 
     def waited(self, stream: str, event: Any) -> None:
         """`stream` waits for `event` (an event never recorded is complete: nothing to wait for)."""
-        if not self._seen():
-            return
         with self._lock:
             clock = self._event_clock(event)
             if clock is not None:
                 self._streams[stream] = _merged(self._streams.get(stream, {}), clock)
 
+    # What the wrapped torch.cuda methods call, after torch's own: nothing on the recorder's own thread
+    # work (its copies record events at every call), the current stream where none is named.
+    def on_record(self, event: Any, stream: Any) -> None:
+        if self.watching():
+            self.recorded(event, _key(stream))
+
+    def on_wait(self, event: Any, stream: Any) -> None:
+        if self.watching():
+            self.waited(_key(stream), event)
+
+    def on_host_wait(self, *, event: Any = None, stream: Any = None, device: Any = None) -> None:
+        if not self.watching():
+            return
+        if event is not None:
+            self.host_waited(event=event)
+        elif stream is not None:
+            self.host_waited(stream=stream_key(stream))
+        else:
+            self.host_waited(device=torch.cuda._utils._get_device_index(device, optional=True))
+
     def host_waited(self, *, event: Any = None, stream: str | None = None, device: int | None = None) -> None:
         """This thread waited for an event, a stream, or every stream of a device."""
-        if not self._seen():
-            return
         with self._lock:
             if event is not None:
                 covered = [self._event_clock(event) or {}]
@@ -131,37 +150,34 @@ def install(clocks: StreamClocks) -> None:
         uninstall()
     event, stream_cls = torch.cuda.Event, torch.cuda.Stream
 
-    def current(stream: Any) -> str:
-        return stream_key(stream if stream is not None else torch.cuda.current_stream())
-
     def record(original: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(self: Any, stream: Any = None) -> None:
             original(self, stream)
-            clocks.recorded(self, current(stream))
+            clocks.on_record(self, stream)
         return wrapped
 
     def wait(original: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(self: Any, stream: Any = None) -> None:
             original(self, stream)
-            clocks.waited(current(stream), self)
+            clocks.on_wait(self, stream)
         return wrapped
 
     def event_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(self: Any) -> None:
             original(self)
-            clocks.host_waited(event=self)
+            clocks.on_host_wait(event=self)
         return wrapped
 
     def stream_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(self: Any) -> None:
             original(self)
-            clocks.host_waited(stream=stream_key(self))
+            clocks.on_host_wait(stream=self)
         return wrapped
 
     def device_synchronize(original: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(device: Any = None) -> None:
             original(device)
-            clocks.host_waited(device=torch.cuda._utils._get_device_index(device, optional=True))
+            clocks.on_host_wait(device=device)
         return wrapped
 
     for owner, name, wrap in ((event, "record", record), (event, "wait", wait),

@@ -203,14 +203,22 @@ def _stream_ops() -> tuple[Any, Any]:
 def test_the_recorders_own_waits_and_other_threads_waits_order_nothing() -> None:
     import threading
 
+    from types import SimpleNamespace
+
     clocks = StreamClocks()
     event = type("Event", (), {})()
+    one, two = SimpleNamespace(device_index=0, stream_id=1), SimpleNamespace(device_index=0, stream_id=2)
     clocks.issue("cuda:0#1")
     with clocks.paused():  # the recorder copying an input: its stream waits for the producer's
-        clocks.recorded(event, "cuda:0#1")
-        clocks.waited("cuda:0#2", event)
-    clocks.recorded(event, "cuda:0#1")
-    waiter = threading.Thread(target=lambda: clocks.host_waited(event=event))  # a writer thread's wait
+        clocks.on_record(event, one)
+        clocks.on_wait(event, two)
+        clocks.on_host_wait(event=event)
+    assert "cuda:0#1" not in clocks.issue("cuda:0#2")["clock"]
+    clocks.issue("cuda:0#1")
+    clocks.on_record(event, one)
+    waiter = threading.Thread(target=lambda: clocks.on_host_wait(event=event))  # a writer thread's wait
     waiter.start()
     waiter.join()
-    assert "cuda:0#1" not in clocks.issue("cuda:0#2")["clock"]
+    assert clocks.issue("cuda:0#2")["clock"].get("cuda:0#1", 0) < 2
+    clocks.on_wait(event, two)  # the program's own wait orders what follows
+    assert clocks.issue("cuda:0#2")["clock"]["cuda:0#1"] == 2
