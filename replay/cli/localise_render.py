@@ -58,7 +58,8 @@ def print_precision(console: Console, result: PrecisionResult) -> None:
         console.print("[bold red]switching every call with a reference does not bring the final outputs within "
                       "tolerance[/]: the error comes from calls without one")
     else:
-        console.print(f"[bold]switch {len(result.minimal or [])} of {len(result.candidates)} calls[/] to their "
+        sets = "" if result.by == "call" else f" ({escape(', '.join(result.groups))})"
+        console.print(f"[bold]switch {len(result.minimal or [])} of {len(result.candidates)} calls{sets}[/] to their "
                       f"reference and the final outputs are within tolerance: calls {row_ranges(result.minimal or [])} "
                       f"({tests}, {result.replays} call replays)")
         if result.worst is not None and result.worst.first_difference():

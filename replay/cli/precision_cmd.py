@@ -17,10 +17,13 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS
               help="Where the sets tested are kept as they are learnt, so a stopped search goes on where it was "
                    "(default: precision-journal.json inside SNAPSHOT, which readers ignore).")
 @click.option("--fresh", is_flag=True, help="Ignore the journal and keep none.")
+@click.option("--by", type=click.Choice(["call", "op", "layer"]), default="call", show_default=True,
+              help="What is switched together: each call alone, every call of an op, or every call of a layer "
+                   "(the `layer` scope of replay.scope).")
 @device_option
 @kernel_trust_options
 @json_option
-def command(snapshot: Path, journal: Path | None, fresh: bool, device: str | None, code_dir: Path | None,
+def command(snapshot: Path, journal: Path | None, fresh: bool, by: str, device: str | None, code_dir: Path | None,
             providers: tuple[str, ...], json_target: str | None) -> None:
     """Find the smallest set of calls of SNAPSHOT whose switch to their op's
     reference variant brings the final outputs (what no later call read: the
@@ -36,6 +39,7 @@ def command(snapshot: Path, journal: Path | None, fresh: bool, device: str | Non
     \b
     Examples:
       replay bisect-precision snap
+      replay bisect-precision snap --by layer            # which layer, then which call
       replay bisect-precision snap --code ../kernels-at-head --json -
 
     Exit 0 when nothing needs switching, 1 when a set is found (or none
@@ -49,7 +53,7 @@ def command(snapshot: Path, journal: Path | None, fresh: bool, device: str | Non
 
     options = ReplayOptions(device=device, code_dir=code_dir, providers=frozenset(providers))
     with call_progress(quiet=json_target == "-") as progress:
-        result = bisect_precision(snapshot, options, journal=journal, use_journal=not fresh,
+        result = bisect_precision(snapshot, options, by=by, journal=journal, use_journal=not fresh,
                                   progress=(lambda done, switched, fixed: progress(done, None, SimpleNamespace(
                                       index=f"set {done}:", op=f"{len(switched)} calls switched")))
                                   if progress else None)

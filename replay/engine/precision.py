@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from replay.compare import Comparison, compare
 from replay.engine.ddmin import ddmin
+from replay.dataflow.graph import CallNode
 from replay.engine.propagate import Chains, ReplayedMemory, drift_tolerance, feed, keep, open_chains, \
     reference_of, sinks
 from replay.engine.session import ReplayOptions
@@ -38,6 +39,8 @@ class PrecisionResult:
     replays: int = 0
     problems: list[str] = field(default_factory=list)
     unfixable: bool = False  # switching every candidate does not bring the end back
+    by: str = "call"  # what was switched together: each call, each op's calls, each layer's calls
+    groups: list[str] = field(default_factory=list)  # the sets found ('call 26', 'rmsnorm', 'layer 1')
     worst: Comparison | None = None  # the unswitched run's worst final output
 
 
@@ -121,23 +124,41 @@ def _judge(finals: dict[tuple[int, str], Any], oracle: dict[tuple[int, str], Any
     return worst is None or worst.passed, worst
 
 
-def bisect_precision(path: str | Path, options: ReplayOptions, *, journal: Path | None = None,
+GROUPINGS = ("call", "op", "layer")
+
+
+def group_of(node: CallNode, by: str) -> str:
+    """The name of the set a call is switched with: itself, its op, or its layer (scope `layer`)."""
+    if by == "op":
+        return node.op
+    if by == "layer":
+        layer = node.scope.get("layer")
+        return f"layer {layer}" if layer is not None else "outside any layer"
+    return f"call {node.index}"
+
+
+def bisect_precision(path: str | Path, options: ReplayOptions, *, by: str = "call", journal: Path | None = None,
                      use_journal: bool = True, progress: ProgressFn | None = None) -> PrecisionResult:
-    """The smallest set of calls to switch to their reference (see the module's doc)."""
+    """The smallest set of calls (or of ops, or of layers: `by`) to switch to their reference (see
+    the module's doc)."""
+    if by not in GROUPINGS:
+        raise ValueError(f"by must be one of {', '.join(GROUPINGS)}, not {by!r}")
     chains, problems = open_chains(path, options)
     wanted = set(sinks(chains.graph))
-    candidates = []
+    groups: dict[str, list[int]] = {}
     for node in chains.graph.nodes:
         record = chains.snapshot.load(node.index)
         if reference_of(chains.op(record), record.variant) is not None:
-            candidates.append(node.index)
-    result = PrecisionResult(str(path), candidates, sorted(wanted), problems=problems)
+            groups.setdefault(group_of(node, by), []).append(node.index)
+    candidates = [i for members in groups.values() for i in members]
+    result = PrecisionResult(str(path), sorted(candidates), sorted(wanted), problems=problems, by=by)
     oracle = _chain(chains, frozenset(candidates), wanted)
     identity = {"snapshot": _index_digest(Path(path)), "code": _code_identity(chains),
                 "device": options.device, "finals": [list(f) for f in sorted(wanted)]}
     book = _Journal((journal or Path(path) / JOURNAL_NAME) if use_journal else None, identity)
 
-    def fixes(switched: tuple[int, ...]) -> bool:
+    def fixes(chosen: tuple[str, ...]) -> bool:
+        switched = tuple(sorted(i for name in chosen for i in groups[name]))
         key = book.key(switched)
         if key in book.answers:
             result.remembered += 1
@@ -152,10 +173,11 @@ def bisect_precision(path: str | Path, options: ReplayOptions, *, journal: Path 
 
     passed, result.worst = _judge(_chain(chains, frozenset(), wanted), oracle)
     if not passed:
-        if not fixes(tuple(candidates)):
+        if not fixes(tuple(groups)):
             result.unfixable = True
         else:
-            result.minimal = ddmin(candidates, fixes)
+            result.groups = ddmin(list(groups), fixes)
+            result.minimal = sorted(i for name in result.groups for i in groups[name])
     result.replays = chains.replays
     return result
 
@@ -169,6 +191,7 @@ def _index_digest(path: Path) -> str:
 
 
 def result_json(result: PrecisionResult) -> dict[str, Any]:
-    return {"snapshot": result.snapshot, "minimal": result.minimal, "unfixable": result.unfixable,
+    return {"snapshot": result.snapshot, "minimal": result.minimal, "by": result.by, "groups": result.groups,
+            "unfixable": result.unfixable,
             "candidates": result.candidates, "finals": [list(f) for f in result.finals], "tests": result.tests,
             "remembered": result.remembered, "replays": result.replays, "problems": result.problems}

@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st
 
@@ -97,3 +98,11 @@ def test_ddmin_returns_a_set_that_holds_and_drops_nothing_it_needs(case: tuple[i
     assert len(asked) == len(set(asked))  # no set asked twice
     if len(needed) == 1:
         assert len(asked) <= 2 * math.ceil(math.log2(n)) + 2
+
+
+@pytest.mark.parametrize("by, groups", [("layer", ["layer 1"]), ("op", ["rmsnorm"])])
+def test_precision_bisection_over_layers_or_ops(prefill: Path, by: str, groups: list[str]) -> None:
+    with bugs.planting("rmsnorm_weight_saturates"):
+        found = bisect_precision(prefill, ReplayOptions(device=DEVICE), by=by, use_journal=False)
+    assert found.groups == groups and PLANTED_CALL in (found.minimal or [])
+    assert found.tests <= 6  # two layers and a tail, or nine ops
