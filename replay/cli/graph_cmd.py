@@ -21,7 +21,10 @@ from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, SnapshotErro
 def command(snapshot: Path, dot_path: Path | None, html_path: Path | None, json_target: str | None) -> None:
     """Link each call of SNAPSHOT to the calls that wrote the bytes it read (the
     dependency graph), and report races: two calls on different CUDA streams
-    touching the same bytes, one writing, with no event or wait ordering them.
+    touching the same bytes, one writing, with no event or wait ordering them;
+    and reads of uninitialised memory: bytes of a buffer that recorded calls
+    write their outputs into (first seen fresh, as a kernel's write-only
+    argument) that no recorded call wrote.
 
     The links come from each call's memory footprint (device, bytes, storage and
     version counter of every tensor, kept since format 4 recordings of this
@@ -37,8 +40,8 @@ def command(snapshot: Path, dot_path: Path | None, html_path: Path | None, json_
       replay graph snap --html graph.html    # the picture
       replay graph snap --dot - | dot -Tsvg > graph.svg
 
-    Exit 0 with no race, 1 with one, 2 on bad input (a snapshot recorded without
-    footprints says so).
+    Exit 0 with no race or uninitialised read, 1 with one, 2 on bad input (a
+    snapshot recorded without footprints says so).
     """
     from replay.dataflow import render
     from replay.dataflow.graph import of_snapshot
@@ -64,6 +67,8 @@ def command(snapshot: Path, dot_path: Path | None, html_path: Path | None, json_
             console.print(f"calls without a footprint (not linked): {', '.join(map(str, missing[:20]))}")
         for race in graph.races:
             console.print(f"[bold red]race[/]: {escape(race.describe())}")
+        for unwritten in graph.unwritten:
+            console.print(f"[bold red]uninitialised[/]: {escape(unwritten.describe())}")
         if not graph.races:
             console.print("no races: every pair of calls touching the same bytes, one writing, is ordered")
         if html_path is not None:
@@ -73,5 +78,5 @@ def command(snapshot: Path, dot_path: Path | None, html_path: Path | None, json_
 
     quiet_dot = str(dot_path) == "-"
     data = render.to_json(graph) | {"problems": problems}
-    code = EXIT_BAD_INPUT if problems else EXIT_DIVERGED if graph.races else EXIT_PASS
+    code = EXIT_BAD_INPUT if problems else EXIT_DIVERGED if graph.races or graph.unwritten else EXIT_PASS
     finish(json_target, data, (lambda console: None) if quiet_dot else show, code)

@@ -46,6 +46,7 @@ class CallNode:
     clock: dict[str, int] = field(default_factory=dict)
     reads: dict[str, Access] = field(default_factory=dict)  # tensor key -> its bytes
     writes: dict[str, Access] = field(default_factory=dict)
+    unread: dict[str, Access] = field(default_factory=dict)  # buffers it only writes, as they were before
     footprint: bool = True  # False: recorded without `meta.memory` (an older recorder, another producer)
 
     @property
@@ -83,11 +84,28 @@ class Race:
                 f"({self.place.end - self.place.start} bytes) on different streams with no event or wait between")
 
 
+@dataclass(frozen=True)
+class Unwritten:
+    """`reader` read, as `key`, bytes of memory that recorded calls allocated their outputs in (a
+    buffer first seen fresh, as a kernel's write-only argument) but no recorded call wrote."""
+
+    reader: int
+    key: str
+    place: Place
+
+    def describe(self) -> str:
+        return (f"call {self.reader} ({self.key}) reads {self.place.end - self.place.start} bytes "
+                f"[{self.place.start:#x}, {self.place.end:#x}) of {self.place.device} that no recorded call wrote, "
+                "in a buffer recorded calls write their outputs into: uninitialised memory, unless a launch the "
+                "recording left out (--only/--skip) wrote them")
+
+
 @dataclass
 class DependencyGraph:
     nodes: list[CallNode]
     edges: list[Edge]
     races: list[Race]
+    unwritten: list[Unwritten] = field(default_factory=list)
 
     @property
     def without_footprint(self) -> list[int]:
@@ -116,8 +134,8 @@ def node_of(index: int, header: dict[str, Any]) -> CallNode:
                         where.get("storage"), where.get("version"))
         if role == "out":
             node.writes[key] = access
-        elif role in ("in", "state") and name not in write_only:
-            node.reads[key] = access
+        elif role in ("in", "state"):
+            (node.unread if name in write_only else node.reads)[key] = access
     return node
 
 
@@ -146,11 +164,16 @@ class _Walk:
         self.readers: dict[str, IntervalMap[dict[str, tuple[int, str, int | None]]]] = {}
         self.versions: dict[int, int] = {}  # storage -> the version its last recorded access saw
         self.epochs: dict[int, int] = {}
+        self.fresh: dict[int, int] = {}  # storage -> the epoch in which it was first seen as a fresh output buffer
+        self.unwritten: dict[tuple[int, str], list[tuple[str, int, int]]] = {}
         self.edges: dict[tuple[int, int, str, str], list[tuple[str, int, int]]] = {}
         self.races: dict[tuple[int, int, str, str, str], list[tuple[str, int, int]]] = {}
 
     def add(self, node: CallNode) -> None:
         self.nodes[node.index] = node
+        for access in node.unread.values():  # torch.empty's: never written, never read, version 0
+            if access.storage is not None and access.storage not in self.versions and access.version == 0:
+                self.fresh[access.storage] = 0
         for key, access in node.reads.items():
             self._seen(access, reading=True)
             self._read(node, key, access)
@@ -174,12 +197,19 @@ class _Walk:
     def _read(self, node: CallNode, key: str, access: Access) -> None:
         place, epoch = access.place, self._epoch(access)
         writers = self.writers.setdefault(place.device, IntervalMap())
+        written_here = []
         for start, end, (writer, writer_key, storage, written_epoch) in writers.pieces(place.start, place.end):
-            if writer == node.index or storage != access.storage or written_epoch != epoch:
+            if storage != access.storage or written_epoch != epoch:
+                continue
+            written_here.append((start, end))
+            if writer == node.index:
                 continue
             _add(self.edges, (writer, node.index, writer_key, key), place.device, start, end)
             if not _ordered(self.nodes[writer], node):
                 _add(self.races, (writer, node.index, writer_key, key, "write then read"), place.device, start, end)
+        if access.storage is not None and self.fresh.get(access.storage) == epoch:
+            for start, end in _gaps(place.start, place.end, written_here):
+                _add(self.unwritten, (node.index, key), place.device, start, end)
         stream = node.stream or ""
         self.readers.setdefault(place.device, IntervalMap()).update(
             place.start, place.end, lambda seen: {**(seen or {}), stream: (node.index, key, access.storage)})
@@ -198,6 +228,18 @@ class _Walk:
                          start, end)
         writers.assign(place.start, place.end, (node.index, key, access.storage, self._epoch(access)))
         readers.assign(place.start, place.end, {})
+
+
+def _gaps(start: int, end: int, covered: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of [start, end) outside the sorted, disjoint `covered` ranges."""
+    gaps, at = [], start
+    for s, e in covered:
+        if at < s:
+            gaps.append((at, s))
+        at = max(at, e)
+    if at < end:
+        gaps.append((at, end))
+    return gaps
 
 
 def _add(found: dict[Any, list[tuple[str, int, int]]], key: Any, device: str, start: int, end: int) -> None:
@@ -224,8 +266,9 @@ def build(calls: Iterable[tuple[int, dict[str, Any]]]) -> DependencyGraph:
     edges = [Edge(p, c, pk, ck, _place(pieces), tuple((s, e) for _, s, e in pieces))
              for (p, c, pk, ck), pieces in walk.edges.items()]
     races = [Race(a, b, ak, bk, kind, _place(pieces)) for (a, b, ak, bk, kind), pieces in walk.races.items()]
+    unwritten = [Unwritten(reader, key, _place(pieces)) for (reader, key), pieces in walk.unwritten.items()]
     return DependencyGraph(nodes, sorted(edges, key=lambda e: (e.consumer, e.producer)),
-                           sorted(races, key=lambda r: (r.second, r.first)))
+                           sorted(races, key=lambda r: (r.second, r.first)), sorted(unwritten, key=lambda u: u.reader))
 
 
 def of_snapshot(snapshot: Snapshot) -> tuple[DependencyGraph, list[str]]:

@@ -44,6 +44,8 @@ def to_json(graph: DependencyGraph) -> dict[str, Any]:
         "races": [{"first": r.first, "second": r.second, "first_key": r.first_key, "second_key": r.second_key,
                    "kind": r.kind, "device": r.place.device, "start": r.place.start, "end": r.place.end,
                    "message": r.describe()} for r in graph.races],
+        "unwritten": [{"reader": u.reader, "key": u.key, "device": u.place.device, "start": u.place.start,
+                       "end": u.place.end, "message": u.describe()} for u in graph.unwritten],
         "without_footprint": graph.without_footprint,
     }
 
@@ -87,7 +89,7 @@ def to_html(graph: DependencyGraph, title: str) -> str:
                      f'<tspan fill="{COLOURS["state"]}">{html.escape(state)}</tspan></text></g>')
     height = (len(graph.nodes) + 1) * ROW
     legend = " ".join(f'<span style="color:{c}">\u25a0 {k}</span>' for k, c in COLOURS.items())
-    races = "".join(f"<li>{html.escape(r.describe())}</li>" for r in graph.races)
+    races = "".join(f"<li>{html.escape(r.describe())}</li>" for r in [*graph.races, *graph.unwritten])
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             '<style>body{font:13px system-ui,sans-serif;margin:12px;color:#222}svg text{font-size:12px;'
             'font-family:monospace}.races li{color:#b00}</style></head><body>'

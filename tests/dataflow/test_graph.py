@@ -222,3 +222,34 @@ def test_the_recorders_own_waits_and_other_threads_waits_order_nothing() -> None
     assert clocks.issue("cuda:0#2")["clock"].get("cuda:0#1", 0) < 2
     clocks.on_wait(event, two)  # the program's own wait orders what follows
     assert clocks.issue("cuda:0#2")["clock"]["cuda:0#1"] == 2
+
+
+def test_a_read_of_bytes_no_recorded_call_wrote_is_uninitialised(tmp_path: Path, device: str) -> None:
+    """A kernel fills 20 of a fresh buffer's 21 floats; the next reads all 21."""
+    from triton_launches.writes_cases import plain
+
+    x = torch.arange(20.0, device=device)
+    buf, out = torch.empty(21, device=device), torch.empty(21, device=device)
+    with replay.recording(tmp_path / "snap"):
+        plain[(2,)](x, buf[:20], 20, BLOCK=16)
+        plain[(2,)](buf, out, 21, BLOCK=16)
+    result = CliRunner().invoke(cli_main, ["graph", str(tmp_path / "snap"), "--json", "-"])
+    assert result.exit_code == 1, result.output
+    data = json.loads(result.output)
+    (unwritten,) = data["unwritten"]
+    assert (unwritten["reader"], unwritten["key"], unwritten["end"] - unwritten["start"]) == (1, "in/x_ptr", 4)
+    assert unwritten["start"] == buf.data_ptr() + 80
+    assert [(e["producer"], e["consumer"], e["bytes"]) for e in data["edges"]] == [(0, 1, 80)]
+
+
+def test_weights_and_buffers_written_before_are_no_uninitialised_memory() -> None:
+    graph = build([
+        (0, _call("reads_a_weight", {"in/w": (0, 64, 1, 0)}, {"out/out": (100, 164, 2, 0)})),
+        (1, _call("writes_a_zeroed_buffer", {}, {"out/out_ptr": (200, 232, 3, 2)}, write_only=("out_ptr",))
+         | {"meta": {"memory": {"in/out_ptr": {"device": "cuda:0", "start": 200, "end": 264, "storage": 3,
+                                                 "version": 1},
+                                  "out/out_ptr": {"device": "cuda:0", "start": 200, "end": 232, "storage": 3,
+                                                  "version": 2}}}}),
+        (2, _call("reads_it_all", {"in/x": (200, 264, 3, 2)}, {})),
+    ])
+    assert graph.unwritten == []  # the buffer's version was 1 before call 1: something wrote it first
