@@ -89,7 +89,8 @@ def to_html(graph: DependencyGraph, title: str) -> str:
                      f'<tspan fill="{COLOURS["state"]}">{html.escape(state)}</tspan></text></g>')
     height = (len(graph.nodes) + 1) * ROW
     legend = " ".join(f'<span style="color:{c}">\u25a0 {k}</span>' for k, c in COLOURS.items())
-    races = "".join(f"<li>{html.escape(r.describe())}</li>" for r in [*graph.races, *graph.unwritten])
+    found = [r.describe() for r in graph.races] + [u.describe() for u in graph.unwritten]
+    races = "".join(f"<li>{html.escape(text)}</li>" for text in found)
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
             '<style>body{font:13px system-ui,sans-serif;margin:12px;color:#222}svg text{font-size:12px;'
             'font-family:monospace}.races li{color:#b00}</style></head><body>'
