@@ -120,3 +120,4 @@ def test_verify_with_a_metric_checks_by_it(tmp_path: Path) -> None:
     assert [(m.call, m.output) for m in seen] == [(1, "out")]
     with pytest.raises(ValueError, match="cannot be decided"):
         replay.verify(reference=lambda x: x, metric="fp64:2")(lambda x: x)
+

@@ -199,6 +199,14 @@ def metric_help(float64_run: bool = True) -> str:
             f"1e-3 off){fp64}. Every comparison's values are in --json whatever the metric.")
 
 
+def write_page(path: Path, text: str) -> None:
+    """An HTML report written where asked, or bad input naming the path."""
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise ReplayError(f"{path}: cannot write the page: {exc.strerror or exc}") from None
+
+
 def json_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`--json FILE|-`: write the report as JSON to FILE, or to stdout (and print nothing else)."""
     return click.option("--json", "json_target", metavar="FILE|-",

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from replay.cli.common import MetricValue, metric_help, ToleranceValue, finish, json_option
+from replay.cli.common import MetricValue, ToleranceValue, finish, json_option, metric_help, write_page
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 
 
@@ -16,11 +16,14 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS
 @click.option("--atol", type=ToleranceValue(), help="Absolute tolerance (default: bitwise).")
 @click.option("--rtol", type=ToleranceValue(), help="Relative tolerance (default: bitwise).")
 @click.option("--metric", type=MetricValue(), help=metric_help(float64_run=False))
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also write one self-contained HTML page: the differing calls and, for each call where a "
+                   "difference starts, each differing tensor's heatmap, rows, values and histogram of errors.")
 @click.option("--all", "show_all", is_flag=True,
               help="List every differing call, also those whose inputs already differ (knock-on differences).")
 @json_option
-def command(a: Path, b: Path, atol: float | None, rtol: float | None, metric: Any, show_all: bool,
-            json_target: str | None) -> None:
+def command(a: Path, b: Path, atol: float | None, rtol: float | None, metric: Any, html_path: Path | None,
+            show_all: bool, json_target: str | None) -> None:
     """Compare snapshots A and B (two commits, two devices) call by call: inputs,
     state, tags in recorded order, then outputs; name the first divergence.
 
@@ -41,7 +44,10 @@ def command(a: Path, b: Path, atol: float | None, rtol: float | None, metric: An
     if metric is not None and metric.needs_float64_run:
         raise click.BadParameter("fp64 compares a kernel with a float64 run of its reference, which a recording "
                                  "has not: use it with replay run", param_hint="--metric")
-    report = diff_snapshots(a, b, tolerance, metric)
+    report = diff_snapshots(a, b, tolerance, metric, evidence=html_path is not None)
+    if html_path is not None:
+        from replay.engine.html import diff_page
+        write_page(html_path, diff_page(report))
     from replay.cli.render import print_diff_report
 
     finish(json_target, report.to_json(), lambda console: print_diff_report(console, report, show_all),

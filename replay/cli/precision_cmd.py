@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import click
 from rich.console import Console
 
-from replay.cli.common import chosen_device, device_option, finish, json_option, kernel_trust_options
+from replay.cli.common import chosen_device, device_option, finish, json_option, kernel_trust_options, write_page
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
 
 
@@ -20,11 +20,14 @@ from replay.errors import EXIT_DIVERGED, EXIT_PASS
 @click.option("--by", type=click.Choice(["call", "op", "layer"]), default="call", show_default=True,
               help="What is switched together: each call alone, every call of an op, or every call of a layer "
                    "(the `layer` scope of replay.scope).")
+@click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
+              help="Also write one self-contained HTML page: the sets tried, the answer, and each final output "
+                   "that is off with no call switched (heatmap, rows, values, histogram of errors).")
 @device_option
 @kernel_trust_options
 @json_option
-def command(snapshot: Path, journal: Path | None, fresh: bool, by: str, device: str | None, code_dir: Path | None,
-            providers: tuple[str, ...], json_target: str | None) -> None:
+def command(snapshot: Path, journal: Path | None, fresh: bool, by: str, html_path: Path | None, device: str | None,
+            code_dir: Path | None, providers: tuple[str, ...], json_target: str | None) -> None:
     """Find the smallest set of calls of SNAPSHOT whose switch to their op's
     reference variant brings the final outputs (what no later call read: the
     logits, say) within tolerance of the all-reference run.
@@ -57,6 +60,10 @@ def command(snapshot: Path, journal: Path | None, fresh: bool, by: str, device: 
                                   progress=(lambda done, switched, fixed: progress(done, None, SimpleNamespace(
                                       index=f"set {done}:", op=f"{len(switched)} calls switched")))
                                   if progress else None)
+
+    if html_path is not None:
+        from replay.engine.html import precision_page
+        write_page(html_path, precision_page(result))
 
     def show(console: Console) -> None:
         print_precision(console, result)

@@ -8,8 +8,9 @@ import click
 
 from rich.console import Console
 
-from replay.cli.common import MetricValue, metric_help, ToleranceValue, chosen_device, device_option, error, finish, json_option, warn
-from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE, ReplayError
+from replay.cli.common import (MetricValue, ToleranceValue, chosen_device, device_option, error, finish, json_option,
+                               metric_help, warn, write_page)
+from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
 
 
 @click.command("run")
@@ -109,7 +110,7 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         report = replay_snapshot(snapshot, options, progress)
     if html_path is not None:
         from replay.engine.html import run_page
-        _write_page(html_path, run_page(report))
+        write_page(html_path, run_page(report))
     for warning in report.warnings:
         warn(warning)
     from replay.cli.render import print_run_report
@@ -145,7 +146,7 @@ def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: st
         report = propagate(snapshot, options, progress)
     if html_path is not None:
         from replay.engine.html import propagation_page
-        _write_page(html_path, propagation_page(report))
+        write_page(html_path, propagation_page(report))
 
     def show(console: Console) -> None:
         print_propagation(console, report, verbose)
@@ -156,9 +157,3 @@ def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: st
            EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if any(c.error for c in report.calls)
            else EXIT_PASS if report.passed else EXIT_DIVERGED)
 
-
-def _write_page(path: Path, text: str) -> None:
-    try:
-        path.write_text(text)
-    except OSError as exc:
-        raise ReplayError(f"{path}: cannot write the page: {exc.strerror or exc}") from None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.compare import Comparison, compare
+from replay.engine.evidence import Evidence, gather
 from replay.metrics import Metric
 from replay.tolerance import Tolerance
 from replay.snapshot import CallRecord, Snapshot
@@ -30,6 +31,7 @@ class CallDiff:
     op: str
     ordinal: int  # this is the op's call number `ordinal` (from 0) in both recordings
     differences: list[dict[str, Any]] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)  # what a page draws of its differing tensors
 
     @property
     def knock_on(self) -> bool:
@@ -80,7 +82,7 @@ def _difference(key: str, problem: str, comparison: Comparison | None = None) ->
 
 
 def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None,
-              metric: Metric | None = None) -> list[dict[str, Any]]:
+              metric: Metric | None = None, drawn: list[Evidence] | None = None) -> list[dict[str, Any]]:
     """Differences between two recordings of one call, in data-flow order. What a Triton launch's
     or an operator's output buffers held before it (its `write_only` arguments: torch.empty's
     leftovers) is no input of it, and is not compared."""
@@ -103,11 +105,14 @@ def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None,
                 c.judged_by(metric)
             if not c.passed:
                 found.append(_difference(key, "values differ", c))
+                if drawn is not None:
+                    gathered = gather(a.index, key, "B vs A", tb[name], ta[name])
+                    drawn += [gathered] if gathered is not None else []
     return found
 
 
 def diff_snapshots(a: str | Path, b: str | Path, tolerance: Tolerance | None = None,
-                   metric: Metric | None = None) -> DiffReport:
+                   metric: Metric | None = None, evidence: bool = False) -> DiffReport:
     """Pair calls by op and ordinal and report every call whose inputs, tags or outputs differ
     (within `tolerance`, or by `metric`)."""
     snap_a, snap_b = Snapshot(a), Snapshot(b)
@@ -125,9 +130,10 @@ def diff_snapshots(a: str | Path, b: str | Path, tolerance: Tolerance | None = N
             continue
         eb = in_b[ea.op][ordinal]
         report.calls_compared += 1
-        differences = diff_call(snap_a.load(ea), snap_b.load(eb), tolerance, metric)
+        drawn: list[Evidence] | None = [] if evidence else None
+        differences = diff_call(snap_a.load(ea), snap_b.load(eb), tolerance, metric, drawn)
         if differences:
-            report.calls.append(CallDiff(position, ea.index, eb.index, ea.op, ordinal, differences))
+            report.calls.append(CallDiff(position, ea.index, eb.index, ea.op, ordinal, differences, drawn or []))
     for op in sorted(set(counted) | set(in_b)):
         if counted[op] != len(in_b[op]):
             report.structural.append(f"op '{op}': {counted[op]} calls in A, {len(in_b[op])} in B")

@@ -13,10 +13,13 @@ import html
 import math
 from typing import TYPE_CHECKING, Iterable
 
+from replay.compare import row_ranges
 from replay.engine.evidence import HISTOGRAM, Evidence
 from replay.engine.report import RunReport
 
 if TYPE_CHECKING:  # propagate.py imports the session, which imports this module's neighbours
+    from replay.engine.diff import DiffReport
+    from replay.engine.precision import PrecisionResult
     from replay.engine.propagate import PropagationReport
 
 CELL = 8  # pixels a heatmap cell
@@ -58,6 +61,48 @@ def run_page(report: RunReport) -> str:
         body.append(f"<p>{len(failing) - CALLS_DRAWN} more failing calls are not drawn (the first "
                     f"{CALLS_DRAWN} are)</p>")
     return page(f"replay run {report.snapshot}", body)
+
+
+def diff_page(report: DiffReport) -> str:
+    """The page of `replay diff --html`: the calls where a difference starts, then those it reaches."""
+    origins = {id(c) for c in report.origins()}
+    rows = []
+    for call in report.calls:
+        start = id(call) in origins
+        what = "; ".join(f"{d['tensor']}: {d['problem']}" for d in call.differences[:3])
+        rows.append(f'<tr class="call" data-passed="false"><td>{call.index_a}</td><td>{call.index_b}</td>'
+                    f"<td>{html.escape(call.op)}</td><td class=\"{'bad' if start else ''}\">"
+                    f"{'starts here' if start else 'carried along'}</td><td>{html.escape(what)}</td></tr>")
+    body = [f"<p>A {html.escape(report.a)}, B {html.escape(report.b)}: {report.calls_compared} calls compared, "
+            f"{len(report.calls)} differ" + "".join(f"; {html.escape(s)}" for s in report.structural) + "</p>",
+            "<table><tr><th>A call</th><th>B call</th><th>op</th><th></th><th>what differs</th></tr>", *rows,
+            "</table>"]
+    starting = [c for c in report.calls if id(c) in origins]
+    body += [evidence_section(e) for call in starting[:CALLS_DRAWN] for e in call.evidence]
+    return page(f"replay diff {report.a} {report.b}", body)
+
+
+def precision_page(result: PrecisionResult) -> str:
+    """The page of `replay bisect-precision --html`: the sets tried in order, the answer, and the final
+    outputs as they are with no call switched."""
+    rows = [f'<tr class="set" data-fixed="{str(fixed).lower()}"><td>{i}</td><td>{len(calls)}</td>'
+            f"<td>{html.escape(_ranges(calls))}</td><td class=\"{'ok' if fixed else 'bad'}\">"
+            f"{'within tolerance' if fixed else 'still off'}</td></tr>" for i, (calls, fixed) in enumerate(result.trail, 1)]
+    if result.minimal is not None:
+        answer = (f"switch calls {_ranges(result.minimal)}" + (f" ({', '.join(result.groups)})" if result.by != "call"
+                                                               else "") + " to their reference")
+    else:
+        answer = "nothing to switch" if not result.unfixable else "no set of calls with a reference suffices"
+    body = [f"<p>{html.escape(answer)}: {result.tests} sets tested, {result.remembered} answered by the journal, "
+            f"{result.replays} call replays; final outputs judged: "
+            f"{html.escape(', '.join(f'call {i} {k}' for i, k in result.finals))}</p>",
+            "<table><tr><th>set</th><th>calls</th><th>switched to their reference</th><th>final outputs</th></tr>",
+            *rows, "</table>", *[evidence_section(e) for e in result.evidence]]
+    return page(f"replay bisect-precision {result.snapshot}", body)
+
+
+def _ranges(calls: list[int]) -> str:
+    return row_ranges(sorted(calls)) or "none"
 
 
 def evidence_section(e: Evidence) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from replay.compare import Comparison, compare
 from replay.engine.ddmin import ddmin
+from replay.engine.evidence import Evidence, gather
 from replay.dataflow.graph import CallNode
 from replay.engine.propagate import Chains, ReplayedMemory, drift_tolerance, feed, keep, open_chains, \
     reference_of, sinks
@@ -41,6 +42,8 @@ class PrecisionResult:
     unfixable: bool = False  # switching every candidate does not bring the end back
     by: str = "call"  # what was switched together: each call, each op's calls, each layer's calls
     groups: list[str] = field(default_factory=list)  # the sets found ('call 26', 'rmsnorm', 'layer 1')
+    trail: list[tuple[list[int], bool]] = field(default_factory=list)  # each set asked, in order, and the answer
+    evidence: list[Evidence] = field(default_factory=list)  # the final outputs off, with no call switched
     worst: Comparison | None = None  # the unswitched run's worst final output
 
 
@@ -167,11 +170,18 @@ def bisect_precision(path: str | Path, options: ReplayOptions, *, by: str = "cal
             answer, _ = _judge(_chain(chains, frozenset(switched), wanted), oracle)
             result.tests += 1
             book.keep(switched, answer)
+        result.trail.append((list(switched), answer))
         if progress:
             progress(result.tests + result.remembered, switched, answer)
         return answer
 
-    passed, result.worst = _judge(_chain(chains, frozenset(), wanted), oracle)
+    unswitched = _chain(chains, frozenset(), wanted)
+    passed, result.worst = _judge(unswitched, oracle)
+    for (index, key), (value, op) in unswitched.items():
+        expected = oracle[(index, key)][0]
+        if not compare(value, expected, drift_tolerance(op, expected.dtype), same_dtype=False).passed:
+            gathered = gather(index, key, "kernels vs references", value, expected)
+            result.evidence += [gathered] if gathered is not None else []
     if not passed:
         if not fixes(tuple(groups)):
             result.unfixable = True

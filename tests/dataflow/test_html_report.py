@@ -10,7 +10,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
+
+import replay
 
 from kernel_copies import RMSNORM_MEAN_OVER_H_PLUS_1, RMSNORM_WEIGHT_SATURATES, edited_kernels, kernels_put_back
 from replay.cli import main as cli_main
@@ -83,3 +86,21 @@ def test_a_propagated_page_draws_the_error_curve_and_the_culprit(prefill: Path, 
     assert len(page.having("svg", "error-curve")) == 1 and len(page.having("polyline", "own")) == 1
     assert [s["data-call"] for s in page.having("section", "evidence")] == [str(PLANTED_CALL)]
     assert len(page.having("tr", "call")) == 34
+
+
+def test_replay_diff_html_draws_where_a_difference_starts(tmp_path: Path) -> None:
+    from replay_kernels.model import TinyLlama
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for name, scale in (("a", 1.0), ("b", 1.01)):
+        model = TinyLlama(device=device)
+        model.weights.layers[1].ffn_norm *= scale  # layer 1's ffn rmsnorm differs first
+        with replay.recording(tmp_path / name):
+            model.prefill([3, 4])
+    page = tmp_path / "diff.html"
+    result = CliRunner().invoke(cli_main, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--html", str(page)])
+    assert result.exit_code == 1
+    text = page.read_text()
+    # the first differing call is layer 1's ffn rmsnorm (26): its weight, then its output, are drawn
+    assert re.findall(r'data-call="(\d+)" data-name="([^"]+)"', text)[:2] == [("26", "in/weight"), ("26", "out/out")]
+    assert text.count('class="heatmap"') == text.count('class="evidence"') > 0

@@ -76,10 +76,15 @@ def test_precision_bisection_finds_the_planted_call_in_a_few_log2_runs(prefill: 
 
 
 def test_bisect_precision_from_the_command_line(prefill: Path, tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli_main, ["bisect-precision", str(prefill), "--fresh",
+    page = tmp_path / "precision.html"
+    result = CliRunner().invoke(cli_main, ["bisect-precision", str(prefill), "--fresh", "--html", str(page),
                                            "--code", str(_planted_code(tmp_path)), "--json", "-"])
     assert result.exit_code == 1, result.output
-    assert json.loads(result.output)["minimal"] == [PLANTED_CALL]
+    data = json.loads(result.output)
+    assert data["minimal"] == [PLANTED_CALL]
+    text = page.read_text()
+    assert text.count('class="set"') == data["tests"] and 'data-fixed="true"' in text
+    assert 'class="evidence" data-call="33" data-name="out/out"' in text  # the logits, off with no call switched
 
 
 @settings(max_examples=60, deadline=None)
