@@ -96,6 +96,19 @@ def test_a_launch_reproduces_without_kernel_replay(good: Project, tmp_path: Path
     assert ("out_ptr: DIFFERS (bits differ)" if edited else "cache_ptr: agrees (bitwise equal)") in ran.stdout
 
 
+def test_propagated_replay_of_launches_holds_them_to_the_recording(good: Project, tmp_path: Path) -> None:
+    """No reference names these kernels: the recording is the oracle of each launch along the chain."""
+    clean = shell("replay run snapshots/serve_001 --propagate --code . --json -", good.path)
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert all(c["verdict"] == "ok" for c in json.loads(clean.stdout)["calls"])
+    edited = edited_copy(good, tmp_path, OFF_BY_ONE[1], OFF_BY_ONE[2])
+    done = shell(f"replay run snapshots/serve_001 --propagate --code {edited} --json -", good.path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["culprit"] == (2 if torch.cuda.is_available() else 0)  # as the plain replay's first failure
+    assert {c["op"] for c in report["calls"] if c["verdict"] == "own error"} == {SCALE}
+
+
 def test_a_kernel_gone_from_the_code_is_untestable_and_says_what_was_looked_for(good: Project, tmp_path: Path) -> None:
     edited = edited_copy(good, tmp_path, "def append_kv_kernel(", "def append_rows_kernel(")
     done = shell(f"replay run snapshots/serve_001 --code {edited}", good.path)

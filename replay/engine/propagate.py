@@ -10,6 +10,11 @@ twice, within its op's tolerance:
 - its own error: the kernel against the reference on the same (kernel-chain) inputs;
 - its drift: the kernel chain's output against the reference chain's.
 
+A call with no reference (a recorded Triton launch no `replay.reference_for` names) has the
+recording as its oracle: the reference chain carries its recorded outputs, its own error is the
+kernel run on the reference chain's inputs against them (as a plain replay checks it), its drift
+the kernel chain's output against them.
+
 The first call whose own error crosses its tolerance is the culprit; a later call that drifts
 while its own error stays within tolerance only inherits. `Chains` is also what precision
 bisection (precision.py) runs, with some calls switched to their reference.
@@ -233,17 +238,21 @@ def propagate(path: str | Path, options: ReplayOptions, progress: ProgressFn | N
         on_kernel, on_reference = feed(record, node, kernel), feed(record, node, reference)
         call.fed = on_kernel.keys
         ran = chains.run(on_kernel, record.variant)
-        chained = chains.run(on_reference, judge or record.variant)
-        own = chains.run(on_kernel, judge) if judge is not None else None
+        if judge is not None:  # the reference chain runs the reference; the call's own error is on the same inputs
+            chained = chains.run(on_reference, judge)
+            own, mine, own_tolerance = chains.run(on_kernel, judge), ran, op.tolerance_for
+        else:  # no reference (a recorded Triton launch): the recording is the oracle, as in a plain replay
+            chained = VariantRun("recorded", outputs={n: t for n, t in record.role("out").items() if n in ran.outputs})
+            own, mine, own_tolerance = chained, chains.run(on_reference, record.variant), op.rerun_tolerance_for
         keep(node, ran, kernel)
         keep(node, chained, reference)
-        call.error = next((r.error for r in (ran, chained, own) if r is not None and r.error), None)
+        call.error = next((r.error for r in (ran, chained, own, mine) if r.error), None)
         if call.error is None:
-            call.own = worst(ran, own, op.tolerance_for) if own is not None else None
+            call.own = worst(mine, own, own_tolerance)
             call.drift = worst(ran, chained, functools.partial(drift_tolerance, op))
-            if options.evidence and own is not None and call.own is not None and not call.own.passed:
-                report.evidence += [e for name, value in ran.outputs.items() if name in own.outputs
-                                    for e in [gather(node.index, name, f"{record.variant} vs {judge}", value,
+            if options.evidence and call.own is not None and not call.own.passed:
+                report.evidence += [e for name, value in mine.outputs.items() if name in own.outputs
+                                    for e in [gather(node.index, name, f"{record.variant} vs {own.variant}", value,
                                                      own.outputs[name], batch_axis=op.batch_axes.get(name))]
                                     if e is not None]
         if progress:
