@@ -23,10 +23,10 @@ SECTION = "## Record a program you did not write"
 SCALE, APPEND = "tinylib.kernels.scale_rows_kernel", "tinylib.kernels.append_kv_kernel"
 
 
-def readme_lines() -> list[str]:
+def readme_lines(title: str = SECTION) -> list[str]:
     text = README.read_text()
-    start = text.index(SECTION)
-    section = text[start:text.find("\n## ", start + len(SECTION))]
+    start = text.index(title)
+    section = text[start:text.find("\n## ", start + len(title))]
     return [line for block in fenced(section, "bash") for line in block.splitlines() if line.strip()]
 
 
@@ -139,6 +139,29 @@ def test_the_readme_commands_as_written_find_the_planted_mask(tmp_path: Path) ->
         ("replay bisect --good v1.0 --bad HEAD snapshots/serve_001", 0, f"First bad commit {project.commits['mask']}"),
     ]
     run_as_written(readme_lines(), expected, project.path)
+
+
+LOCALISE = "## From a divergence to its cause"
+
+
+def test_the_readme_localisation_commands_as_written(tmp_path: Path) -> None:
+    """Recorded at v1.0, replayed at HEAD (the mask drops each row's last column)."""
+    from user_project.history import git
+
+    project = build(tmp_path / "tinylib")
+    git(project.path, "checkout", "-q", "v1.0")
+    assert shell("replay record -- python serve.py", project.path).returncode == 0
+    git(project.path, "checkout", "-q", "-")
+    first = 2 if torch.cuda.is_available() else 0  # on a GPU the autotuner's runs pre-filled call 0's column
+    expected = [
+        ("replay graph snapshots/serve_001 --html graph.html", 0, "6 calls"),
+        ("replay run snapshots/serve_001 --propagate --code .", 1, f"first call over its own tolerance: call {first}"),
+        ("replay run snapshots/serve_001 --code . --html report.html", 1, "differs in 2/64 elements"),
+        ("replay repro snapshots/serve_001 --call 0 -o call0 --code .", 1 if first == 0 else 0, "written to call0"),
+        ("python call0/repro.py", 1 if first == 0 else 0, "out_ptr: "),
+    ]
+    run_as_written(readme_lines(LOCALISE), expected, project.path)
+    assert (project.path / "graph.html").exists() and 'class="heatmap"' in (project.path / "report.html").read_text()
 
 
 def test_the_recorded_program_runs_as_it_does_alone(good: Project) -> None:
