@@ -144,6 +144,7 @@ def test_the_readme_commands_as_written_find_the_planted_mask(tmp_path: Path) ->
 LOCALISE = "## From a divergence to its cause"
 
 
+@pytest.mark.slow
 def test_the_readme_localisation_commands_as_written(tmp_path: Path) -> None:
     """Recorded at v1.0, replayed at HEAD (the mask drops each row's last column)."""
     from user_project.history import git
