@@ -125,7 +125,7 @@ def holds_on_device(metric: Metric, actual: torch.Tensor, expected: torch.Tensor
         raise ValueError(f"metric {metric.name!r} cannot be decided on the device; one of {', '.join(ON_DEVICE)}")
     if metric.name == "bitwise":
         same = actual.dtype == expected.dtype
-        bits = (actual.contiguous().view(torch.uint8) == expected.contiguous().view(torch.uint8)).all() if same \
+        bits = (actual.reshape(-1).view(torch.uint8) == expected.reshape(-1).view(torch.uint8)).all() if same \
             else torch.zeros((), dtype=torch.bool, device=actual.device)
         return bits
     values = measure_on_device(actual, expected)

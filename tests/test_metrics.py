@@ -121,3 +121,19 @@ def test_verify_with_a_metric_checks_by_it(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot be decided"):
         replay.verify(reference=lambda x: x, metric="fp64:2")(lambda x: x)
 
+
+
+def test_verify_decides_a_metric_the_device_cannot_on_the_workers_host(tmp_path: Path) -> None:
+    seen: list = []
+    replay.verify.configure(directory=tmp_path / "mismatches", seed=0, enabled=True)
+
+    @replay.verify(reference=lambda x: x + 1, sample=1.0, metric="ulp:0", outliers=False, on_mismatch=seen.append)
+    def plus_one_nearly(x: torch.Tensor) -> torch.Tensor:
+        return torch.nextafter(x + 1, torch.full_like(x, math.inf))  # one ulp off
+
+    try:
+        plus_one_nearly(torch.ones(4))
+        replay.verify.drain()
+    finally:
+        replay.verify.stop(next(n for n in all_ops() if n.endswith("plus_one_nearly")))
+    assert [(m.call, m.output) for m in seen] == [(0, "out")]

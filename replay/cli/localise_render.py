@@ -19,7 +19,7 @@ def _error(c: Comparison | None) -> str:
 
 
 def _scope(scope: dict) -> str:
-    return " ".join(f"{k} {v}" for k, v in scope.items())
+    return escape(" ".join(f"{k} {v}" for k, v in scope.items()))
 
 
 def print_propagation(console: Console, report: PropagationReport, verbose: bool) -> None:
@@ -52,11 +52,8 @@ def print_precision(console: Console, result: PrecisionResult) -> None:
     console.print(f"final outputs judged: {escape(judged)}")
     tests = f"{result.tests} sets tested" + (f", {result.remembered} answered by the journal" if result.remembered
                                              else "")
-    if result.minimal is None and not result.unfixable:
+    if result.minimal is None:
         console.print(f"the final outputs are within tolerance of the reference chain: nothing to switch ({tests})")
-    elif result.unfixable:
-        console.print("[bold red]switching every call with a reference does not bring the final outputs within "
-                      "tolerance[/]: the error comes from calls without one")
     else:
         sets = "" if result.by == "call" else f" ({escape(', '.join(result.groups))})"
         console.print(f"[bold]switch {len(result.minimal or [])} of {len(result.candidates)} calls{sets}[/] to their "

@@ -104,7 +104,8 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         raise click.BadParameter("--golden-data takes the recorded outputs as the oracle", param_hint="--oracle")
     if propagate:
         _refuse_with_propagate(golden=golden is not None, save_outputs=save_outputs is not None, op=bool(ops),
-                               call=bool(calls), variant=bool(variants), repeat=repeat > 1)
+                               call=bool(calls), variant=bool(variants), repeat=repeat > 1, metric=metric is not None,
+                               atol=atol is not None, rtol=rtol is not None, oracle=oracle != "all")
         _run_propagated(snapshot, options, verbose, json_target, html_path)
     with call_progress(quiet=json_target == "-") as progress:
         report = replay_snapshot(snapshot, options, progress)
@@ -129,11 +130,13 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
 
 
 def _refuse_with_propagate(**given: bool) -> None:
-    """Options that choose calls or variants have no meaning along a chain of every call."""
+    """Options that choose calls, variants or how they are judged have no meaning along a chain of
+    every call, judged by each op's tolerance (refused rather than ignored)."""
     for name, on in given.items():
         if on:
             raise click.BadParameter(f"--{name.replace('_', '-')} cannot be combined with --propagate, which replays "
-                                     "every call in order, kernel and reference", param_hint="--propagate")
+                                     "every call in order, kernel and reference, within each op's tolerance",
+                                     param_hint="--propagate")
 
 
 def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: str | None,
@@ -154,6 +157,6 @@ def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: st
             error(problem)
 
     finish(json_target, report_json(report), show,
-           EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if any(c.error for c in report.calls)
+           EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if report.untestable
            else EXIT_PASS if report.passed else EXIT_DIVERGED)
 

@@ -5,7 +5,12 @@ and, on a GPU, its stream and that stream's vector clock at issue (`meta.order`,
 replay/recorder/stream_order.py). Walking the calls in order with the last writer of every
 byte painted over memory (intervals.py) links each tensor a call read to the call that wrote
 those bytes last: an edge. Two accesses of the same bytes, one a write, from calls on different
-streams that no event or wait orders are a race. Nothing here reads a tensor or imports an op.
+streams that no event or wait orders are a race. Nothing here builds a tensor or imports an op
+(a call's description is read from its file, which holds its tensors too: reading a graph reads
+the snapshot's call files). A footprint is the span of bytes from a view's first element to its
+last: two views that interleave within one span (the columns of a fused QKV output) count as
+overlapping, so a race between them, or an uninitialised gap between a writer's rows, can be a
+false alarm.
 """
 from __future__ import annotations
 
@@ -125,7 +130,9 @@ def node_of(index: int, header: dict[str, Any]) -> CallNode:
     meta = header.get("meta") or {}
     memory = meta.get("memory")
     order = meta.get("order") or {}
-    node = CallNode(index, header["op"], header["variant"], dict(meta.get("scope") or {}), order.get("stream"),
+    scope = meta.get("scope")
+    node = CallNode(index, header["op"], header["variant"], dict(scope) if isinstance(scope, dict) else {},
+                    order.get("stream"),
                     dict(order.get("clock") or {}), footprint=memory is not None)
     write_only = set((header.get("triton") or header.get("torch_op") or {}).get("write_only") or ())
     for key, where in (memory or {}).items():

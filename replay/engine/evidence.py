@@ -38,8 +38,9 @@ class Evidence:
 
 def gather(call: int, name: str, versus: str, actual: torch.Tensor, expected: torch.Tensor,
            mismatching: torch.Tensor | None = None, batch_axis: int | None = None) -> Evidence | None:
-    """The evidence of one failing comparison; None where the shapes differ (nothing to draw)."""
-    if actual.shape != expected.shape:
+    """The evidence of one failing comparison; None where the shapes differ or there are no elements
+    (nothing to draw)."""
+    if actual.shape != expected.shape or actual.numel() == 0:
         return None
     a, e = _rows(actual, batch_axis), _rows(expected, batch_axis)
     diff = (a - e).abs()

@@ -92,7 +92,7 @@ def precision_page(result: PrecisionResult) -> str:
         answer = (f"switch calls {_ranges(result.minimal)}" + (f" ({', '.join(result.groups)})" if result.by != "call"
                                                                else "") + " to their reference")
     else:
-        answer = "nothing to switch" if not result.unfixable else "no set of calls with a reference suffices"
+        answer = "nothing to switch"
     body = [f"<p>{html.escape(answer)}: {result.tests} sets tested, {result.remembered} answered by the journal, "
             f"{result.replays} call replays; final outputs judged: "
             f"{html.escape(', '.join(f'call {i} {k}' for i, k in result.finals))}</p>",

@@ -39,7 +39,6 @@ class PrecisionResult:
     remembered: int = 0  # sets the journal answered
     replays: int = 0
     problems: list[str] = field(default_factory=list)
-    unfixable: bool = False  # switching every candidate does not bring the end back
     by: str = "call"  # what was switched together: each call, each op's calls, each layer's calls
     groups: list[str] = field(default_factory=list)  # the sets found ('call 26', 'rmsnorm', 'layer 1')
     trail: list[tuple[list[int], bool]] = field(default_factory=list)  # each set asked, in order, and the answer
@@ -84,15 +83,24 @@ class _Journal:
 
 
 def _code_identity(chains: Chains) -> str:
-    """A digest of the files of every module the calls' variants come from: another version of the
-    kernels is another search."""
-    files = sorted({getattr(sys.modules.get(v.fn.__module__), "__file__", None) or v.fn.__module__
-                    for op in chains.ops.values() for v in op.variants.values()})
+    """A digest of every file of the packages the calls' ops and kernels come from (their providers'
+    top-level packages, and the variants' own modules): another version of the kernels is another
+    search."""
+    tops = {name.partition(".")[0] for op in chains.ops.values()
+            for name in (op.provider, *(v.fn.__module__ for v in op.variants.values()))}
+    files: set[Path] = set()
+    for top in tops:
+        module = sys.modules.get(top)
+        places = list(getattr(module, "__path__", []) or [])
+        if places:
+            files.update(Path(places[0]).rglob("*.py"))
+        elif getattr(module, "__file__", None):
+            files.add(Path(module.__file__))  # type: ignore[union-attr, arg-type]
     digest = hashlib.sha256()
-    for name in files:
-        digest.update(name.encode())
+    for path in sorted(files):
+        digest.update(str(path).encode())
         try:
-            digest.update(Path(name).read_bytes())
+            digest.update(path.read_bytes())
         except OSError:
             pass
     return digest.hexdigest()
@@ -107,9 +115,11 @@ def _chain(chains: Chains, switched: frozenset[int], wanted: set[tuple[int, str]
         reference = reference_of(op, record.variant)
         variant = reference if reference is not None and node.index in switched else record.variant
         run = chains.run(feed(record, node, memory), variant)
-        if run.error:
+        if run.error and (run.untestable or variant == reference):  # the oracle's side must run
             raise CallUntestable(f"{chains.snapshot.path}: call {node.index} ({node.op}, {variant}) failed: {run.error}")
-        keep(node, run, memory)
+        if run.error:  # a kernel that raises with this set switched: the end is not brought back
+            return {}
+        keep(node, record, run, memory)
         for name, value in run.outputs.items():
             if (node.index, f"out/{name}") in wanted:
                 finals[(node.index, f"out/{name}")] = (value, op)
@@ -117,9 +127,14 @@ def _chain(chains: Chains, switched: frozenset[int], wanted: set[tuple[int, str]
 
 
 def _judge(finals: dict[tuple[int, str], Any], oracle: dict[tuple[int, str], Any]) -> tuple[bool, Comparison | None]:
-    """Whether every final output is within its op's drift tolerance of the oracle's, and the worst."""
+    """Whether every final output is within its op's drift tolerance of the oracle's, and the worst;
+    a run that made none (a kernel raised) is not."""
+    if not finals:
+        return False, None
     worst: Comparison | None = None
     for key, (value, op) in finals.items():
+        if key not in oracle:  # an output the reference does not make (an intermediate it skips): not judged
+            continue
         expected = oracle[key][0]
         c = compare(value, expected, drift_tolerance(op, expected.dtype), same_dtype=False)
         if worst is None or (worst.passed and (not c.passed or (c.max_abs or 0) > (worst.max_abs or 0))):
@@ -178,16 +193,15 @@ def bisect_precision(path: str | Path, options: ReplayOptions, *, by: str = "cal
     unswitched = _chain(chains, frozenset(), wanted)
     passed, result.worst = _judge(unswitched, oracle)
     for (index, key), (value, op) in unswitched.items():
+        if (index, key) not in oracle:
+            continue
         expected = oracle[(index, key)][0]
         if not compare(value, expected, drift_tolerance(op, expected.dtype), same_dtype=False).passed:
             gathered = gather(index, key, "kernels vs references", value, expected)
             result.evidence += [gathered] if gathered is not None else []
-    if not passed:
-        if not fixes(tuple(groups)):
-            result.unfixable = True
-        else:
-            result.groups = ddmin(list(groups), fixes)
-            result.minimal = sorted(i for name in result.groups for i in groups[name])
+    if not passed:  # every group switched is the oracle itself: ddmin starts from a set that holds
+        result.groups = ddmin(list(groups), fixes)
+        result.minimal = sorted(i for name in result.groups for i in groups[name])
     result.replays = chains.replays
     return result
 
@@ -202,6 +216,6 @@ def _index_digest(path: Path) -> str:
 
 def result_json(result: PrecisionResult) -> dict[str, Any]:
     return {"snapshot": result.snapshot, "minimal": result.minimal, "by": result.by, "groups": result.groups,
-            "unfixable": result.unfixable,
+
             "candidates": result.candidates, "finals": [list(f) for f in result.finals], "tests": result.tests,
             "remembered": result.remembered, "replays": result.replays, "problems": result.problems}

@@ -32,7 +32,7 @@ from replay.code import KernelCode
 from replay.compare import Comparison, compare
 from replay.dataflow.graph import Access, CallNode, DependencyGraph, Edge, of_snapshot
 from replay.engine.evidence import Evidence, gather
-from replay.engine.runner import VariantRun, run_variant
+from replay.engine.runner import VariantRun, fresh_copy, run_variant
 from replay.engine.session import ReplayOptions, CannotMake, op_for
 from replay.errors import CallUntestable, SnapshotError
 from replay.registry import REFERENCE, Op
@@ -53,12 +53,19 @@ class ReplayedMemory:
             self._last_reader[written] = max(self._last_reader.get(written, -1), edge.consumer)
         self._outputs: dict[tuple[int, str], tuple[torch.Tensor, int]] = {}  # -> (bytes, their first address)
 
-    def write(self, index: int, key: str, access: Access, value: torch.Tensor) -> None:
-        """Keep `value`'s bytes, where a later call reads them and the replayed tensor spans the
-        recorded bytes (another geometry is left out: its readers get the recorded bytes)."""
-        if (index, key) not in self._last_reader:
+    def write(self, index: int, key: str, access: Access, value: torch.Tensor, recorded: torch.Tensor) -> None:
+        """Keep `value`'s bytes laid out as the `recorded` output was (its strides, offset and dtype:
+        a float32 reference's output is rounded to the bfloat16 the kernel wrote), where a later call
+        reads them; a value of another shape, or one the recorded layout cannot hold, is left out
+        (its readers get the recorded bytes)."""
+        if (index, key) not in self._last_reader or value.shape != recorded.shape:
             return
-        data = storage_span(value).contiguous().view(torch.uint8)
+        laid = fresh_copy(recorded, "cpu")  # the recorded bytes between the view's elements stay
+        try:
+            laid.copy_(value.detach())
+        except RuntimeError:  # a recorded view whose elements overlap (a broadcast output) takes no copy
+            return
+        data = storage_span(laid).view(torch.uint8)
         if data.numel() == access.place.end - access.place.start:
             self._outputs[(index, key)] = (data, access.place.start)
 
@@ -119,20 +126,22 @@ class Chains:
 
 
 def feed(record: CallRecord, node: CallNode, memory: ReplayedMemory) -> Fed:
-    """A copy of `record` whose read tensors hold what `memory` says was there."""
-    tensors = {key: t.clone() if key in node.reads else t for key, t in record.tensors.items()}
+    """A copy of `record` whose read tensors (copied with their strides and offset, so that their
+    storage holds the recorded bytes in the recorded order) hold what `memory` says was there."""
+    tensors = {key: fresh_copy(t, "cpu") if key in node.reads else t for key, t in record.tensors.items()}
     copy = CallRecord(**{**record.__dict__, "tensors": tensors})
     keys = [key for key, access in node.reads.items()
             if key in tensors and memory.feed(node.index, key, access, tensors[key])]
     return Fed(copy, keys)
 
 
-def keep(node: CallNode, run: VariantRun, memory: ReplayedMemory) -> None:
+def keep(node: CallNode, record: CallRecord, run: VariantRun, memory: ReplayedMemory) -> None:
     """What a run wrote, kept in `memory` for the calls that read it; what no later call reads let go."""
     for name, value in run.outputs.items():
-        access = node.writes.get(f"out/{name}")
-        if access is not None:
-            memory.write(node.index, f"out/{name}", access, value)
+        key = f"out/{name}"
+        access, recorded = node.writes.get(key), record.tensors.get(key)
+        if access is not None and recorded is not None:
+            memory.write(node.index, key, access, value, recorded)
     memory.done(node.index)
 
 
@@ -172,6 +181,7 @@ class PropagatedCall:
     drift: Comparison | None = None  # kernel chain vs reference chain
     fed: list[str] = field(default_factory=list)
     error: str | None = None  # a variant raised, or the call cannot be made here
+    untestable: bool = False  # the error is this code's failure to make or build the call, not a verdict
 
     @property
     def verdict(self) -> str:
@@ -200,6 +210,10 @@ class PropagationReport:
     @property
     def passed(self) -> bool:
         return not self.problems and all(c.verdict == "ok" for c in self.calls)
+
+    @property
+    def untestable(self) -> bool:
+        return any(c.untestable for c in self.calls)
 
 
 ProgressFn = Callable[[int, int, PropagatedCall], None]
@@ -232,7 +246,7 @@ def propagate(path: str | Path, options: ReplayOptions, progress: ProgressFn | N
             record = chains.snapshot.load(node.index)
             op = chains.op(record)
         except (SnapshotError, CallUntestable) as exc:
-            call.error = str(exc)
+            call.error, call.untestable = str(exc), True
             break
         judge = reference_of(op, record.variant)
         on_kernel, on_reference = feed(record, node, kernel), feed(record, node, reference)
@@ -244,9 +258,11 @@ def propagate(path: str | Path, options: ReplayOptions, progress: ProgressFn | N
         else:  # no reference (a recorded Triton launch): the recording is the oracle, as in a plain replay
             chained = VariantRun("recorded", outputs={n: t for n, t in record.role("out").items() if n in ran.outputs})
             own, mine, own_tolerance = chained, chains.run(on_reference, record.variant), op.rerun_tolerance_for
-        keep(node, ran, kernel)
-        keep(node, chained, reference)
-        call.error = next((r.error for r in (ran, chained, own, mine) if r.error), None)
+        keep(node, record, ran, kernel)
+        keep(node, record, chained, reference)
+        failed = [r for r in (ran, chained, own, mine) if r.error]
+        call.error = failed[0].error if failed else None
+        call.untestable = any(r.untestable for r in failed)  # a build failure; a variant that raises diverges
         if call.error is None:
             call.own = worst(mine, own, own_tolerance)
             call.drift = worst(ran, chained, functools.partial(drift_tolerance, op))

@@ -104,8 +104,7 @@ def _describe(record: CallRecord, op: Any, outputs: dict[str, torch.Tensor], whe
     if record.variant == SINGLE and (op.rows(record.arguments()) or 1) > 1:
         raise NotReproducible(f"{where}: the single variant ran it row by row over {op.rows(record.arguments())} "
                               "rows; repro makes one call: choose a call of one row, or its batched twin")
-    called = {"returns": [n for n in outputs if n not in op.mutates], "mutates": [n for n in op.mutates if n in outputs],
-              "args": args}
+    called = {"names": list(op.outputs), "mutates": [n for n in op.mutates if n in outputs], "args": args}
     if _found(fn):  # reached by its name: the module need not know kernel-replay
         return {"kind": "function", "module": fn.__module__, "qualname": fn.__qualname__, **called}
     # made in a factory, say: found through the registration the stand-in keeps
@@ -147,8 +146,9 @@ def _copy_package(module: str, code: Path, force_shim: bool) -> None:
     top = module.partition(".")[0]
     found = sys.modules.get(top)
     places = list(getattr(found, "__path__", []) or [])
-    source = Path(places[0]) if places else Path(getattr(found, "__file__", "") or "")
-    if not source.exists():
+    file = getattr(found, "__file__", None)
+    source = Path(places[0]) if places else Path(file) if file else None
+    if source is None or not source.exists():
         raise NotReproducible(f"module {module}: its source is not on disk here")
     code.mkdir(parents=True, exist_ok=True)
     if source.is_dir():

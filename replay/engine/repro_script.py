@@ -48,6 +48,18 @@ def rebuild(span: Any, geometry: dict[str, Any], device: str) -> Any:
     return torch.as_strided(base, geometry["shape"], geometry["stride"], offset)
 
 
+def named(result: Any, names: list[str]) -> dict[str, Any]:
+    """What the call returned, by output name: a dict as it is; a tuple by the op's declared names
+    when they fit, else out0, out1, ...; one value `out` (kernel-replay's own rule)."""
+    if result is None:
+        return {}
+    if isinstance(result, dict):
+        return dict(result)
+    values = result if isinstance(result, (tuple, list)) else (result,)
+    default = ["out"] if len(values) == 1 else [f"out{i}" for i in range(len(values))]
+    return dict(zip(names if len(names) == len(values) else default, values))
+
+
 def find(module: Any, qualname: str) -> Any:
     for part in qualname.split("."):
         module = getattr(module, part)
@@ -61,8 +73,8 @@ def agree(actual: Any, expected: Any, tolerance: list[float] | None) -> tuple[bo
     if actual.shape != expected.shape:
         return False, f"shape {list(actual.shape)}, expected {list(expected.shape)}"
     if tolerance is None:
-        same = actual.dtype == expected.dtype and torch.equal(actual.contiguous().view(torch.uint8),
-                                                              expected.contiguous().view(torch.uint8))
+        same = actual.dtype == expected.dtype and torch.equal(actual.reshape(-1).view(torch.uint8),
+                                                              expected.reshape(-1).view(torch.uint8))
         return same, "bitwise equal" if same else "bits differ"
     a, e = actual.double(), expected.double()
     close = torch.isclose(a, e, rtol=tolerance[1], atol=tolerance[0], equal_nan=True)
@@ -104,9 +116,7 @@ def main() -> int:
         target[tuple(call["grid"])](**args, **call["options"])
         made = {name: args[name] for name in call["outputs"]}
     else:
-        result = target(**args)
-        returned = result if isinstance(result, (tuple, list)) else (result,)
-        made = {name: value for name, value in zip(call["returns"], returned)}
+        made = {name: value for name, value in named(target(**args), call["names"]).items() if hasattr(value, "shape")}
         made.update({name: args[name] for name in call["mutates"]})
     if device == "cuda":
         torch.cuda.synchronize()

@@ -88,8 +88,8 @@ def capture(name: str, variant: str = "default", **kwargs: Any) -> Callable[[Cal
     return get_op(name)._register(variant)
 
 
-def launch(kernel: Any, grid: Any, *args: Any, **kwargs: Any) -> Any:
-    return kernel[grid](*args, **kwargs)
+def launch(kernel: Any, grid: Any, *args: Any, path: str | None = None, **kwargs: Any) -> Any:
+    return kernel[grid](*args, **kwargs)  # `path` names the launch for kernel-replay's records: not Triton's
 
 
 def tag(name: str, value: Any) -> None:

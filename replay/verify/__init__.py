@@ -46,8 +46,9 @@ def verify(target: Callable[..., Any] | str | None = None, /, reference: Callabl
             instead of printing one line on stderr.
         outliers: also check every call whose inputs look unlike the calls before (the gate).
         metric: for a function given a reference: how a check passes instead of within the
-            tolerance ('nmse:1e-6', 'cosine:0.9999', ...: replay/metrics.py; not ulp or fp64, which
-            need more than the two outputs). A registered op's own metric comes from replay.op.
+            tolerance ('nmse:1e-6', 'cosine:0.9999', ...: replay/metrics.py; decided on the device
+            where it can be, ulp on the worker's host; not fp64, which needs a float64 run). A
+            registered op's own metric comes from replay.op.
 
     Returns:
         With an op's name, None; as a decorator, the function, wrapped.
@@ -78,9 +79,9 @@ def _declare(fn: Callable[..., Any], reference: Callable[..., Any], rtol: float 
     """An op of its own for a plain function and its reference, so that a mismatch replays."""
     name = fn.__qualname__ if fn.__qualname__ not in all_ops() else f"{fn.__module__}.{fn.__qualname__}"
     tolerance = None if rtol is None and atol is None else Tolerance(rtol=rtol or 0.0, atol=atol or 0.0)
-    if metric is not None and metrics.parse(metric).name not in metrics.ON_DEVICE:
-        raise ValueError(f"replay.verify: metric {metric!r} cannot be decided from the two outputs on the device; "
-                         f"one of {', '.join(metrics.ON_DEVICE)}")
+    if metric is not None and metrics.parse(metric).needs_float64_run:
+        raise ValueError(f"replay.verify: metric {metric!r} cannot be decided from the two outputs (it needs a "
+                         "float64 run of the reference): use it with replay run")
     declared = declare_op(name, tolerance=tolerance, provider=fn.__module__, metric=metric)
     if fn.__module__ == "__main__":  # `replay run` imports an op's module: a script's is no module to import
         log.warning(f"replay.verify: {fn.__qualname__} is defined in the script being run (__main__): its mismatch "

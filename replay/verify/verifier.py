@@ -460,8 +460,8 @@ atexit.register(_report_at_exit)
 def _agrees(op: Op, got: torch.Tensor, want: torch.Tensor) -> torch.Tensor | None:
     """The device's verdict on one output, by the op's metric where it declares one (replay/metrics.py),
     else within its tolerance; None where shapes or devices differ (compare then says how)."""
-    if op.metric is None:
+    if op.metric is None or op.metric.name == "tolerance":
         return agreement(got, want, op.tolerance_for(got.dtype))
-    if got.shape != want.shape or got.device != want.device:
-        return None
+    if got.shape != want.shape or got.device != want.device or op.metric.name not in metrics.ON_DEVICE:
+        return None  # decided on the host by compare (the worker's own wait, never the program's)
     return metrics.holds_on_device(op.metric, got, want)

@@ -8,9 +8,11 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner
 from hypothesis import given, settings, strategies as st
 
+import replay
 from replay.cli import main as cli_main
 from replay.engine import ReplayOptions
 from replay.engine.ddmin import ddmin
@@ -72,7 +74,7 @@ def test_precision_bisection_finds_the_planted_call_in_a_few_log2_runs(prefill: 
         again = bisect_precision(prefill, ReplayOptions(device=DEVICE), journal=journal)  # resumed: answered by the journal
     assert again.minimal == [PLANTED_CALL] and again.tests == 0 and again.remembered == found.tests
     clean = bisect_precision(prefill, ReplayOptions(device=DEVICE), journal=journal)  # other code: a new search
-    assert clean.minimal is None and not clean.unfixable
+    assert clean.minimal is None and clean.tests == 0
 
 
 def test_bisect_precision_from_the_command_line(prefill: Path, tmp_path: Path) -> None:
@@ -111,3 +113,20 @@ def test_precision_bisection_over_layers_or_ops(prefill: Path, by: str, groups: 
         found = bisect_precision(prefill, ReplayOptions(device=DEVICE), by=by, use_journal=False)
     assert found.groups == groups and PLANTED_CALL in (found.minimal or [])
     assert found.tests <= 6  # two layers and a tail, or nine ops
+
+
+def test_a_call_reading_a_strided_slice_is_fed_its_producers_bytes_in_their_places(tmp_path: Path) -> None:
+    from tests.dataflow import strided_ops as ops
+
+    x = torch.arange(64.0).reshape(8, 8)
+    with replay.recording(tmp_path / "snap"):
+        y = ops.double_batched(x)
+        ops.left_sum_batched(y[:, :4])  # a view of every row's first half: strides (8, 1), not dense
+    options = ReplayOptions(providers=frozenset({ops.__name__}))
+    report = propagate(tmp_path / "snap", options)
+    assert report.passed and report.calls[1].fed == ["in/x"]
+    with ops.double.replacing("batched", lambda x: x * 3):  # the producer now writes 3x: the slice must carry it
+        wrong = propagate(tmp_path / "snap", options)
+    assert [c.verdict for c in wrong.calls] == ["own error", "inherits"]
+    assert wrong.calls[1].drift is not None and wrong.calls[1].drift.max_abs == pytest.approx(
+        float((x[:, :4] * 3 - x[:, :4] * 2).sum(-1).abs().max()))
