@@ -25,15 +25,18 @@ def _run(python: Path, directory: Path) -> subprocess.CompletedProcess[str]:
                           cwd=directory.parent, timeout=600)
 
 
-def test_a_clean_call_reproduces_without_kernel_replay(bare_python: Path, tmp_path: Path) -> None:
-    out = tmp_path / "call5"
-    made = CliRunner().invoke(cli_main, ["repro", str(SHIPPED), "--call", "5", "-o", str(out)])
+@pytest.mark.parametrize("call, op, kind", [(5, "q6k_gemv", "op"),  # its variants are made in a factory
+                                            (6, "kv_scatter", "function")])  # launches with replay.launch(path=)
+def test_a_clean_call_reproduces_without_kernel_replay(bare_python: Path, tmp_path: Path, call: int, op: str,
+                                                       kind: str) -> None:
+    out = tmp_path / f"call{call}"
+    made = CliRunner().invoke(cli_main, ["repro", str(SHIPPED), "--call", str(call), "-o", str(out)])
     assert made.exit_code == 0, made.output
     assert {p.name for p in out.iterdir()} == {"call.json", "call.safetensors", "code", "repro.py"}
-    assert json.loads((out / "call.json").read_text())["kind"] == "op"  # q6k_gemv's variants come from a factory
+    assert json.loads((out / "call.json").read_text())["kind"] == kind
     ran = _run(bare_python, out)
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert "call 5 (q6k_gemv, batched) of prefill_001: reproduced, no divergence" in ran.stdout
+    assert f"call {call} ({op}, batched) of prefill_001: reproduced, no divergence" in ran.stdout
 
 
 def test_a_planted_bug_diverges_here_and_there(bare_python: Path, tmp_path: Path) -> None:
