@@ -229,7 +229,8 @@ def test_a_read_of_bytes_no_recorded_call_wrote_is_uninitialised(tmp_path: Path,
     from triton_launches.writes_cases import plain
 
     x = torch.arange(20.0, device=device)
-    buf, out = torch.empty(21, device=device), torch.empty(21, device=device)
+    # torch.zeros, not empty: the same version 0 to the graph, and no garbage for the interpreter to double
+    buf, out = torch.zeros(21, device=device), torch.empty(21, device=device)
     with replay.recording(tmp_path / "snap"):
         plain[(2,)](x, buf[:20], 20, BLOCK=16)
         plain[(2,)](buf, out, 21, BLOCK=16)
