@@ -69,13 +69,7 @@ class KernelCode:
 
     def code_paths(self) -> list[Path]:
         """Where the imported providers' code is: a top-level package's directory, or a loose module's file."""
-        found = []
-        for provider in self.loaded:
-            module = sys.modules.get(provider.split(".")[0])
-            origin = Path(getattr(module, "__file__", None) or "")
-            if origin.name:
-                found.append(origin.resolve().parent if origin.name == "__init__.py" else origin.resolve())
-        return found
+        return [source.resolve() for provider in self.loaded if (source := package_source(provider)) is not None]
 
     def _in_tree(self, op_names: list[str]) -> list[str]:
         """The code tree's top-level packages, and its loose modules whose text names one of
@@ -141,3 +135,13 @@ def _put_first_on_path(root: str) -> None:
 
 def _is_in_tree(root: Path, top: str) -> bool:
     return (root / top / "__init__.py").is_file() or (root / f"{top}.py").is_file()
+
+
+def package_source(module: str) -> Path | None:
+    """Where the code of the top-level package (or loose module) `module` belongs to lives, as
+    imported in this process: the package's directory, the module's file; None when not on disk."""
+    found = sys.modules.get(module.partition(".")[0])
+    places = list(getattr(found, "__path__", []) or [])
+    file = getattr(found, "__file__", None)
+    source = Path(places[0]) if places else Path(file) if file else None
+    return source if source is not None and source.exists() else None

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from replay.cli.common import error, finish, json_option
-from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, SnapshotError
+from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS
 
 
 @click.command("graph")
@@ -44,16 +44,12 @@ def command(snapshot: Path, dot_path: Path | None, html_path: Path | None, json_
     snapshot recorded without footprints says so).
     """
     from replay.dataflow import render
-    from replay.dataflow.graph import of_snapshot
+    from replay.dataflow.graph import checked, of_snapshot
     from replay.snapshot import Snapshot
 
     graph, problems = of_snapshot(Snapshot(snapshot, strict=False))
-    if not graph.nodes:
-        raise SnapshotError(f"{snapshot}: no readable calls recorded")
+    checked(graph, snapshot, every_call=False)
     missing = graph.without_footprint
-    if len(missing) == len(graph.nodes):
-        raise SnapshotError(f"{snapshot}: recorded without memory footprints (meta.memory): record it again with "
-                            "this version of kernel-replay to see its graph")
     if dot_path is not None:
         text = render.to_dot(graph)
         click.echo(text, nl=False) if str(dot_path) == "-" else dot_path.write_text(text)

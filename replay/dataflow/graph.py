@@ -278,6 +278,20 @@ def build(calls: Iterable[tuple[int, dict[str, Any]]]) -> DependencyGraph:
                            sorted(races, key=lambda r: (r.second, r.first)), sorted(unwritten, key=lambda u: u.reader))
 
 
+def checked(graph: DependencyGraph, path: object, *, every_call: bool) -> DependencyGraph:
+    """`graph`, or a SnapshotError where it has no calls, or calls recorded without footprints
+    (older recordings, other producers): any of them when `every_call` (a replay along the graph
+    needs each link), all of them otherwise (nothing to draw)."""
+    if not graph.nodes:
+        raise SnapshotError(f"{path}: no readable calls recorded")
+    missing = graph.without_footprint
+    if missing and (every_call or len(missing) == len(graph.nodes)):
+        raise SnapshotError(f"{path}: call {missing[0]} (and {len(missing) - 1} more) was recorded without memory "
+                            "footprints (meta.memory), which link a call to its producers; record it again with this "
+                            "version of kernel-replay")
+    return graph
+
+
 def of_snapshot(snapshot: Snapshot) -> tuple[DependencyGraph, list[str]]:
     """The graph of every readable call of `snapshot`, and what could not be read (a line each)."""
     calls, problems = [], list(snapshot.problems)

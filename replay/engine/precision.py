@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from replay.compare import Comparison, compare
+from replay.code import package_source
 from replay.engine.ddmin import ddmin
 from replay.engine.evidence import Evidence, gather
 from replay.dataflow.graph import CallNode
@@ -86,16 +87,9 @@ def _code_identity(chains: Chains) -> str:
     """A digest of every file of the packages the calls' ops and kernels come from (their providers'
     top-level packages, and the variants' own modules): another version of the kernels is another
     search."""
-    tops = {name.partition(".")[0] for op in chains.ops.values()
-            for name in (op.provider, *(v.fn.__module__ for v in op.variants.values()))}
-    files: set[Path] = set()
-    for top in tops:
-        module = sys.modules.get(top)
-        places = list(getattr(module, "__path__", []) or [])
-        if places:
-            files.update(Path(places[0]).rglob("*.py"))
-        elif getattr(module, "__file__", None):
-            files.add(Path(module.__file__))  # type: ignore[union-attr, arg-type]
+    modules = {name for op in chains.ops.values() for name in (op.provider, *(v.fn.__module__ for v in op.variants.values()))}
+    sources = {source for name in modules if (source := package_source(name)) is not None}
+    files = {f for source in sources for f in (source.rglob("*.py") if source.is_dir() else [source])}
     digest = hashlib.sha256()
     for path in sorted(files):
         digest.update(str(path).encode())
@@ -106,14 +100,17 @@ def _code_identity(chains: Chains) -> str:
     return digest.hexdigest()
 
 
-def _chain(chains: Chains, switched: frozenset[int], wanted: set[tuple[int, str]]) -> dict[tuple[int, str], Any]:
-    """The final outputs of the kernel chain with the `switched` calls run as their reference."""
+def _chain(chains: Chains, switched: frozenset[int] | None,
+           wanted: set[tuple[int, str]]) -> dict[tuple[int, str], Any]:
+    """The final outputs of the kernel chain with the `switched` calls (None: every call with a
+    reference) run as their reference."""
     memory, finals = ReplayedMemory(chains.graph), {}
     for node in chains.graph.nodes:
         record = chains.snapshot.load(node.index)
         op = chains.op(record)
         reference = reference_of(op, record.variant)
-        variant = reference if reference is not None and node.index in switched else record.variant
+        chosen = reference is not None and (switched is None or node.index in switched)
+        variant = reference if chosen and reference is not None else record.variant
         run = chains.run(feed(record, node, memory), variant)
         if run.error and (run.untestable or variant == reference):  # the oracle's side must run
             raise CallUntestable(f"{chains.snapshot.path}: call {node.index} ({node.op}, {variant}) failed: {run.error}")
@@ -126,20 +123,26 @@ def _chain(chains: Chains, switched: frozenset[int], wanted: set[tuple[int, str]
     return finals
 
 
+def _judged(finals: dict[tuple[int, str], Any], oracle: dict[tuple[int, str], Any]) -> dict[tuple[int, str], Comparison]:
+    """Each final output the oracle also makes (not an intermediate the reference skips) against
+    the oracle's, within its op's drift tolerance."""
+    found = {}
+    for key, (value, op) in finals.items():
+        if key in oracle:
+            expected = oracle[key][0]
+            found[key] = compare(value, expected, drift_tolerance(op, expected.dtype), same_dtype=False)
+    return found
+
+
 def _judge(finals: dict[tuple[int, str], Any], oracle: dict[tuple[int, str], Any]) -> tuple[bool, Comparison | None]:
-    """Whether every final output is within its op's drift tolerance of the oracle's, and the worst;
-    a run that made none (a kernel raised) is not."""
+    """Whether every final output is within tolerance of the oracle's, and the worst; a run that
+    made none (a kernel raised) is not."""
     if not finals:
         return False, None
-    worst: Comparison | None = None
-    for key, (value, op) in finals.items():
-        if key not in oracle:  # an output the reference does not make (an intermediate it skips): not judged
-            continue
-        expected = oracle[key][0]
-        c = compare(value, expected, drift_tolerance(op, expected.dtype), same_dtype=False)
-        if worst is None or (worst.passed and (not c.passed or (c.max_abs or 0) > (worst.max_abs or 0))):
-            worst = c
-    return worst is None or worst.passed, worst
+    judged = list(_judged(finals, oracle).values())
+    failing = [c for c in judged if not c.passed]
+    worst = failing[0] if failing else max(judged, key=lambda c: c.max_abs or 0.0, default=None)
+    return not failing, worst
 
 
 GROUPINGS = ("call", "op", "layer")
@@ -163,14 +166,13 @@ def bisect_precision(path: str | Path, options: ReplayOptions, *, by: str = "cal
         raise ValueError(f"by must be one of {', '.join(GROUPINGS)}, not {by!r}")
     chains, problems = open_chains(path, options)
     wanted = set(sinks(chains.graph))
+    oracle = _chain(chains, None, wanted)  # every call with a reference switched; their ops known after it
     groups: dict[str, list[int]] = {}
     for node in chains.graph.nodes:
-        record = chains.snapshot.load(node.index)
-        if reference_of(chains.op(record), record.variant) is not None:
+        if reference_of(chains.ops[node.index], node.variant) is not None:
             groups.setdefault(group_of(node, by), []).append(node.index)
     candidates = [i for members in groups.values() for i in members]
     result = PrecisionResult(str(path), sorted(candidates), sorted(wanted), problems=problems, by=by)
-    oracle = _chain(chains, frozenset(candidates), wanted)
     identity = {"snapshot": _index_digest(Path(path)), "code": _code_identity(chains),
                 "device": options.device, "finals": [list(f) for f in sorted(wanted)]}
     book = _Journal((journal or Path(path) / JOURNAL_NAME) if use_journal else None, identity)
@@ -192,13 +194,10 @@ def bisect_precision(path: str | Path, options: ReplayOptions, *, by: str = "cal
 
     unswitched = _chain(chains, frozenset(), wanted)
     passed, result.worst = _judge(unswitched, oracle)
-    for (index, key), (value, op) in unswitched.items():
-        if (index, key) not in oracle:
-            continue
-        expected = oracle[(index, key)][0]
-        if not compare(value, expected, drift_tolerance(op, expected.dtype), same_dtype=False).passed:
-            gathered = gather(index, key, "kernels vs references", value, expected)
-            result.evidence += [gathered] if gathered is not None else []
+    for (index, key), judged in _judged(unswitched, oracle).items():
+        gathered = None if judged.passed else gather(index, key, "kernels vs references", unswitched[(index, key)][0],
+                                                     oracle[(index, key)][0])
+        result.evidence += [gathered] if gathered is not None else []
     if not passed:  # every group switched is the oracle itself: ddmin starts from a set that holds
         result.groups = ddmin(list(groups), fixes)
         result.minimal = sorted(i for name in result.groups for i in groups[name])
@@ -213,9 +212,7 @@ def _index_digest(path: Path) -> str:
         return ""
 
 
-
 def result_json(result: PrecisionResult) -> dict[str, Any]:
     return {"snapshot": result.snapshot, "minimal": result.minimal, "by": result.by, "groups": result.groups,
-
             "candidates": result.candidates, "finals": [list(f) for f in result.finals], "tests": result.tests,
             "remembered": result.remembered, "replays": result.replays, "problems": result.problems}

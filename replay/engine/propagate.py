@@ -30,7 +30,7 @@ import torch
 
 from replay.code import KernelCode
 from replay.compare import Comparison, compare
-from replay.dataflow.graph import Access, CallNode, DependencyGraph, Edge, of_snapshot
+from replay.dataflow.graph import Access, CallNode, DependencyGraph, Edge, checked, of_snapshot
 from replay.engine.evidence import Evidence, gather
 from replay.engine.runner import VariantRun, fresh_copy, run_variant
 from replay.engine.session import ReplayOptions, CannotMake, op_for
@@ -224,14 +224,8 @@ def open_chains(path: str | Path, options: ReplayOptions) -> tuple[Chains, list[
     the memory footprints propagation follows."""
     snapshot = Snapshot(path, strict=False)
     graph, problems = of_snapshot(snapshot)
-    if not graph.nodes:
-        raise SnapshotError(f"{path}: no readable calls recorded")
-    missing = graph.without_footprint
-    if missing:
-        raise SnapshotError(f"{path}: call {missing[0]} (and {len(missing) - 1} more) was recorded without the "
-                            "memory footprint (meta.memory) that links a call to its producers; record it again "
-                            "with this version of kernel-replay")
-    return Chains(snapshot, graph, options, KernelCode(options.code_dir, options.providers)), problems
+    return (Chains(snapshot, checked(graph, path, every_call=True), options,
+                   KernelCode(options.code_dir, options.providers)), problems)
 
 
 def propagate(path: str | Path, options: ReplayOptions, progress: ProgressFn | None = None) -> PropagationReport:

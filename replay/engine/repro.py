@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from replay.code import KernelCode
+from replay.code import KernelCode, package_source
 from replay.compare import compare
 from replay.engine.runner import run_variant
 from replay.engine.session import CannotMake, ReplayOptions, op_for
@@ -144,11 +144,8 @@ def _copy_package(module: str, code: Path, force_shim: bool) -> None:
     """The top-level package (or module) `module` belongs to, as imported here, into `code/`; the
     stand-in for kernel-replay's API beside it where its source imports `replay`."""
     top = module.partition(".")[0]
-    found = sys.modules.get(top)
-    places = list(getattr(found, "__path__", []) or [])
-    file = getattr(found, "__file__", None)
-    source = Path(places[0]) if places else Path(file) if file else None
-    if source is None or not source.exists():
+    source = package_source(module)
+    if source is None:
         raise NotReproducible(f"module {module}: its source is not on disk here")
     code.mkdir(parents=True, exist_ok=True)
     if source.is_dir():

@@ -16,9 +16,8 @@ not seen: a race reported across one is a false alarm, and the report says so.
 from __future__ import annotations
 
 import collections
-import contextlib
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -61,16 +60,12 @@ class StreamClocks:
         # 2.11's garbage collector on the H100): a wait for one older than that orders nothing
         self._events: collections.OrderedDict[int, tuple[Any, Clock]] = collections.OrderedDict()
 
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
+    def paused(self) -> "_Paused":
         """The recorder's own copies and their waits: they order the program's streams only while
         it records (its copy of an input waits for the producer, the consumer for the copy), an
-        order the program does not have, so they are left out."""
-        self._local.paused = True
-        try:
-            yield
-        finally:
-            self._local.paused = False
+        order the program does not have, so they are left out. Entered twice a recorded call: a
+        plain object, not a generator."""
+        return _Paused(self._local)
 
     def watching(self) -> bool:
         """False on a thread doing the recorder's own work (its waits are left out)."""
@@ -139,6 +134,19 @@ class StreamClocks:
             for clock in covered:
                 host = _merged(host, clock)
             self._hosts[threading.get_ident()] = host
+
+
+class _Paused:
+    __slots__ = ("_local",)
+
+    def __init__(self, local: threading.local) -> None:
+        self._local = local
+
+    def __enter__(self) -> None:
+        self._local.paused = True
+
+    def __exit__(self, *exc: object) -> None:
+        self._local.paused = False
 
 
 _installed: list[tuple[Any, str, Callable[..., Any]]] = []  # (owner, attribute, torch's own) while wrapped
