@@ -3,7 +3,7 @@
 The command runs as it would from a shell, with REPLAY_CAPTURE naming the snapshot and a
 directory first on PYTHONPATH whose sitecustomize imports replay (replay/bootstrap/): its first
 Python process records every registered call and every Triton launch, and writes the snapshot
-out as it exits. Ctrl-C reaches the program, which stops and writes what it recorded; this
+out as it exits. Under torchrun each rank records instead, into the snapshot's rank-<r>/. Ctrl-C reaches the program, which stops and writes what it recorded; this
 process waits for it and then says what the snapshot holds.
 """
 from __future__ import annotations
@@ -13,10 +13,12 @@ import os
 import shutil
 import signal
 import subprocess
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from replay.errors import ReplayError, SnapshotError
+from replay.ranks.layout import is_multi_rank, rank_set
 from replay.snapshot import Snapshot
 from replay.snapshot.writer import MANIFEST
 
@@ -30,6 +32,7 @@ class RecordedProgram:
     recorded: bool  # a Python process of the command started the recording
     calls: collections.Counter[str] = field(default_factory=collections.Counter)  # op (kernel) -> calls
     capture_errors: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # a torchrun program: the ranks that recorded (rank-<r>/)
 
 
 def default_snapshot(command: list[str], root: Path = Path("snapshots")) -> Path:
@@ -55,7 +58,8 @@ def record_program(command: list[str], snapshot: Path, environment: dict[str, st
     if (snapshot / MANIFEST).exists():
         raise SnapshotError(f"{snapshot}: already holds a snapshot; record into a new directory")
     path = [str(BOOTSTRAP), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, **environment, "REPLAY_CAPTURE": str(snapshot.resolve()), "PYTHONPATH": os.pathsep.join(path)}
+    env = {**os.environ, **environment, "REPLAY_CAPTURE": str(snapshot.resolve()), "PYTHONPATH": os.pathsep.join(path),
+           "REPLAY_RUN_ID": uuid.uuid4().hex}  # shared by the ranks of a torchrun program, told apart from other runs
     # Ctrl-C is the program's (it stops and writes): this process waits it out. A handler, not
     # SIG_IGN, which the program would inherit through exec and never see a Ctrl-C at all
     previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
@@ -63,10 +67,14 @@ def record_program(command: list[str], snapshot: Path, environment: dict[str, st
         exit_code = subprocess.run(command, env=env).returncode
     finally:
         signal.signal(signal.SIGINT, previous)
+    multi_rank = is_multi_rank(snapshot)
     result = RecordedProgram(snapshot, 128 - exit_code if exit_code < 0 else exit_code,
-                             recorded=(snapshot / MANIFEST).exists())
-    if result.recorded:
-        opened = Snapshot(snapshot, strict=False)
+                             recorded=(snapshot / MANIFEST).exists() or multi_rank)
+    members: dict[int | None, Path] = dict(rank_set(snapshot).ranks.items()) if multi_rank else {None: snapshot}
+    for rank, member in members.items():
+        opened = Snapshot(member, strict=False)
         result.calls.update(entry.op for entry in opened.entries)
-        result.capture_errors = list(opened.manifest.get("capture_errors", []))
+        said = f"rank {rank}: " if rank is not None else ""
+        result.capture_errors += [said + error for error in opened.manifest.get("capture_errors", [])]
+        result.ranks += [rank] if rank is not None else []
     return result

@@ -121,8 +121,11 @@ VERIFY_REPORT = Setting("REPLAY_VERIFY_REPORT", _flag, False, "print replay.veri
 READ_LIMIT_MIB = Setting("REPLAY_READ_LIMIT_MIB", _whole, 256, "what reading one call of a snapshot may make in "
                          "memory, at least (docs/FORMAT.md: 64 times the bytes the call stores, or this)",
                          "a whole number of MiB")
+CACHE_DIR = Setting("REPLAY_CACHE_DIR", str, "~/.cache/kernel-replay", "where snapshots read from URLs are kept "
+                    "(each file once, by its sha256) and `replay record -o URL` records before uploading",
+                    "a directory path")
 TRACEBACK = Setting("REPLAY_TRACEBACK", _flag, False, "print the traceback of an internal error (a bug in "
                     "kernel-replay) besides its one line", "1 or 0")
 
 ALL: tuple[Setting, ...] = (CAPTURE, CAPTURE_STRICT, CAPTURE_TRITON, CAPTURE_TORCH_OPS, CAPTURE_ONLY, CAPTURE_SKIP, CAPTURE_CALLS, CAPTURE_STEPS,
-                            CAPTURE_STATE, CAPTURE_MAX_BYTES, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB, TRACEBACK)
+                            CAPTURE_STATE, CAPTURE_MAX_BYTES, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB, CACHE_DIR, TRACEBACK)

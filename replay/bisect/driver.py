@@ -19,6 +19,7 @@ from replay.bisect.result import BisectResult
 from replay.bisect.search import BisectSearch, CommitGraph
 from replay.bisect.steps import Step, StepHandler
 from replay.bisect.worktrees import remove_stale
+from replay.ray_cluster import EXECUTORS, SHIP_CHOICES
 from replay.snapshot import Snapshot
 from replay.snapshot.writer import MANIFEST
 
@@ -36,6 +37,9 @@ class BisectOptions:
     reuse_cache: bool = True  # False probes every commit again (results are still stored)
     providers: tuple[str, ...] = ()  # provider modules the user trusts, passed on to each `replay run`
     oracle: str = "auto"  # what a commit is held to (replay/bisect/oracle.py): auto, reference, good-end, recorded
+    executor: str = "local"  # where probes run: local child processes, or ray tasks (the rounds are the same)
+    ray_address: str | None = None  # the Ray cluster to use; None: the one connected, else a local Ray
+    ship: str = "auto"  # how Ray workers get their files: shared, ray (object store), auto (replay/ray_cluster.py)
 
 
 def run_bisect(options: BisectOptions, on_step: StepHandler | None = None) -> BisectResult:
@@ -52,6 +56,10 @@ def _run(options: BisectOptions, emit: StepHandler) -> BisectResult:
     started = time.monotonic()
     if options.jobs < 1:
         raise BisectError(f"--jobs {options.jobs}: needs at least 1")
+    if options.executor not in EXECUTORS:
+        raise BisectError(f"--executor {options.executor}: one of {', '.join(EXECUTORS)}")
+    if options.ship not in SHIP_CHOICES:
+        raise BisectError(f"--ship {options.ship}: one of {', '.join(SHIP_CHOICES)}")
     repo = open_repo(options.repo)
     good = resolve_commit(repo, options.good, "--good")
     bad = resolve_commit(repo, options.bad, "--bad")
@@ -70,7 +78,8 @@ def _run(options: BisectOptions, emit: StepHandler) -> BisectResult:
     prober = None
     try:
         with interrupts.deferred():  # a Prober made is a Prober closed: it owns a temporary root
-            prober = Prober(repo, cache, emit, options.jobs, options.timeout, options.reuse_cache)
+            prober = Prober(repo, cache, emit, options.jobs, options.timeout, options.reuse_cache,
+                            options.executor, options.ray_address, options.ship)
         damage = _damage(options, snapshot, emit)
         flags = tuple(arg for p in options.providers for arg in ("--provider", p)) + (("--readable",) if damage else ())
         oracle = choose(options.oracle, prober, snapshot, flags, options.run, good, bad, emit)

@@ -1,13 +1,19 @@
-"""Probing commits up to `jobs` at a time, each in its own worktree, through the cache."""
+"""Probing commits up to `jobs` at a time, each in its own worktree, through the cache.
+
+A probe runs as a child process of this one (LocalProbes), or as a Ray task (ray_probes.py);
+either way the rounds, the cache and the progress are the Prober's, here.
+"""
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Protocol
 
 import git
 
 from replay.bisect.cache import ProbeCache
 from replay.bisect.probe import ProbeCommand, ProbeOutcome, ProbeRunner
+from replay.bisect.ray_probes import RayProbes
 from replay.bisect.result import ProbeRecord
 from replay.bisect.search import SKIP
 from replay.bisect.steps import Step, StepHandler
@@ -38,21 +44,65 @@ def device_for(slot: int, gpus: list[str]) -> str | None:
     return gpus[slot % len(gpus)] if len(gpus) > 1 else None
 
 
+class ProbeBackend(Protocol):
+    """Where one probe of a commit runs; called from the Prober's threads."""
+
+    def run(self, command: ProbeCommand, sha: str, device: str | None) -> ProbeOutcome: ...
+
+    def cancel(self) -> None:
+        """Stop every probe running and refuse new ones (Ctrl-C, SIGTERM)."""
+
+    def close(self) -> None: ...
+
+
+class LocalProbes:
+    """Each probe a child process of this one, in a worktree of its own."""
+
+    def __init__(self, worktrees: Worktrees, timeout: float | None) -> None:
+        self._worktrees = worktrees
+        self._runner = ProbeRunner(timeout, worktrees.neutral_dir)
+
+    def run(self, command: ProbeCommand, sha: str, device: str | None) -> ProbeOutcome:
+        with self._worktrees.checkout(sha) as worktree:
+            return self._runner.run(command, worktree, sha, device)
+
+    def cancel(self) -> None:
+        self._runner.cancel()
+
+    def close(self) -> None:
+        pass
+
+
 class Prober:
-    """Probes commits, up to `jobs` at a time, each in its own worktree; reuses and fills the cache."""
+    """Probes commits, up to `jobs` at a time, each in its own worktree; reuses and fills the cache.
+
+    executor `local` runs each probe here, one GPU each; `ray` runs it as a Ray task on the cluster
+    at `ray_address` (else a local Ray), its files found per `ship` (replay/ray_cluster.py).
+    """
 
     def __init__(self, repo: git.Repo, cache: ProbeCache, emit: StepHandler, jobs: int,
-                 timeout: float | None, reuse_cache: bool) -> None:
+                 timeout: float | None, reuse_cache: bool, executor: str = "local", ray_address: str | None = None,
+                 ship: str = "auto") -> None:
         self.records: list[ProbeRecord] = []
         self._reuse = reuse_cache
         self._cache = cache
         self._emit = emit
-        self._gpus = visible_gpus(jobs)
+        self._gpus = visible_gpus(jobs) if executor == "local" else []  # Ray gives each task its GPU
         self._worktrees = Worktrees(repo)
         self.scratch = self._worktrees.root / "scratch"  # files probes leave for the bisect (gone on close)
         self.scratch.mkdir()
-        self._runner = ProbeRunner(timeout, self._worktrees.neutral_dir)
+        try:
+            self._backend = self._backend_for(executor, repo, jobs, timeout, ray_address, ship)
+        except BaseException:  # no Ray to connect to: the worktrees' root goes all the same
+            self._worktrees.close()
+            raise
         self._executor = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="replay-probe")
+
+    def _backend_for(self, executor: str, repo: git.Repo, jobs: int, timeout: float | None,
+                      ray_address: str | None, ship: str) -> ProbeBackend:
+        if executor == "ray":  # Ray is imported only now, as RayProbes connects
+            return RayProbes(repo, self._worktrees, timeout, jobs, ray_address, ship, self._emit)
+        return LocalProbes(self._worktrees, timeout)
 
     def cached(self, sha: str, command: ProbeCommand) -> ProbeOutcome | None:
         return self._cache.get(sha, command.identity) if self._reuse else None
@@ -92,8 +142,7 @@ class Prober:
     def _probe_one(self, command: ProbeCommand, sha: str, device: str | None, message: str) -> ProbeOutcome:
         self._emit(Step("probe", message))  # from the worker, so the log shows when it really starts
         try:
-            with self._worktrees.checkout(sha) as worktree:
-                return self._runner.run(command, worktree, sha, device)
+            return self._backend.run(command, sha, device)
         except git.GitCommandError as exc:  # e.g. a disk full: skip the commit, keep bisecting
             lines = str(exc.stderr).strip().splitlines()
             return ProbeOutcome(SKIP, None, f"checkout failed: {lines[-1] if lines else exc}", 0.0, None, "")
@@ -107,6 +156,9 @@ class Prober:
         return record
 
     def close(self) -> None:
-        self._runner.cancel()
+        self._backend.cancel()
         self._executor.shutdown(wait=True, cancel_futures=True)
-        self._worktrees.close()
+        try:
+            self._backend.close()
+        finally:
+            self._worktrees.close()

@@ -7,12 +7,13 @@ from pathlib import Path
 import click
 from rich.text import Text
 
-from replay.cli.common import SafeConsole, finish, json_option
+from replay.cli.common import SafeConsole, SnapshotLocation, finish, json_option
+from replay.cli.ray_options import executor_options
 from replay.errors import EXIT_INTERRUPTED
 
 
 @click.command("bisect")
-@click.argument("snapshot", required=False, type=click.Path(path_type=Path))
+@click.argument("snapshot", required=False, type=SnapshotLocation())
 @click.option("--good", required=True, metavar="REF", help="A commit where the probe passes (tag, branch, sha).")
 @click.option("--bad", required=True, metavar="REF", help="A later commit where it fails.")
 @click.option("--repo", type=click.Path(path_type=Path), default=Path("."), show_default=True,
@@ -36,12 +37,13 @@ from replay.errors import EXIT_INTERRUPTED
 @click.option("--provider", "providers", multiple=True, metavar="MOD",
               help="Trust provider module MOD in every probe's `replay run` (repeatable; see replay run --help). "
                    "Modules in the probed worktree are trusted already.")
+@executor_options
 @click.option("--log", "log_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write every step (probes, verdicts, output tails) to FILE.")
 @json_option
 def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | None, jobs: int, first_parent: bool,
-            timeout: float | None, no_cache: bool, oracle: str, providers: tuple[str, ...], log_path: Path | None,
-            json_target: str | None) -> None:
+            timeout: float | None, no_cache: bool, oracle: str, providers: tuple[str, ...], executor: str,
+            ray_address: str | None, ship: str, log_path: Path | None, json_target: str | None) -> None:
     """Find the first commit between --good and --bad where SNAPSHOT stops
     replaying cleanly, or where `--run CMD` starts failing.
 
@@ -63,6 +65,7 @@ def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | N
       replay bisect --good v1.2 --bad main snapshots/prefill_001 --jobs 4 --timeout 600
       replay bisect --good v1.2 --bad HEAD --run 'pytest -x tests/test_prefill.py'
       replay bisect --good v1.2 --bad HEAD --first-parent --json - snapshots/prefill_001 > answer.json
+      replay bisect --good v1.2 --bad HEAD snapshots/prefill_001 --jobs 8 --executor ray --ray-address HOST:6379
 
     Exit 0 with an answer (even an ambiguous one), 2 on bad input or when --good
     fails or --bad passes, 130 when interrupted.
@@ -72,7 +75,7 @@ def command(snapshot: Path | None, good: str, bad: str, repo: Path, run: str | N
 
     options = BisectOptions(good=good, bad=bad, snapshot=snapshot, repo=repo, run=run, jobs=jobs,
                             first_parent=first_parent, timeout=timeout, reuse_cache=not no_cache,
-                            providers=providers, oracle=oracle)
+                            providers=providers, oracle=oracle, executor=executor, ray_address=ray_address, ship=ship)
     quiet = json_target == "-" or not sys.stderr.isatty()
     progress = SafeConsole(stderr=True, highlight=False)
     log = StepLog(log_path) if log_path else None

@@ -162,6 +162,17 @@ def cuda_targets(text: str, option: str, one: bool = False) -> list[int]:
     return found
 
 
+class SnapshotLocation(click.ParamType):
+    """A snapshot's directory, or its URL (s3://, gs://, memory://, file://): fetched into the local
+    cache (replay/storage) and read from there; what cannot be fetched is a SnapshotError (exit 2)."""
+
+    name = "SNAPSHOT"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        from replay.storage import local_snapshot
+        return local_snapshot(value if isinstance(value, Path) else str(value))
+
+
 class ToleranceValue(click.ParamType):
     """A tolerance: a finite number >= 0 (NaN would make every comparison pass)."""
 

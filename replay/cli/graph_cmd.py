@@ -7,12 +7,12 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
-from replay.cli.common import error, finish, json_option
+from replay.cli.common import SnapshotLocation, error, finish, json_option
 from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS
 
 
 @click.command("graph")
-@click.argument("snapshot", type=click.Path(path_type=Path))
+@click.argument("snapshot", type=SnapshotLocation())
 @click.option("--dot", "dot_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",
               help="Write the graph in Graphviz DOT to FILE ('-' for stdout).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE",

@@ -10,11 +10,13 @@ from rich.markup import escape
 from replay import settings
 from replay.cli.common import SafeConsole, warn
 from replay.record_program import default_snapshot, record_program
+from replay.storage import is_url, staging_snapshot, upload_recording
 
 
 @click.command("record", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("-o", "--output", "snapshot", type=click.Path(file_okay=False, path_type=Path), metavar="DIR",
-              help="The snapshot directory (new). Default: snapshots/<program>_NNN, the first number free.")
+@click.option("-o", "--output", metavar="DIR|URL",
+              help="The snapshot directory (new), or a URL (s3://, gs://, memory://, file://) to upload it to once "
+                   "recorded. Default: snapshots/<program>_NNN, the first number free.")
 @click.option("--only", metavar="GLOB,...", help="Record the launches of these kernels (and, with --torch-ops, "
               "calls of these operators) only: globs on package.module.kernel, aten.op.overload or the last part.")
 @click.option("--skip", metavar="GLOB,...", help="Do not record the calls of these kernels (or operators).")
@@ -31,7 +33,7 @@ from replay.record_program import default_snapshot, record_program
 @click.option("--no-triton", is_flag=True, help="Record registered ops and replay.capture functions only, not "
               "every Triton launch.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def command(snapshot: Path | None, only: str | None, skip: str | None, calls: str | None, steps: str | None,
+def command(output: str | None, only: str | None, skip: str | None, calls: str | None, steps: str | None,
             max_bytes: str | None,
             state: str | None, torch_ops: bool, no_triton: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged, recording from its first line: every Triton kernel launch (its
@@ -47,10 +49,11 @@ def command(snapshot: Path | None, only: str | None, skip: str | None, calls: st
     Examples:
       replay record -- python serve.py --prompt "hello"
       replay record -o snapshots/step7 --only 'my_kernels.*' -- python -m mypkg.train
+      replay record -o s3://bucket/runs/step7 -- python train.py   # recorded here, then uploaded
+      replay record -o snapshots/tp -- torchrun --nproc-per-node 4 train.py   # snapshots/tp/rank-<r>/ each
       replay record --calls 100:110 --skip '*_backward' --max-bytes 2G -- python bench.py
       replay run snapshots/serve_001 --code .     # then replay it against this tree's kernels
     """
-    snapshot = snapshot or default_snapshot(list(command))
     given: list[tuple[settings.Setting[Any], str, str | None]] = [
         (settings.CAPTURE_ONLY, "--only", only), (settings.CAPTURE_SKIP, "--skip", skip),
         (settings.CAPTURE_CALLS, "--calls", calls), (settings.CAPTURE_STEPS, "--steps", steps), (settings.CAPTURE_MAX_BYTES, "--max-bytes", max_bytes),
@@ -58,14 +61,19 @@ def command(snapshot: Path | None, only: str | None, skip: str | None, calls: st
         (settings.CAPTURE_TORCH_OPS, "--torch-ops", "1" if torch_ops else None)]
     environment = {setting.name: _checked(setting, option, value) for setting, option, value in given
                    if value is not None}
+    remote = output if output is not None and is_url(output) else None
+    snapshot = staging_snapshot(remote) if remote else Path(output) if output else default_snapshot(list(command))
     result = record_program(list(command), snapshot, environment)
+    if remote and result.recorded:
+        upload_recording(snapshot, remote)
     console = SafeConsole(stderr=True)
     if not result.recorded:
         warn(f"nothing recorded: no Python process of `{command[0]}` started recording (it needs a Python with "
              "kernel-replay installed; one run with -I or -S skips the sitecustomize that starts it)")
     else:
         total = sum(result.calls.values())
-        console.print(f"recorded {total} call{'s' * (total != 1)} into {escape(str(snapshot))}"
+        ranks = f" (rank-<r>/ for ranks {', '.join(map(str, result.ranks))})" if result.ranks else ""
+        console.print(f"recorded {total} call{'s' * (total != 1)} into {escape(remote or str(snapshot))}{ranks}"
                       + (":" if total else " (no kernel launched)"), highlight=False)
         for op, count in result.calls.most_common():
             console.print(f"  {count:6d}  {escape(op)}", highlight=False)

@@ -89,7 +89,7 @@ def print_diff_report(console: Console, report: DiffReport, show_all: bool = Fal
         table.add_column(column, overflow="fold")
     for call in shown[:50]:
         for d in call.differences[:5]:
-            table.add_row(str(call.position), escape(call.op), escape(d["tensor"]), escape(_describe_difference(d)))
+            table.add_row(str(call.position), escape(call.op), escape(d["tensor"]), escape(describe_difference(d)))
     console.print(table)
     if len(shown) < len(report.calls):
         console.print(f"{len(report.calls) - len(shown)} more calls differ only after their inputs did (knock-on "
@@ -97,10 +97,10 @@ def print_diff_report(console: Console, report: DiffReport, show_all: bool = Fal
     first = report.first()
     if first and "tensor" in first:
         console.print(f"first divergence: call #{first['position']} ({first['op']}, its call {first['ordinal']}), "
-                      f"{first['tensor']}: {_describe_difference(first)}", markup=False, highlight=False)
+                      f"{first['tensor']}: {describe_difference(first)}", markup=False, highlight=False)
 
 
-def _describe_difference(d: dict[str, Any]) -> str:
+def describe_difference(d: dict[str, Any]) -> str:
     c = d.get("comparison")
     if not c:
         return d["problem"]

@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from rich.console import Console
 
-from replay.cli.common import (MetricValue, ToleranceValue, chosen_device, device_option, error, finish, json_option,
-                               metric_help, warn, write_page)
+from replay.cli.common import (MetricValue, SnapshotLocation, ToleranceValue, chosen_device, device_option, error,
+                               finish, json_option, metric_help, warn, write_page)
+from replay.cli.ray_options import executor_options
 from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTABLE
+from replay.ranks.layout import is_multi_rank
 
 
 @click.command("run")
-@click.argument("snapshot", type=click.Path(path_type=Path))
+@click.argument("snapshot", type=SnapshotLocation())
 @click.option("--golden-data", "golden", is_flag=False, flag_value="", default=None, metavar="[DIR]",
               help="Compare the recorded variant's rerun with the recorded outputs (or those of snapshot DIR), "
                    "bitwise unless --atol/--rtol are given.")
@@ -59,13 +61,17 @@ from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS, EXIT_UNTESTA
                    "heatmap of its difference, the rows that differ, both sides' values and a histogram of errors "
                    "(with --propagate, the error of every call along the chain).")
 @click.option("-v", "--verbose", is_flag=True, help="List every call, not just the failing ones, for long runs.")
+@executor_options
+@click.option("--jobs", "-j", type=click.IntRange(1), default=None, metavar="N",
+              help="With --executor ray: split the calls into N shards of consecutive calls, each a Ray task "
+                   "(default: one a CPU, or a GPU, of the cluster).")
 @json_option
 def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float | None, metric: Any, oracle: str,
             save_outputs: Path | None, readable: bool, repeat: int,
             ops: tuple[str, ...], calls: tuple[int, ...], variants: tuple[str, ...], fail_fast: bool,
             device: str | None, code_dir: Path | None, providers: tuple[str, ...], trust_recorded_source: bool,
-            html_path: Path | None, verbose: bool, propagate: bool,
-            json_target: str | None) -> None:
+            html_path: Path | None, verbose: bool, propagate: bool, executor: str, ray_address: str | None,
+            ship: str, jobs: int | None, json_target: str | None) -> None:
     """Replay SNAPSHOT: re-run every recorded call against each variant of its op
     (batched on the recorded batch, single row by row, and the reference) and
     name the first call, variant, rows and tag that diverge.
@@ -80,6 +86,7 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
       replay run snapshots/bad_run --code . --save-outputs /tmp/before   # keep today's outputs
       replay run snapshots/bad_run --code . --golden-data /tmp/before    # after an edit: what changed
       replay run snap --propagate            # where error starts, and which calls only inherit it
+      replay run snap --executor ray --jobs 8 --ray-address HOST:6379   # calls shared among Ray tasks
 
     A snapshot names the module providing each op; only trusted ones are imported:
     packages declaring a 'replay.providers' entry point, --provider MOD, --code DIR.
@@ -102,13 +109,24 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         trust_recorded_source=trust_recorded_source, metric=metric, evidence=html_path is not None)
     if oracle != "all" and golden is not None:
         raise click.BadParameter("--golden-data takes the recorded outputs as the oracle", param_hint="--oracle")
+    if executor == "ray":
+        _refuse_on_ray(save_outputs=save_outputs is not None, propagate=propagate)
+    elif jobs is not None:
+        raise click.BadParameter("splits the calls among Ray tasks: give --executor ray too", param_hint="--jobs")
+    if is_multi_rank(snapshot):
+        _run_ranks(snapshot, options, verbose, json_target, golden=golden is not None, save_outputs=save_outputs,
+                   propagate=propagate, html=html_path is not None, executor=executor != "local")
     if propagate:
         _refuse_with_propagate(golden=golden is not None, save_outputs=save_outputs is not None, op=bool(ops),
                                call=bool(calls), variant=bool(variants), repeat=repeat > 1, metric=metric is not None,
                                atol=atol is not None, rtol=rtol is not None, oracle=oracle != "all")
         _run_propagated(snapshot, options, verbose, json_target, html_path)
     with call_progress(quiet=json_target == "-") as progress:
-        report = replay_snapshot(snapshot, options, progress)
+        if executor == "ray":
+            from replay.engine.fanout import RayPlan, replay_on_ray
+            report = replay_on_ray(snapshot, options, RayPlan(jobs, ray_address, ship), progress)
+        else:
+            report = replay_snapshot(snapshot, options, progress)
     if html_path is not None:
         from replay.engine.html import run_page
         write_page(html_path, run_page(report))
@@ -127,6 +145,14 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
     finish(json_target, report.to_json(), show,
            EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if report.untestable
            else EXIT_PASS if report.passed else EXIT_DIVERGED)
+
+
+def _refuse_on_ray(**given: bool) -> None:
+    """What a whole run does at once (one snapshot written, one chain of calls) cannot be split into shards."""
+    for name, on in given.items():
+        if on:
+            raise click.BadParameter(f"--{name.replace('_', '-')} cannot be combined with --executor ray, which "
+                                     "replays the calls in separate shards", param_hint="--executor")
 
 
 def _refuse_with_propagate(**given: bool) -> None:
@@ -160,3 +186,23 @@ def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: st
            EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if report.untestable
            else EXIT_PASS if report.passed else EXIT_DIVERGED)
 
+
+
+def _run_ranks(parent: Path, options: Any, verbose: bool, json_target: str | None, **refused: Any) -> NoReturn:
+    """A multi-rank recording: each rank replayed as a snapshot is, its collectives checked across ranks."""
+    for name, given in refused.items():
+        if given:
+            raise click.BadParameter("is not taken with a multi-rank recording: replay one rank's directory "
+                                     "(rank-<r>/) for it", param_hint=f"--{name.replace('_', '-')}")
+    from replay.cli.progress import call_progress
+    from replay.cli.ranks_render import print_ranks_report
+    from replay.ranks.run import replay_ranks
+
+    with call_progress(quiet=json_target == "-") as progress:
+        told = (lambda rank, done, total, call: progress(done, total, call)) if progress is not None else None
+        report = replay_ranks(parent, options, told)
+    for problem in report.problems:
+        error(problem)
+    finish(json_target, report.to_json(), lambda console: print_ranks_report(console, report, verbose),
+           EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if report.untestable
+           else EXIT_PASS if report.passed else EXIT_DIVERGED)

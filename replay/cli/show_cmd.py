@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich import box
@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from replay.cli.common import finish, json_option
+from replay.cli.common import SnapshotLocation, finish, json_option
 from replay.cli.progress import call_progress
+from replay.ranks.layout import is_multi_rank, rank_path, rank_set
 from replay.summary import Selection, SnapshotSummary, summarise
 from replay.snapshot import Snapshot
 from replay.snapshot.callfile import ROLES
@@ -22,7 +23,7 @@ COLUMNS = ("call", "op", "variant", "role", "name", "dtype", "shape", "strides",
 
 
 @click.command("show")
-@click.argument("snapshot", type=click.Path(path_type=Path))
+@click.argument("snapshot", type=SnapshotLocation())
 @click.option("--call", "calls", type=int, multiple=True, metavar="N", help="Only call N (repeatable).")
 @click.option("--op", "ops", multiple=True, metavar="NAME", help="Only calls of op NAME (repeatable).")
 @click.option("--role", "roles", type=click.Choice(ROLES), multiple=True,
@@ -47,9 +48,33 @@ def command(snapshot: Path, calls: tuple[int, ...], ops: tuple[str, ...], roles:
       replay show snapshots/prefill_001 --call 17 --export /tmp/call17
       replay show snapshots/prefill_001 --json - | jq '.calls[0].tensors'
     """
+    selection = Selection(calls, ops, roles)
+    if is_multi_rank(snapshot):
+        _show_ranks(snapshot, selection, export_dir, json_target)
     with call_progress(quiet=json_target == "-") as progress:
-        summary = summarise(Snapshot(snapshot), Selection(calls, ops, roles), export_dir, progress)
+        summary = summarise(Snapshot(snapshot), selection, export_dir, progress)
     finish(json_target, summary.to_json(), lambda console: _print_summary(console, summary, export_dir), 0)
+
+
+def _show_ranks(parent: Path, selection: Selection, export_dir: Path | None, json_target: str | None) -> NoReturn:
+    """Each rank of a multi-rank recording as its own snapshot (exported under DIR/rank-<r>/)."""
+    members = rank_set(parent)
+    summaries = {}
+    with call_progress(quiet=json_target == "-") as progress:
+        for rank, path in members.ranks.items():
+            summaries[rank] = summarise(Snapshot(path), selection, rank_path(export_dir, rank) if export_dir else None,
+                                        progress)
+
+    def show(console: Console) -> None:
+        console.print(f"multi-rank recording {parent}: ranks {', '.join(map(str, summaries))} of {members.world_size}"
+                      f" (run {members.run_id})", markup=False, highlight=False)
+        for problem in members.problems:
+            console.print(f"[yellow]warning:[/] {escape(problem)}")
+        for rank, summary in summaries.items():
+            _print_summary(console, summary, rank_path(export_dir, rank) if export_dir else None)
+    finish(json_target, {"snapshot": str(parent), "world_size": members.world_size, "run_id": members.run_id,
+                         "problems": list(members.problems),
+                         "ranks": {str(rank): summary.to_json() for rank, summary in summaries.items()}}, show, 0)
 
 
 def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path | None) -> None:
@@ -102,6 +127,10 @@ def _describe_manifest(summary: SnapshotSummary) -> str:
     env = m.get("environment") or {}
     git = (m.get("producer") or {}).get("git") or {}
     parts = [f"snapshot {summary.path}", f"format {m.get('format_version')}", f"created {m.get('created', '?')}"]
+    distributed = m.get("distributed") or {}
+    if "rank" in distributed:
+        parts.append(f"rank {distributed['rank']} of {distributed.get('world_size', '?')}"
+                     + (f" ({distributed['backend']})" if distributed.get("backend") else ""))
     if git.get("commit"):
         parts.append(f"git {str(git['commit'])[:12]}{' (dirty)' if git.get('dirty') else ''}")
     parts += [f"{key} {env[key]}" for key in ("device", "torch", "triton", "cuda") if env.get(key)]

@@ -22,6 +22,7 @@ from replay.code import KernelCode
 from replay.registry import BATCHED, REFERENCE, Op, get_op
 from replay.snapshot import CallRecord, Snapshot, SnapshotWriter
 from replay.tolerance import Tolerance
+from replay.ranks.recording import is_collective_op
 from replay.torch_ops import rerun as torch_ops_rerun
 from replay.triton_launches import relaunch
 
@@ -49,6 +50,9 @@ class ReplayOptions:
     trust_recorded_source: bool = False  # run generated kernels (torch.compile's) from the source recorded
     metric: Metric | None = None  # how comparisons against an oracle pass (None: each op's, else tolerance)
     evidence: bool = False  # keep what a report draws of each failing tensor (replay run --html)
+    # one rank of a multi-rank recording, whose collectives are checked across ranks (replay/ranks/):
+    # no warning that they are not replayed here
+    collectives_elsewhere: bool = False
 
     @property
     def explicit_tolerance(self) -> Tolerance | None:
@@ -205,10 +209,13 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
     report = RunReport(str(path), options.device, mode)
     damaged = report.warnings if options.readable else report.problems  # where what cannot be read goes
     damaged += snapshot.problems + (golden_snapshot.problems if golden_snapshot else [])
-    entries = [e for e in snapshot.entries
-               if (options.ops is None or e.op in options.ops)
-               and (options.calls is None or e.index in options.calls)]
-    if not entries and not damaged:
+    chosen = [e for e in snapshot.entries
+              if (options.ops is None or e.op in options.ops)
+              and (options.calls is None or e.index in options.calls)]
+    entries = [e for e in chosen if not is_collective_op(e.op)]  # the other ranks are not here to run them
+    if len(entries) < len(chosen) and not options.collectives_elsewhere:
+        report.warnings.append(collectives_not_replayed(path, len(chosen) - len(entries)))
+    if not chosen and not damaged:
         filtered = options.ops is not None or options.calls is not None
         raise SnapshotError(f"{path}: no calls match the filters ({len(snapshot)} calls recorded)" if filtered
                             else f"{path}: no calls recorded")
@@ -261,6 +268,11 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
         report.warnings += [warning] if warning else []
     report.total_seconds = time.perf_counter() - started
     return report
+
+
+def collectives_not_replayed(path: str | Path, count: int) -> str:
+    return (f"{path}: {count} collective call(s) (torch.distributed) are not replayed on one rank: `replay run` "
+            "on the parent directory of the ranks checks them across ranks")
 
 
 def op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: ReplayOptions) -> Op:

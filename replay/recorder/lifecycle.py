@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from replay import settings
+from replay.ranks.layout import RankInfo, rank_from_env, rank_path
+from replay.ranks.recording import CollectiveRecorder
 from replay.recorder import graphs, intercept, stream_order
 from replay.recorder.options import DEFAULT_STATE_NAMES, RecordingOptions
 from replay.recorder.session import Recording
@@ -34,6 +36,7 @@ from replay.triton_launches.recording import LaunchRecorder
 log = logging.getLogger(__name__)
 
 _recording: Recording | None = None
+_collectives: CollectiveRecorder | None = None  # torch.distributed's collectives, wrapped while recording
 _verifiers: dict[str, Callable[..., Any]] = {}  # op name -> replay.verify's hook for its calls
 _capture_hooks: list[Callable[[], object]] = []  # run before a CUDA graph capture begins (before_graph_capture)
 _lock = threading.Lock()  # two threads starting recordings at once: one wins
@@ -44,12 +47,17 @@ def active() -> Recording | None:
 
 
 def start(path: str | Path, options: RecordingOptions = RecordingOptions()) -> Recording:
-    """Start recording every recorded call into a new snapshot at `path`."""
+    """Start recording every recorded call into a new snapshot at `path`; one rank of several
+    (torchrun's RANK and WORLD_SIZE) records into `path`/rank-<r>/ (replay/ranks/layout.py)."""
     global _recording
     with _lock:
         if _recording is not None:
             raise CaptureError(f"{path}: a recording into {_recording.path} is already active")
-        _recording = Recording(path, options)
+        rank = rank_from_env()
+        _recording = Recording(rank_path(path, rank.rank) if rank is not None else path, options)
+        if rank is not None:
+            _recording.writer.set_manifest_field("distributed", rank.to_json())
+        _record_collectives(_recording, rank)
         if options.torch_ops:
             _start_torch_ops(_recording, options)
         _route()
@@ -68,6 +76,7 @@ def stop() -> Recording | None:
     with _lock:
         rec, _recording = _recording, None
         _route()
+        _stop_collectives()
         door.uninstall()
         stream_order.uninstall()
         _stop_torch_ops(rec)
@@ -75,6 +84,20 @@ def stop() -> Recording | None:
         _restore_signal_handlers()
         rec.close()
     return rec
+
+
+def _record_collectives(rec: Recording, rank: RankInfo | None) -> None:
+    global _collectives
+    if torch.distributed.is_available():
+        _collectives = CollectiveRecorder(rec, rank)
+        _collectives.install()
+
+
+def _stop_collectives() -> None:
+    global _collectives
+    if _collectives is not None:
+        _collectives.uninstall()
+        _collectives = None
 
 
 def _start_torch_ops(rec: Recording, options: RecordingOptions) -> None:

@@ -66,6 +66,7 @@ class CallRecord:
     recorded_offsets: dict[str, int] = field(default_factory=dict)
     triton: dict[str, Any] | None = None  # a recorded Triton launch: grid, options, config (docs/FORMAT.md)
     torch_op: dict[str, Any] | None = None  # a recorded PyTorch operator call: its typed and list arguments
+    collective: dict[str, Any] | None = None  # a recorded torch.distributed collective: kind, group, rank
 
     def role(self, role: str) -> dict[str, torch.Tensor]:
         """Tensors of one role ('in', 'out', 'state', 'tag'), by name, in recorded order."""
@@ -78,7 +79,8 @@ class CallRecord:
         return {"op": self.op, "variant": self.variant, "provider": self.provider, "args": self.args,
                 "launch": self.launch, "meta": self.meta, "returns_json": self.returns_json,
                 **({"triton": self.triton} if self.triton is not None else {}),
-                **({"torch_op": self.torch_op} if self.torch_op is not None else {})}
+                **({"torch_op": self.torch_op} if self.torch_op is not None else {}),
+                **({"collective": self.collective} if self.collective is not None else {})}
 
     def arguments(self) -> dict[str, Any]:
         """Arguments by name in call order: tensors (inputs and state) and decoded JSON."""
@@ -346,7 +348,8 @@ class Snapshot:
                           blobs={k: g["blob"] for k, g in header["tensors"].items() if "blob" in g},
                           chunked=frozenset(k for k, g in header["tensors"].items() if "chunks" in g),
                           recorded_offsets={k: g["storage_offset"] for k, g in header["tensors"].items()},
-                          triton=header.get("triton"), torch_op=header.get("torch_op"))
+                          triton=header.get("triton"), torch_op=header.get("torch_op"),
+                          collective=header.get("collective"))
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -368,6 +368,16 @@ class SnapshotWriter:
             self._manifest_stale = True
         self._rewrite_manifest()
 
+    def set_manifest_field(self, key: str, value: Any) -> None:
+        """Keep `value` as the manifest's `key` (a recording learns some of what produced it late: a
+        rank's process group exists only once the program made it); written now, or at close()
+        where the disk refuses it now."""
+        with self._lock:
+            self.manifest[key] = value
+            self._manifest_stale = True
+        with contextlib.suppress(OSError):
+            self._rewrite_manifest()
+
     def _rewrite_manifest(self) -> None:
         with self._lock:
             self._write_manifest()
