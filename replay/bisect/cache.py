@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.bisect.probe import ProbeOutcome, verdict_for
+from replay.ranks.layout import is_multi_rank, rank_set
 from replay.snapshot.files import write_atomic
 from replay.snapshot.writer import INDEX, MANIFEST
 
@@ -31,15 +32,18 @@ MAX_REPORT_DEPTH = 32  # a report nested deeper is no replay report, and could o
 
 
 def snapshot_digest(snapshot: Path | None) -> str:
-    """sha256 of manifest.json and calls.jsonl: cheap, and complete, because every
-    index line carries the sha256 of its call's files."""
+    """sha256 of manifest.json and calls.jsonl (each rank's, for a multi-rank recording): cheap, and
+    complete, because every index line carries the sha256 of its call's files."""
     if snapshot is None:
         return "-"
     digest = hashlib.sha256()
-    for name in (MANIFEST, INDEX):
-        path = snapshot / name
-        digest.update(name.encode() + b"\0")
-        digest.update(path.read_bytes() if path.exists() else b"")
+    members = [(f"{path.name}/", path) for path in rank_set(snapshot).ranks.values()] if is_multi_rank(snapshot) \
+        else [("", snapshot)]
+    for prefix, member in members:
+        for name in (MANIFEST, INDEX):
+            path = member / name
+            digest.update((prefix + name).encode() + b"\0")
+            digest.update(path.read_bytes() if path.exists() else b"")
     return digest.hexdigest()
 
 

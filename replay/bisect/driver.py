@@ -20,6 +20,7 @@ from replay.bisect.search import BisectSearch, CommitGraph
 from replay.bisect.steps import Step, StepHandler
 from replay.bisect.worktrees import remove_stale
 from replay.ray_cluster import EXECUTORS, SHIP_CHOICES
+from replay.ranks.layout import is_multi_rank, rank_set
 from replay.snapshot import Snapshot
 from replay.snapshot.writer import MANIFEST
 
@@ -106,7 +107,9 @@ def _one_at_a_time(on_step: StepHandler | None) -> StepHandler:
 def _damage(options: BisectOptions, snapshot: Path | None, emit: StepHandler) -> list[str]:
     """What of the snapshot cannot be read (a cut last index line: a recording killed mid-write),
     said once here: the probes then replay the calls that can be read (`replay run --readable`)."""
-    problems = Snapshot(snapshot, strict=False).problems if snapshot is not None and options.run is None else []
+    members = [] if snapshot is None or options.run is not None else (
+        list(rank_set(snapshot).ranks.values()) if is_multi_rank(snapshot) else [snapshot])
+    problems = [problem for member in members for problem in Snapshot(member, strict=False).problems]
     said = [f"{problem}; the probes replay the calls that can be read" for problem in problems]
     for line in said:
         emit(Step("warning", line))
@@ -120,8 +123,8 @@ def _resolve_snapshot(snapshot: Path | None) -> Path | None:
     path = Path(snapshot).expanduser().resolve()
     if not path.exists():
         raise BisectError(f"snapshot not found: {snapshot}")
-    if not (path / MANIFEST).is_file():
-        raise BisectError(f"not a snapshot (no {MANIFEST}): {snapshot}")
+    if not (path / MANIFEST).is_file() and not is_multi_rank(path):
+        raise BisectError(f"not a snapshot (no {MANIFEST}) nor a multi-rank recording (no rank-<r>/): {snapshot}")
     return path
 
 

@@ -114,8 +114,8 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
     elif jobs is not None:
         raise click.BadParameter("splits the calls among Ray tasks: give --executor ray too", param_hint="--jobs")
     if is_multi_rank(snapshot):
-        _run_ranks(snapshot, options, verbose, json_target, golden=golden is not None, save_outputs=save_outputs,
-                   propagate=propagate, html=html_path is not None, executor=executor != "local")
+        _run_ranks(snapshot, options, verbose, json_target, propagate=propagate, html=html_path is not None,
+                   executor=executor != "local")
     if propagate:
         _refuse_with_propagate(golden=golden is not None, save_outputs=save_outputs is not None, op=bool(ops),
                                call=bool(calls), variant=bool(variants), repeat=repeat > 1, metric=metric is not None,

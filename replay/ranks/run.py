@@ -10,7 +10,7 @@ from typing import Any, Callable
 from replay.engine.report import CallReport, RunReport
 from replay.engine.session import ReplayOptions, replay_snapshot
 from replay.ranks.collective_check import CollectiveCheck, check_collectives
-from replay.ranks.layout import rank_set
+from replay.ranks.layout import is_multi_rank, rank_path, rank_set
 
 RankProgress = Callable[[int, int, int, CallReport], None]  # rank, done, total, the call's report
 
@@ -47,12 +47,16 @@ class RanksReport:
         return None
 
     def to_json(self) -> dict[str, Any]:
+        """As a RunReport's, with each call's rank: `calls` holds every rank's (a bisect reads them as a
+        run's), `ranks` each rank's summary."""
+        ranks = {rank: report.to_json() for rank, report in self.ranks.items()}
         return {"snapshot": self.parent, "world_size": self.world_size, "passed": self.passed,
                 "untestable": self.untestable, "problems": self.problems,
                 "first_divergence": self.first_divergence(),
                 "collectives_checked": sum(c.untested is None for c in self.collectives),
                 "collectives_failed": sum(not c.passed for c in self.collectives),
-                "ranks": {str(rank): report.to_json() for rank, report in self.ranks.items()},
+                "ranks": {str(rank): {k: v for k, v in data.items() if k != "calls"} for rank, data in ranks.items()},
+                "calls": [{**call, "rank": rank} for rank, data in ranks.items() for call in data["calls"]],
                 "collectives": [c.to_json() for c in self.collectives]}
 
 
@@ -61,13 +65,22 @@ def replay_ranks(parent: str | Path, options: ReplayOptions, progress: RankProgr
     `replay run` replays a snapshot) and check its collectives across ranks."""
     ranks = rank_set(parent)
     report = RanksReport(str(parent), ranks.world_size, problems=list(ranks.problems))
-    per_rank = dataclasses.replace(options, collectives_elsewhere=True)
     for rank, path in ranks.ranks.items():
         told = (lambda done, total, call, rank=rank: progress(rank, done, total, call)) if progress else None
-        result = replay_snapshot(path, per_rank, told)
+        result = replay_snapshot(path, _for_rank(options, rank), told)
         report.problems += [f"rank {rank}: {problem}" for problem in result.problems]
         report.ranks[rank] = result
         if options.fail_fast and not result.passed:
             return report
     report.collectives = check_collectives(ranks)
     return report
+
+
+def _for_rank(options: ReplayOptions, rank: int) -> ReplayOptions:
+    """A rank's options: its outputs saved into, and its golden data read from, the rank-<r>/ of the
+    directories given (multi-rank too: bisect's good-end oracle saves a rank's outputs and compares)."""
+    golden = options.golden_dir
+    return dataclasses.replace(
+        options, collectives_elsewhere=True,
+        save_outputs=rank_path(options.save_outputs, rank) if options.save_outputs else None,
+        golden_dir=rank_path(golden, rank) if golden is not None and is_multi_rank(golden) else golden)

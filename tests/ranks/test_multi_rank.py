@@ -202,3 +202,24 @@ def test_the_readme_ranks_section_runs_as_written(tmp_path: Path) -> None:
                            ("replay record -o snapshots/single", 0, "recorded 9 calls"),
                            ("replay diff snapshots/tp snapshots/single --shard", 0, "identical: 9 calls")],
                    project)
+
+
+@pytest.mark.slow
+def test_bisect_of_a_multi_rank_recording_made_at_the_bad_commit_finds_the_planted_commit(tmp_path: Path) -> None:
+    if 0 < torch.cuda.device_count() < 2:
+        pytest.skip("two ranks need two GPUs for NCCL, or none (gloo in the interpreter)")
+    repo = tmp_path / "tp_project"
+    shutil.copytree(PROJECT, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    git = "git -c user.name=t -c user.email=t@t"
+    kernels = repo / "tplib" / "kernels.py"
+    assert shell(f"git init -q && {git} add -A && {git} commit -qm 'tiny TP MLP' && git tag v1", repo).returncode == 0
+    kernels.write_text(kernels.read_text().replace("tl.maximum(acc, 0.0)", "tl.maximum(acc, 0.01)"))  # the bug
+    assert shell(f"{git} commit -qam 'relu: a small floor'", repo).returncode == 0
+    planted = shell("git rev-parse HEAD", repo).stdout.strip()
+    (repo / "NOTES.md").write_text("notes\n")
+    assert shell(f"{git} add -A && {git} commit -qm notes", repo).returncode == 0
+    recorded = record(repo, "tp", "torchrun --nproc-per-node 2 mlp.py")  # at the bad end, where it was seen
+    code, result = replay_json(repo, f"bisect --good v1 --bad HEAD {recorded}")
+    assert code == 0 and result["first_bad"]["sha"] == planted and result["oracle"] == "good-end", result
+    first = result["first_bad_probe"]["report"]["first_divergence"]
+    assert first["op"] == "tplib.kernels.matmul_relu_kernel" and first["rank"] == 0
