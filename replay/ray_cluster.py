@@ -123,6 +123,12 @@ def cancel_all(refs: list[Any]) -> None:
             ray.cancel(ref, force=False)
 
 
+MAX_RETRIES = 1  # a task whose worker dies runs once more, elsewhere where Ray can; then it is untested
+NOT_SHIPPED = frozenset({".git", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".tox",
+                         "node_modules"})  # never code or data a replay reads
+MAX_SHIP_BYTES = 4 << 30  # packed in this process's memory before it is put
+
+
 @dataclass(frozen=True)
 class ShippedTree:
     """A directory in Ray's object store, as a tar: unpacked once per node, by digest, under `folder`.
@@ -172,11 +178,20 @@ class Shipment:
 
 
 def pack_directory(path: Path) -> bytes:
+    """`path` as a tar: its directories and regular files, but not what no replay reads (a `.git`, a
+    virtual environment, caches: `--code .` is a repository's root); more than MAX_SHIP_BYTES is refused."""
     buffer = io.BytesIO()
+    size = 0
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for item in sorted(path.rglob("*")):
             if item.is_symlink() or not (item.is_file() or item.is_dir()):
                 continue  # a snapshot is read through regular files only (snapshot/confined.py)
+            if NOT_SHIPPED.intersection(item.relative_to(path).parts):
+                continue
+            size += item.stat().st_size if item.is_file() else 0
+            if size > MAX_SHIP_BYTES:
+                raise ReplayError(f"{path}: more than {MAX_SHIP_BYTES >> 30} GiB to send through Ray's object store; "
+                                  "give --ship shared and a path every node sees")
             tar.add(item, arcname=item.relative_to(path).as_posix(), recursive=False)
     return buffer.getvalue()
 

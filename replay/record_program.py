@@ -55,7 +55,7 @@ def record_program(command: list[str], snapshot: Path, environment: dict[str, st
         raise ReplayError("no command to record: give it after --, e.g. replay record -- python prog.py")
     if shutil.which(command[0]) is None:
         raise ReplayError(f"{command[0]}: command not found")
-    if (snapshot / MANIFEST).exists():
+    if (snapshot / MANIFEST).exists() or is_multi_rank(snapshot):
         raise SnapshotError(f"{snapshot}: already holds a snapshot; record into a new directory")
     path = [str(BOOTSTRAP), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, **environment, "REPLAY_CAPTURE": str(snapshot.resolve()), "PYTHONPATH": os.pathsep.join(path),

@@ -19,7 +19,8 @@ from replay.errors import SnapshotError
 from replay.storage import is_url, local_snapshot, upload_snapshot
 
 fsspec = pytest.importorskip("fsspec")
-from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402 (fsspec is an optional extra)
+from fsspec.implementations.local import LocalFileSystem  # noqa: E402 (fsspec is an optional extra)
+from fsspec.implementations.memory import MemoryFileSystem  # noqa: E402
 
 CHUNK = 1 << 16  # pieces of the state (the recorder's size), so that it is stored in packs
 
@@ -220,21 +221,23 @@ def in_program_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 def test_record_to_a_url_lands_a_snapshot_that_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     cache: Path) -> None:
     in_program_directory(tmp_path, monkeypatch)
-    url = memory_url()
+    url = (tmp_path / "bucket" / "recorded").as_uri()
     result = replay_cli("record", "-o", url, "--", sys.executable, "prog.py")
     assert result.exit_code == 0 and f"recorded 1 call into {url}" in result.stderr.replace("\n", ""), result.output
     assert not any((cache / "recordings").iterdir())  # the local recording went once uploaded
     assert replay_cli("run", url, "--provider", "storage_prog_ops").exit_code == 0
     again = replay_cli("record", "-o", url, "--", sys.executable, "prog.py")
     assert again.exit_code == 2 and "already holds a snapshot" in again.stderr
+    lost = replay_cli("record", "-o", memory_url(), "--", sys.executable, "prog.py")  # gone with this process
+    assert lost.exit_code == 2 and "memory://" in lost.stderr and not any((cache / "recordings").iterdir())
 
 
 def test_a_failed_upload_keeps_the_recording_and_says_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             cache: Path) -> None:
     in_program_directory(tmp_path, monkeypatch)
-    monkeypatch.setattr(MemoryFileSystem, "put_file",
+    monkeypatch.setattr(LocalFileSystem, "put_file",
                         lambda *args, **kwargs: (_ for _ in ()).throw(OSError("the store is down")))
-    result = replay_cli("record", "-o", memory_url(), "--", sys.executable, "prog.py")
+    result = replay_cli("record", "-o", (tmp_path / "bucket" / "down").as_uri(), "--", sys.executable, "prog.py")
     (kept,) = (cache / "recordings").iterdir()
     assert result.exit_code == 2 and "the store is down" in result.stderr and str(kept) in result.stderr
     assert (kept / "manifest.json").is_file()

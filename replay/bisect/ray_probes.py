@@ -7,7 +7,7 @@ nodes share: TMPDIR). With `--ship ray` no path of this machine is used there: t
 store once (replay/ray_cluster.py), and what the probe keeps (--save-outputs) comes back with its
 outcome. A `--run` line then sees the commit's files but no git repository.
 
-A task whose worker dies is run again by Ray (MAX_RETRIES); one that still does not finish is
+A task whose worker dies is run again by Ray (ray_cluster.MAX_RETRIES); one that still does not finish is
 a skip, "untested", never cached and never good or bad.
 """
 from __future__ import annotations
@@ -32,7 +32,6 @@ from replay.bisect.steps import Step, StepHandler
 from replay.bisect.worktrees import Worktrees
 
 CANCEL_CHECK_SECONDS = 0.2
-MAX_RETRIES = 1  # a probe whose worker dies runs once more, elsewhere where Ray can; then it is untested
 GOLDEN_DATA, SAVE_OUTPUTS = "--golden-data", "--save-outputs"  # the oracle's options that name folders
 
 
@@ -119,7 +118,8 @@ class RayProbes:
             self._ship = ray_cluster.chosen_ship(ship)
             self._shipment = ray_cluster.Shipment()
             self._session.callback(self._shipment.close)  # before Ray is left
-            self._task = self._ray.remote(max_retries=MAX_RETRIES, **ray_cluster.task_resources())(run_probe)
+            self._task = self._ray.remote(max_retries=ray_cluster.MAX_RETRIES,
+                                          **ray_cluster.task_resources())(run_probe)
         except BaseException:
             self._session.close()
             raise
@@ -157,7 +157,8 @@ class RayProbes:
                 raise
             return _skipped(f"untested: the Ray worker could not prepare the probe: {exc.cause}", started)
         except exceptions.RayError as exc:  # the worker or its node died, twice
-            return _skipped(f"untested: Ray worker lost ({type(exc).__name__} after {MAX_RETRIES + 1} tries)", started)
+            tries = ray_cluster.MAX_RETRIES + 1
+            return _skipped(f"untested: Ray worker lost ({type(exc).__name__} after {tries} tries)", started)
         finally:
             with self._lock:
                 self._live.discard(ref)

@@ -9,7 +9,7 @@ import click
 from replay.cli.common import (MetricValue, SnapshotLocation, ToleranceValue, finish, json_option, metric_help,
                                write_page)
 from replay.errors import EXIT_DIVERGED, EXIT_PASS
-from replay.ranks.layout import is_multi_rank, rank_path
+from replay.ranks.layout import is_multi_rank
 
 
 @click.command("diff")
@@ -89,9 +89,9 @@ def _diff_multi_rank(a: Path, b: Path | None, across_ranks: bool, replicated: tu
     if html_path is not None:
         raise click.BadParameter("is not drawn for a multi-rank recording yet", param_hint="--html")
     if across_ranks:
-        if b is not None or shards:
-            raise click.BadParameter("compares A's ranks with each other: give A alone, without --shard",
-                                     param_hint="--ranks")
+        if b is not None or shards or metric is not None:
+            raise click.BadParameter("compares A's ranks with each other: give A alone, without --shard or --metric "
+                                     "(--atol/--rtol apply)", param_hint="--ranks")
         from replay.cli.ranks_render import print_ranks_diff
         from replay.ranks.agreement import diff_ranks
 
@@ -109,15 +109,21 @@ def _diff_multi_rank(a: Path, b: Path | None, across_ranks: bool, replicated: tu
                                      param_hint="--shard")
         from replay.ranks.layout import rank_set
 
-        pairs = [(rank, diff_snapshots(path, rank_path(b, rank), tolerance, metric))
-                 for rank, path in rank_set(a).ranks.items()]
-        same = all(report.identical for _, report in pairs)
+        ranks_a, ranks_b = rank_set(a), rank_set(b)
+        structural = [f"rank {rank} is only in {side}" for side, mine, theirs in (("A", ranks_a, ranks_b),
+                                                                                  ("B", ranks_b, ranks_a))
+                      for rank in mine.ranks if rank not in theirs.ranks]
+        pairs = [(rank, diff_snapshots(path, ranks_b.ranks[rank], tolerance, metric))
+                 for rank, path in ranks_a.ranks.items() if rank in ranks_b.ranks]
+        same = not structural and all(report.identical for _, report in pairs)
 
         def show(console: Any) -> None:
+            for line in structural:
+                console.print(f"[red]structure:[/] {line}")
             for rank, report in pairs:
                 console.print(f"[bold]rank {rank}[/]")
                 print_diff_report(console, report, show_all)
-        finish(json_target, {"a": str(a), "b": str(b), "identical": same,
+        finish(json_target, {"a": str(a), "b": str(b), "identical": same, "structural": structural,
                              "ranks": {str(rank): report.to_json() for rank, report in pairs}},
                show, EXIT_PASS if same else EXIT_DIVERGED)
     from replay.ranks.shards import diff_sharded, parse_placements

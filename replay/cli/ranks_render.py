@@ -18,27 +18,30 @@ def print_ranks_report(console: Console, report: RanksReport, verbose: bool) -> 
         table.add_column(column, overflow="fold")
     for rank, run in report.ranks.items():
         summary = run.summary()
+        said = f"{escape(summary['op'])}: {escape(summary['description'] or '')}" if summary else ""
         verdict = ("[yellow]untestable[/]" if run.untestable else "[green]pass[/]" if summary is None
-                   else f"[red]call {summary['call']}[/] {escape(summary['op'])}: {escape(summary['description'] or '')}")
+                   else f"[red]call {summary['call']}[/] {said}")
         table.add_row(str(rank), str(len(run.calls)), str(sum(not c.passed for c in run.calls)), verdict)
     console.print(table)
     for rank, run in report.ranks.items():
         if not run.passed or verbose:
             console.print(f"[bold]rank {rank}[/]")
             print_run_report(console, run, verbose)
-    checked = [c for c in report.collectives if c.untested is None]
+    checked = [c for c in report.collectives if c.untested is None and c.uncheckable is None]
     failed = [c for c in report.collectives if not c.passed]
     console.print(f"collectives: {len(checked)} checked across ranks against the ranks' recorded inputs, "
                   f"{len(failed)} failed" + (f", {len(report.collectives) - len(checked)} not checked"
                                                if len(checked) < len(report.collectives) else ""))
     for check in failed[:20]:
         for failure in check.failures[:4]:
+            call = check.calls.get(failure["rank"], "-")
             console.print(f"  [red]{check.kind} {check.ordinal}[/] on group {list(check.group)}: rank "
-                          f"{failure['rank']} (call {check.calls[failure['rank']]}) {escape(failure['tensor'])}: "
+                          f"{failure['rank']} (call {call}) {escape(failure['tensor'])}: "
                           f"{escape(describe_difference(failure))}")
     for check in report.collectives:
-        if check.untested:
-            console.print(f"  [yellow]{check.kind} {check.ordinal} not checked[/]: {escape(check.untested)}")
+        if check.untested or check.uncheckable:
+            console.print(f"  [yellow]{check.kind} {check.ordinal} not checked[/]: "
+                          f"{escape(check.untested or check.uncheckable or '')}")
     first = report.first_divergence()
     if first is not None:
         console.print(f"first divergence: rank {first['rank']}, call {first['call']} ({first['op']}): "
@@ -68,8 +71,9 @@ def print_ranks_diff(console: Console, report: RanksDiffReport, show_all: bool) 
                       escape(describe_difference({"problem": "", "comparison": d.comparison})))
     console.print(table)
     first = report.disagreements[0]
-    against = (f"the other {len(first.reference)} ranks" if first.majority
-               else f"rank {first.reference[0]} (no majority among {len(report.ranks)} ranks: the lowest is the reference)")
-    console.print(f"first divergence: rank {', '.join(map(str, first.differing))}, call {first.calls[first.differing[0]]} "
-                  f"({first.op}, its call {first.ordinal}), {first.tensor} ({first.why}) differs from {against}",
+    against = (f"the other {len(first.reference)} ranks" if first.majority else
+               f"rank {first.reference[0]} (no majority among {len(report.ranks)} ranks: the lowest is the reference)")
+    console.print(f"first divergence: rank {', '.join(map(str, first.differing))}, "
+                  f"call {first.calls[first.differing[0]]} ({first.op}, its call {first.ordinal}), {first.tensor} "
+                  f"({first.why}) differs from {against}",
                   markup=False, highlight=False)

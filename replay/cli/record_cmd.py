@@ -15,7 +15,7 @@ from replay.storage import is_url, staging_snapshot, upload_recording
 
 @click.command("record", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
 @click.option("-o", "--output", metavar="DIR|URL",
-              help="The snapshot directory (new), or a URL (s3://, gs://, memory://, file://) to upload it to once "
+              help="The snapshot directory (new), or a URL (s3://, gs://, file://) to upload it to once "
                    "recorded. Default: snapshots/<program>_NNN, the first number free.")
 @click.option("--only", metavar="GLOB,...", help="Record the launches of these kernels (and, with --torch-ops, "
               "calls of these operators) only: globs on package.module.kernel, aten.op.overload or the last part.")
@@ -62,6 +62,11 @@ def command(output: str | None, only: str | None, skip: str | None, calls: str |
     environment = {setting.name: _checked(setting, option, value) for setting, option, value in given
                    if value is not None}
     remote = output if output is not None and is_url(output) else None
+    if remote is not None and remote.lower().startswith("memory://"):
+        raise click.BadParameter("memory:// lives and dies with one process, and the recorded program is another: "
+                                 "give a directory, or a URL that outlives it", param_hint="-o")
+    if remote is None and output is not None and Path(output).exists() and not Path(output).is_dir():
+        raise click.BadParameter(f"{output}: a file, not a snapshot directory", param_hint="-o")
     snapshot = staging_snapshot(remote) if remote else Path(output) if output else default_snapshot(list(command))
     result = record_program(list(command), snapshot, environment)
     if remote and result.recorded:

@@ -22,7 +22,6 @@ from replay.engine.session import ProgressFn, ReplayOptions, replay_snapshot
 from replay.errors import ReplayError
 from replay.snapshot import Snapshot
 
-MAX_RETRIES = 1  # a shard whose worker dies runs once more; then its calls are a problem, not a verdict
 Folder = Path | ray_cluster.ShippedTree  # a path every worker reads, or a folder shipped through Ray
 
 
@@ -87,7 +86,7 @@ def replay_on_ray(path: Path, options: ReplayOptions, plan: RayPlan, progress: P
             base = ShardJob(_placed(Path(path), ship, shipment), options,
                             _placed(options.code_dir, ship, shipment) if options.code_dir else None,
                             _placed(options.golden_dir, ship, shipment) if options.golden_dir else None)
-            task = ray.remote(max_retries=MAX_RETRIES, max_calls=1,  # a fresh process a shard: no module of
+            task = ray.remote(max_retries=ray_cluster.MAX_RETRIES, max_calls=1,  # a fresh process a shard: no module of
                               **ray_cluster.task_resources())(replay_shard)  # another run's code stays imported
             count = plan.jobs or ray_cluster.task_slots()
             pending = {task.remote(base.of(shard)): shard for shard in shards(selected, count)}
@@ -126,7 +125,7 @@ def _gather(ray: Any, pending: dict[Any, list[int]], total: int,
         except ray.exceptions.RayError as exc:
             calls = pending[ref]
             lost.append(f"calls {calls[0]}..{calls[-1]} were not replayed: Ray worker lost "
-                        f"({type(exc).__name__} after {MAX_RETRIES + 1} tries)")
+                        f"({type(exc).__name__} after {ray_cluster.MAX_RETRIES + 1} tries)")
             continue
         reports.append(report)
         for call in report.calls:

@@ -271,8 +271,8 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
 
 
 def collectives_not_replayed(path: str | Path, count: int) -> str:
-    return (f"{path}: {count} collective call(s) (torch.distributed) are not replayed on one rank: `replay run` "
-            "on the parent directory of the ranks checks them across ranks")
+    return (f"{path}: {count} collective call(s) (torch.distributed) are not replayed from one rank's recording: "
+            "`replay run` on a multi-rank recording's parent directory checks them across its ranks")
 
 
 def op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: ReplayOptions) -> Op:

@@ -19,6 +19,7 @@ import torch
 
 from replay.compare import bitwise_equal, compare
 from replay.ranks.layout import rank_set
+from replay.ranks.recording import is_collective_op
 from replay.snapshot import CallEntry, CallRecord, Snapshot
 from replay.tolerance import Tolerance
 
@@ -62,7 +63,8 @@ class RanksDiffReport:
                 "disagreements": [d.to_json() for d in self.disagreements]}
 
 
-def diff_ranks(parent: str | Path, replicated: tuple[str, ...] = (), tolerance: Tolerance | None = None) -> RanksDiffReport:
+def diff_ranks(parent: str | Path, replicated: tuple[str, ...] = (),
+               tolerance: Tolerance | None = None) -> RanksDiffReport:
     """Every paired call whose must-agree tensors differ across ranks, in the lowest rank's order.
     `replicated` holds argument names, or OP_GLOB:NAME, that every rank takes whole."""
     ranks = rank_set(parent)
@@ -70,6 +72,8 @@ def diff_ranks(parent: str | Path, replicated: tuple[str, ...] = (), tolerance: 
     report = RanksDiffReport(str(parent), list(snapshots), structural=list(ranks.problems))
     for op, ordinal, entries in _paired(snapshots, report.structural):
         records = {rank: snapshots[rank].load(entry) for rank, entry in entries.items()}
+        if len(records) < 2:  # a collective of a group of one
+            continue
         report.calls_compared += 1
         calls = {rank: entry.index for rank, entry in entries.items()}
         for key, why in _must_agree(op, next(iter(records.values())), replicated):
@@ -83,25 +87,46 @@ def diff_ranks(parent: str | Path, replicated: tuple[str, ...] = (), tolerance: 
 
 
 def _paired(snapshots: dict[int, Snapshot], structural: list[str]) -> Iterator[tuple[str, int, dict[int, CallEntry]]]:
-    """(op, ordinal, each rank's entry) in the lowest rank's order; ops some rank calls a different
-    number of times are said in `structural`, their calls paired as far as every rank has them."""
-    by_op: dict[int, dict[str, list[CallEntry]]] = {}
-    for rank, snapshot in snapshots.items():
-        by_op[rank] = {}
-        for entry in snapshot.entries:
-            by_op[rank].setdefault(entry.op, []).append(entry)
-    lowest = min(snapshots)
-    for op in sorted({op for ops in by_op.values() for op in ops}):
-        counts = {rank: len(ops.get(op, [])) for rank, ops in by_op.items()}
+    """(op, ordinal, each rank's entry) in the lowest rank's order; a collective is paired within its
+    group only (the k-th all_reduce of group [0, 1] with the k-th of that group). Ops some rank calls a
+    different number of times are said in `structural`, their calls paired as far as every rank has them."""
+    by_key = {rank: calls_by_key(snapshot) for rank, snapshot in snapshots.items()}
+    for key in sorted({key for keys in by_key.values() for key in keys}):
+        counts = {rank: len(keys.get(key, [])) for rank, keys in by_key.items() if _member(key, rank)}
         if len(set(counts.values())) > 1:
-            structural.append(f"op '{op}': " + ", ".join(f"{n} calls on rank {r}" for r, n in counts.items()))
+            structural.append(f"op '{key}': " + ", ".join(f"{n} calls on rank {r}" for r, n in counts.items()))
+    lowest = min(snapshots)
+    ordered = sorted((entry.index, key) for key, entries in by_key[lowest].items() for entry in entries)
     seen: Counter[str] = Counter()
-    for entry in snapshots[lowest].entries:
-        ordinal = seen[entry.op]
-        seen[entry.op] += 1
-        paired = {rank: ops[entry.op][ordinal] for rank, ops in by_op.items() if len(ops.get(entry.op, [])) > ordinal}
+    for _, key in ordered:
+        ordinal = seen[key]
+        seen[key] += 1
+        paired = {rank: keys[key][ordinal] for rank, keys in by_key.items() if len(keys.get(key, [])) > ordinal}
         if len(paired) > 1:
-            yield entry.op, ordinal, paired
+            yield paired[lowest].op, ordinal, paired
+    # groups the lowest rank is not in (ranks 2 and 3 of a 2x2 layout) are paired by their own lowest
+    for key in sorted({key for rank, keys in by_key.items() if rank != lowest for key in keys} - set(by_key[lowest])):
+        members = {rank: keys[key] for rank, keys in by_key.items() if key in keys}
+        for ordinal in range(min(len(calls) for calls in members.values())):
+            yield next(iter(members.values()))[ordinal].op, ordinal, {r: calls[ordinal] for r, calls in members.items()}
+
+
+def calls_by_key(snapshot: Snapshot) -> dict[str, list[CallEntry]]:
+    """A snapshot's calls by op, in order; a collective's by op and group ('torch.distributed.all_reduce@0,1')."""
+    calls: dict[str, list[CallEntry]] = {}
+    for entry in snapshot.entries:
+        key = entry.op
+        if is_collective_op(entry.op):
+            group = (snapshot.describe(entry).get("collective") or {}).get("group") or []
+            key += "@" + ",".join(map(str, group))
+        calls.setdefault(key, []).append(entry)
+    return calls
+
+
+def _member(key: str, rank: int) -> bool:
+    """Whether `rank` takes part in the calls under `key` (every rank but a collective's non-members)."""
+    _, at, group = key.partition("@")
+    return not at or not group or str(rank) in group.split(",")
 
 
 def _must_agree(op: str, record: CallRecord, replicated: tuple[str, ...]) -> Iterator[tuple[str, str]]:
@@ -117,12 +142,15 @@ def _must_agree(op: str, record: CallRecord, replicated: tuple[str, ...]) -> Ite
 
 
 def _named(op: str, name: str, replicated: tuple[str, ...]) -> bool:
-    for given in replicated:
-        op_glob, _, arg = given.rpartition(":")
-        if arg == name and (not op_glob or fnmatch.fnmatchcase(op, op_glob)
-                            or fnmatch.fnmatchcase(op.rsplit(".", 1)[-1], op_glob)):
-            return True
-    return False
+    return any(names_argument(given, op, name) for given in replicated)
+
+
+def names_argument(given: str, op: str, name: str) -> bool:
+    """Whether `given` (NAME, or OP_GLOB:NAME, OP_GLOB on the whole op or its last part) names
+    argument `name` of a call of `op`."""
+    op_glob, _, arg = given.rpartition(":")
+    return arg == name and (not op_glob or fnmatch.fnmatchcase(op, op_glob)
+                            or fnmatch.fnmatchcase(op.rsplit(".", 1)[-1], op_glob))
 
 
 def _disagreement(values: dict[int, torch.Tensor], tolerance: Tolerance | None

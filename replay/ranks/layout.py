@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from replay.compare import row_ranges
 from replay.errors import SnapshotError
+from replay.snapshot.reader import MAX_MANIFEST_BYTES
 from replay.snapshot.writer import MANIFEST
 
 RANK_DIR = re.compile(r"^rank-(\d{1,6})$")
@@ -63,7 +65,15 @@ def is_multi_rank(path: str | Path) -> bool:
     path = Path(path)
     if (path / MANIFEST).exists() or not path.is_dir():
         return False
-    return any(RANK_DIR.match(child.name) and (child / MANIFEST).is_file() for child in path.iterdir())
+    return any(_rank_of(child) is not None for child in path.iterdir())
+
+
+def _rank_of(child: Path) -> int | None:
+    """The rank a rank-<r>/ snapshot directory records (a link is no rank: read only what is inside)."""
+    match = RANK_DIR.match(child.name)
+    if match is None or child.is_symlink() or not (child / MANIFEST).is_file():
+        return None
+    return int(match.group(1))
 
 
 @dataclass(frozen=True)
@@ -86,10 +96,9 @@ def rank_set(parent: str | Path) -> RankSet:
     ranks: dict[int, Path] = {}
     said: dict[int, dict[str, Any]] = {}
     for child in sorted(parent.iterdir()):
-        match = RANK_DIR.match(child.name)
-        if match is None or not (child / MANIFEST).is_file() or child.is_symlink():
+        rank = _rank_of(child)
+        if rank is None:
             continue
-        rank = int(match.group(1))
         distributed = _distributed(child)
         if distributed.get("rank", rank) != rank:
             raise SnapshotError(f"{child}: its manifest says rank {distributed.get('rank')}, its directory {rank}")
@@ -105,7 +114,7 @@ def rank_set(parent: str | Path) -> RankSet:
     if not 0 < world <= MAX_RANKS or max(ranks) >= world:
         raise SnapshotError(f"{parent}: rank {max(ranks)} in a world of {world}")
     missing = [r for r in range(world) if r not in ranks]
-    problems = (f"{parent}: rank(s) {', '.join(map(str, missing))} of {world} recorded nothing "
+    problems = (f"{parent}: rank(s) {row_ranges(missing)} of {world} recorded nothing "
                 "(no rank-<r>/ snapshot)",) if missing else ()
     return RankSet(parent, dict(sorted(ranks.items())), world, run_ids.pop(), problems)
 
@@ -114,7 +123,8 @@ def _distributed(snapshot: Path) -> dict[str, Any]:
     """The manifest's `distributed` block (empty when the manifest has none or is unreadable: the
     reader says what is wrong with it when the rank is opened)."""
     try:
-        manifest = json.loads((snapshot / MANIFEST).read_bytes()[: 16 << 20])
+        with open(snapshot / MANIFEST, "rb") as f:
+            manifest = json.loads(f.read(MAX_MANIFEST_BYTES))
     except (OSError, ValueError):
         return {}
     block = manifest.get("distributed") if isinstance(manifest, dict) else None

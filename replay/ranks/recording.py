@@ -142,7 +142,7 @@ def _reduce_name(op: Any) -> str:
     for name in _REDUCE_NAMES:
         if op == getattr(dist.ReduceOp, name.upper(), None):
             return name
-    return "sum"  # PREMUL_SUM and the like: a sum of scaled terms, checked as a sum
+    return "premul_sum"  # a sum of terms scaled by a factor the call does not say: recorded, not checked
 
 
 def _group_ranks(group: Any) -> tuple[int, ...] | None:

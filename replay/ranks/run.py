@@ -25,7 +25,9 @@ class RanksReport:
 
     @property
     def passed(self) -> bool:
-        return all(r.passed for r in self.ranks.values()) and all(c.passed for c in self.collectives)
+        """Every rank's calls pass and every collective was checked and holds."""
+        return all(r.passed for r in self.ranks.values()) and all(c.passed and c.untested is None
+                                                                  for c in self.collectives)
 
     @property
     def untestable(self) -> str | None:
@@ -39,9 +41,14 @@ class RanksReport:
             if summary is not None:
                 return {"rank": rank, **summary}
         for check in self.collectives:
+            if check.untested is not None:
+                first = min(check.calls, default=None)
+                return {"rank": first, "call": check.calls.get(first) if first is not None else None,
+                        "op": f"torch.distributed.{check.kind}", "collective_ordinal": check.ordinal,
+                        "tensor": None, "description": f"not checked: {check.untested}"}
             if check.failures:
                 failure = check.failures[0]
-                return {"rank": failure["rank"], "call": check.calls[failure["rank"]],
+                return {"rank": failure["rank"], "call": check.calls.get(failure["rank"]),
                         "op": f"torch.distributed.{check.kind}", "collective_ordinal": check.ordinal,
                         "tensor": failure["tensor"], "description": failure["problem"]}
         return None
@@ -53,7 +60,7 @@ class RanksReport:
         return {"snapshot": self.parent, "world_size": self.world_size, "passed": self.passed,
                 "untestable": self.untestable, "problems": self.problems,
                 "first_divergence": self.first_divergence(),
-                "collectives_checked": sum(c.untested is None for c in self.collectives),
+                "collectives_checked": sum(c.untested is None and c.uncheckable is None for c in self.collectives),
                 "collectives_failed": sum(not c.passed for c in self.collectives),
                 "ranks": {str(rank): {k: v for k, v in data.items() if k != "calls"} for rank, data in ranks.items()},
                 "calls": [{**call, "rank": rank} for rank, data in ranks.items() for call in data["calls"]],

@@ -13,7 +13,6 @@ unsharded shape; any other is not compared, and the report says so.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -23,6 +22,7 @@ from replay.compare import bitwise_equal
 from replay.engine.diff import CallDiff, DiffReport, diff_call
 from replay.errors import ReplayError
 from replay.metrics import Metric
+from replay.ranks.agreement import names_argument
 from replay.ranks.layout import rank_set
 from replay.ranks.recording import is_collective_op
 from replay.snapshot import CallRecord, Snapshot
@@ -51,31 +51,29 @@ def diff_sharded(sharded: str | Path, unsharded: str | Path, placements: dict[st
     snapshots = {rank: Snapshot(path, strict=False) for rank, path in ranks.ranks.items()}
     whole = Snapshot(unsharded)
     report = DiffReport(str(sharded), str(unsharded), structural=list(ranks.problems))
-    by_op: dict[str, list[int]] = defaultdict(list)
-    for entry in whole.entries:
-        by_op[entry.op].append(entry.index)
+    by_op = _by_op(whole)
     per_rank = {rank: _by_op(snapshot) for rank, snapshot in snapshots.items()}
     lowest = min(snapshots)
     seen: Counter[str] = Counter()
     for position, entry in enumerate(e for e in snapshots[lowest].entries if not is_collective_op(e.op)):
         ordinal = seen[entry.op]
         seen[entry.op] += 1
-        if ordinal >= len(by_op[entry.op]) or any(len(calls.get(entry.op, [])) <= ordinal
+        if ordinal >= len(by_op.get(entry.op, [])) or any(len(calls.get(entry.op, [])) <= ordinal
                                                    for calls in per_rank.values()):
             continue
         records = {rank: snapshots[rank].load(calls[entry.op][ordinal]) for rank, calls in per_rank.items()}
         expected = whole.load(by_op[entry.op][ordinal])
         merged, unplaced = _merged(entry.op, records, expected, placements)
         report.calls_compared += 1
-        compared = dataclasses.replace(expected, tensors={k: v for k, v in expected.tensors.items() if k not in unplaced})
+        compared = dataclasses.replace(expected, tensors={k: v for k, v in expected.tensors.items()
+                                                          if k not in unplaced})
         differences = diff_call(merged, compared, tolerance, metric)
-        differences += [{"tensor": key, "problem": "not compared: the ranks hold different values and no "
-                         "--shard placement puts them together"} for key in unplaced]
+        differences += [{"tensor": key, "problem": f"not compared: {why}"} for key, why in unplaced.items()]
         if differences:
             report.calls.append(CallDiff(position, entry.index, expected.index, entry.op, ordinal, differences))
     for op in sorted(set(seen) | set(by_op)):
-        if seen[op] != len(by_op[op]):
-            report.structural.append(f"op '{op}': {seen[op]} calls sharded, {len(by_op[op])} unsharded")
+        if seen[op] != len(by_op.get(op, [])):
+            report.structural.append(f"op '{op}': {seen[op]} calls sharded, {len(by_op.get(op, []))} unsharded")
     return report
 
 
@@ -87,11 +85,11 @@ def _by_op(snapshot: Snapshot) -> dict[str, list[int]]:
 
 
 def _merged(op: str, records: dict[int, CallRecord], expected: CallRecord,
-            placements: dict[str, str]) -> tuple[CallRecord, list[str]]:
+            placements: dict[str, str]) -> tuple[CallRecord, dict[str, str]]:
     """One record holding the ranks' tensors put back together (the unsharded call's arguments:
-    the shapes a sharded launch is given differ by design), and the keys left unplaced."""
+    the shapes a sharded launch is given differ by design), and the keys not put together, with why."""
     tensors: dict[str, torch.Tensor] = {}
-    unplaced = []
+    unplaced: dict[str, str] = {}
     leftovers = {f"in/{name}" for name in (expected.triton or expected.torch_op or {}).get("write_only", ())}
     for key, want in expected.tensors.items():
         if key in leftovers:  # what an output buffer held before the kernel wrote it: no input, not compared
@@ -100,38 +98,46 @@ def _merged(op: str, records: dict[int, CallRecord], expected: CallRecord,
         if len(pieces) != len(records):
             continue  # only in the unsharded call: diff_call says so
         placement = _placement(op, key.partition("/")[2], placements) or _inferred(pieces, want)
-        if placement is None:
-            unplaced.append(key)
-            continue
-        tensors[key] = _put_together(pieces, placement)
+        whole = _put_together(pieces, placement) if placement is not None else (
+            "the ranks hold different values and no --shard placement puts them together")
+        if isinstance(whole, str):
+            unplaced[key] = whole
+        else:
+            tensors[key] = whole
     first = next(iter(records.values()))
     return dataclasses.replace(first, args=expected.args, tensors=tensors), unplaced
 
 
 def _placement(op: str, name: str, placements: dict[str, str]) -> str | None:
-    for given, placement in placements.items():
-        op_glob, _, arg = given.rpartition(":")
-        if arg == name and (not op_glob or fnmatch.fnmatchcase(op, op_glob)
-                            or fnmatch.fnmatchcase(op.rsplit(".", 1)[-1], op_glob)):
-            return placement
-    return None
+    return next((placement for given, placement in placements.items() if names_argument(given, op, name)), None)
 
 
 def _inferred(pieces: list[torch.Tensor], want: torch.Tensor) -> str | None:
     if all(p.shape == pieces[0].shape and p.dtype == pieces[0].dtype and bitwise_equal(p, pieces[0])
            for p in pieces[1:]):
         return "replicate"
+    if any(p.dim() != want.dim() for p in pieces):
+        return None
     dims = [d for d in range(want.dim()) if sum(p.shape[d] for p in pieces) == want.shape[d]
-            and all(p.dim() == want.dim() and all(p.shape[o] == want.shape[o] for o in range(want.dim()) if o != d)
-                    for p in pieces)]
+            and all(p.shape[o] == want.shape[o] for p in pieces for o in range(want.dim()) if o != d)]
     return f"shard:{dims[0]}" if len(dims) == 1 else None
 
 
-def _put_together(pieces: list[torch.Tensor], placement: str) -> torch.Tensor:
+def _put_together(pieces: list[torch.Tensor], placement: str) -> torch.Tensor | str:
+    """The whole the pieces make, or why they make none (a dimension they lack, shapes that differ)."""
+    first = pieces[0]
     if placement == "replicate":
-        return pieces[0]
+        return first
     if placement == "partial":
-        wide = torch.float64 if pieces[0].dtype.is_floating_point else torch.int64
-        return torch.stack([p.to(wide) for p in pieces]).sum(0).to(pieces[0].dtype)
-    return torch.cat(pieces, int(placement.partition(":")[2]))
+        if any(p.shape != first.shape for p in pieces):
+            return f"partial: the ranks' pieces differ in shape ({', '.join(str(list(p.shape)) for p in pieces)})"
+        wide = torch.float64 if first.dtype.is_floating_point else torch.int64
+        return torch.stack([p.to(wide) for p in pieces]).sum(0).to(first.dtype)
+    dim = int(placement.partition(":")[2])
+    if not -first.dim() <= dim < first.dim() or any(p.dim() != first.dim() for p in pieces):
+        return f"{placement}: the pieces have {first.dim()} dimension(s)"
+    try:
+        return torch.cat(pieces, dim)
+    except RuntimeError:  # the other dimensions differ
+        return f"{placement}: the pieces' shapes do not line up ({', '.join(str(list(p.shape)) for p in pieces)})"
 

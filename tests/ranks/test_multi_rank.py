@@ -115,6 +115,16 @@ def test_sharded_recording_put_together_matches_the_unsharded_one(clean: Path, u
     assert code == 1 and report["first_divergence"]["op"] == MATMUL  # the wrong placement: shapes differ
 
 
+def test_collectives_of_subgroups_are_checked_and_compared_within_their_group(project: Path) -> None:
+    if 0 < torch.cuda.device_count() < 4:
+        pytest.skip("4 ranks need 4 GPUs for NCCL, or none (gloo in the interpreter)")
+    recorded = record(project, "subgroups", "torchrun --nproc-per-node 4 subgroups.py")
+    code, report = replay_json(project, f"run {recorded} {on(4)}")
+    assert code == 0 and [c["group"] for c in report["collectives"]] == [[0, 1], [2, 3], [0, 1, 2, 3]], report
+    code, agreement = replay_json(project, f"diff --ranks {recorded}")  # [0, 1] hold 1, [2, 3] hold 5: both right
+    assert code == 0 and agreement["agree"], agreement
+
+
 def test_every_kind_of_collective_is_recorded_and_checked(project: Path) -> None:
     recorded = record(project, "collectives", "torchrun --nproc-per-node 2 collectives.py")
     code, report = replay_json(project, f"run {recorded} {ON}")
@@ -163,6 +173,16 @@ def test_a_collective_result_a_rank_does_not_hold_is_named_with_the_rank() -> No
     assert [f["rank"] for f in _checked("broadcast", sent).failures] == [0]
 
 
+def test_stacked_outputs_are_checked_and_an_unrecorded_factor_is_said_not_failed() -> None:
+    x = [torch.tensor([[1.0, 2.0]]) * (r + 1) for r in range(3)]
+    stacked = {r: _member(r, "all_gather", {"input": x[r]}, {"output": torch.stack(x)}, dim=0) for r in range(3)}
+    assert _checked("all_gather", stacked).passed  # NCCL's [world, *shape] form of all_gather_into_tensor
+    scaled = {r: _member(r, "all_reduce", {"tensor": x[r]}, {"tensor": x[r] * 7}, reduce_op="premul_sum")
+              for r in range(3)}
+    check = _checked("all_reduce", scaled)
+    assert check.passed and check.uncheckable is not None and "scale factor" in check.uncheckable
+
+
 def test_rank_from_env_is_torchruns_rank_and_nothing_for_a_single_process() -> None:
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "abc"}
     info = rank_from_env(env)
@@ -170,6 +190,39 @@ def test_rank_from_env_is_torchruns_rank_and_nothing_for_a_single_process() -> N
     assert rank_from_env({**env, "REPLAY_RUN_ID": "mine"}).run_id == "mine"  # type: ignore[union-attr]
     assert rank_from_env({"RANK": "0", "WORLD_SIZE": "1"}) is None and rank_from_env({}) is None
     assert rank_from_env({"RANK": "4", "WORLD_SIZE": "4"}) is None
+
+
+def test_bad_multi_rank_input_is_one_line_and_exit_2(clean: Path, unsharded: Path, tmp_path: Path,
+                                                     project: Path) -> None:
+    again = shell("replay record -o snapshots/tp2 -- torchrun --nproc-per-node 2 mlp.py", project)
+    assert again.returncode == 2 and "already holds a snapshot" in again.stderr and "rank 0:" not in again.stdout
+    (project / "a-file").write_text("")
+    into_file = shell("replay record -o a-file -- python mlp.py", project)
+    assert into_file.returncode == 2 and "a file, not a snapshot directory" in into_file.stderr
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "rank-0").symlink_to(clean / "rank-0")  # a link is read as no rank
+    done = shell(f"replay run {linked} --code .", project)
+    assert done.returncode == 2 and "no such snapshot directory" in done.stderr or "not a" in done.stderr, done.stderr
+    metric = shell(f"replay diff --ranks {clean} --metric nmse:1e-6", project)
+    assert metric.returncode == 2 and "--ranks" in metric.stderr
+    code, report = replay_json(project, f"diff {clean} {unsharded} --shard matmul_kernel:c_ptr=shard:7")
+    assert code == 1 and "shard:7: the pieces have 2 dimension(s)" in report["first_divergence"]["problem"]
+
+
+def test_ranks_that_disagree_in_number_are_said(clean: Path, tmp_path: Path, project: Path) -> None:
+    more = tmp_path / "more"
+    shutil.copytree(clean, more)
+    shutil.copytree(clean / "rank-1", more / "rank-2")  # its manifest says rank 1: refused
+    done = shell(f"replay diff {clean} {more}", project)
+    assert done.returncode == 2 and "says rank 1" in done.stderr
+    fewer = tmp_path / "fewer"
+    shutil.copytree(clean, fewer)
+    index = fewer / "rank-1" / "calls.jsonl"
+    index.write_text("".join(index.read_text().splitlines(keepends=True)[:-1]))  # its last all_reduce gone
+    code, report = replay_json(project, f"run {fewer} --code . {ON}")
+    first = report["first_divergence"]
+    assert code == 1 and first["rank"] == 1 and "made no all_reduce 2" in first["description"], report
 
 
 def test_a_parent_mixing_runs_or_missing_a_rank_is_said(clean: Path, tmp_path: Path, project: Path) -> None:
