@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from replay import settings
 from replay.errors import ReplayError, SnapshotError
 from replay.ranks.layout import is_multi_rank, rank_set
 from replay.snapshot import Snapshot
@@ -59,7 +60,7 @@ def record_program(command: list[str], snapshot: Path, environment: dict[str, st
         raise SnapshotError(f"{snapshot}: already holds a snapshot; record into a new directory")
     path = [str(BOOTSTRAP), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, **environment, "REPLAY_CAPTURE": str(snapshot.resolve()), "PYTHONPATH": os.pathsep.join(path),
-           "REPLAY_RUN_ID": uuid.uuid4().hex}  # shared by the ranks of a torchrun program, told apart from other runs
+           settings.RUN_ID.name: uuid.uuid4().hex}  # shared by the ranks of a torchrun program, told apart from other runs
     # Ctrl-C is the program's (it stops and writes): this process waits it out. A handler, not
     # SIG_IGN, which the program would inherit through exec and never see a Ctrl-C at all
     previous = signal.signal(signal.SIGINT, lambda signum, frame: None)

@@ -124,8 +124,11 @@ READ_LIMIT_MIB = Setting("REPLAY_READ_LIMIT_MIB", _whole, 256, "what reading one
 CACHE_DIR = Setting("REPLAY_CACHE_DIR", str, "~/.cache/kernel-replay", "where snapshots read from URLs are kept "
                     "(each file once, by its sha256) and `replay record -o URL` records before uploading",
                     "a directory path")
+RUN_ID = Setting("REPLAY_RUN_ID", str, "", "the run the ranks of a torchrun program belong to, kept in each rank's "
+                 "manifest (`replay record` sets one; else torchrun's TORCHELASTIC_RUN_ID)", "any text")
 TRACEBACK = Setting("REPLAY_TRACEBACK", _flag, False, "print the traceback of an internal error (a bug in "
                     "kernel-replay) besides its one line", "1 or 0")
 
 ALL: tuple[Setting, ...] = (CAPTURE, CAPTURE_STRICT, CAPTURE_TRITON, CAPTURE_TORCH_OPS, CAPTURE_ONLY, CAPTURE_SKIP, CAPTURE_CALLS, CAPTURE_STEPS,
-                            CAPTURE_STATE, CAPTURE_MAX_BYTES, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB, CACHE_DIR, TRACEBACK)
+                            CAPTURE_STATE, CAPTURE_MAX_BYTES, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB, CACHE_DIR, RUN_ID,
+                            TRACEBACK)

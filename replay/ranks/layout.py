@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from replay import settings
 from replay.compare import row_ranges
 from replay.errors import SnapshotError
 from replay.snapshot.reader import MAX_MANIFEST_BYTES
@@ -37,9 +38,10 @@ class RankInfo:
 
 
 def rank_from_env(environ: dict[str, str] | None = None) -> RankInfo | None:
-    """This process's rank as torchrun says it (RANK, WORLD_SIZE, LOCAL_RANK), or None for a
-    process that is not one rank of several. The run id: REPLAY_RUN_ID (`replay record` sets
-    it), else torchrun's TORCHELASTIC_RUN_ID, else the rendezvous address."""
+    """This process's rank as torchrun says it (RANK, WORLD_SIZE, LOCAL_RANK in `environ`, else
+    this process's environment), or None for a process that is not one rank of several. The run
+    id: REPLAY_RUN_ID (`replay record` sets it), else torchrun's TORCHELASTIC_RUN_ID, else the
+    rendezvous address."""
     env = os.environ if environ is None else environ
     try:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
@@ -47,7 +49,7 @@ def rank_from_env(environ: dict[str, str] | None = None) -> RankInfo | None:
         return None
     if world < 2 or not 0 <= rank < world:
         return None
-    run_id = (env.get("REPLAY_RUN_ID") or env.get("TORCHELASTIC_RUN_ID")
+    run_id = (settings.RUN_ID.get() or env.get("TORCHELASTIC_RUN_ID")
               or f"{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}")
     try:
         local = int(env.get("LOCAL_RANK", rank))

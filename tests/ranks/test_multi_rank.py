@@ -183,11 +183,13 @@ def test_stacked_outputs_are_checked_and_an_unrecorded_factor_is_said_not_failed
     assert check.passed and check.uncheckable is not None and "scale factor" in check.uncheckable
 
 
-def test_rank_from_env_is_torchruns_rank_and_nothing_for_a_single_process() -> None:
+def test_rank_from_env_is_torchruns_rank_and_nothing_for_a_single_process(monkeypatch: pytest.MonkeyPatch) -> None:
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "abc"}
+    monkeypatch.delenv("REPLAY_RUN_ID", raising=False)
     info = rank_from_env(env)
     assert info is not None and (info.rank, info.world_size, info.local_rank, info.run_id) == (3, 4, 1, "abc")
-    assert rank_from_env({**env, "REPLAY_RUN_ID": "mine"}).run_id == "mine"  # type: ignore[union-attr]
+    monkeypatch.setenv("REPLAY_RUN_ID", "mine")
+    assert rank_from_env(env).run_id == "mine"  # type: ignore[union-attr]
     assert rank_from_env({"RANK": "0", "WORLD_SIZE": "1"}) is None and rank_from_env({}) is None
     assert rank_from_env({"RANK": "4", "WORLD_SIZE": "4"}) is None
 
