@@ -169,8 +169,11 @@ class SnapshotLocation(click.ParamType):
     name = "SNAPSHOT"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
+        from replay.cli.progress import call_progress
         from replay.storage import local_snapshot
-        return local_snapshot(value if isinstance(value, Path) else str(value))
+
+        with call_progress(label=lambda rel: f"fetching {rel}") as told:  # a bar only where files are fetched
+            return local_snapshot(value if isinstance(value, Path) else str(value), progress=told)
 
 
 class ToleranceValue(click.ParamType):

@@ -12,8 +12,10 @@ from replay.cli.common import SafeConsole
 
 
 @contextlib.contextmanager
-def call_progress(quiet: bool = False) -> Iterator[Callable[[int, int | None, Any], None] | None]:
-    """Yield a (done, total, item) callback that advances a bar on stderr, or None."""
+def call_progress(quiet: bool = False, label: Callable[[Any], str] | None = None
+                  ) -> Iterator[Callable[[int, int | None, Any], None] | None]:
+    """Yield a (done, total, item) callback that advances a bar on stderr, or None; the bar says
+    `label(item)` (default: the call's index and op)."""
     if quiet or not sys.stderr.isatty():
         yield None
         return
@@ -22,6 +24,6 @@ def call_progress(quiet: bool = False) -> Iterator[Callable[[int, int | None, An
         task = bar.add_task("replaying", total=None)
 
         def advance(done: int, total: int | None, item: Any) -> None:
-            label = f"call {getattr(item, 'index', '')} {getattr(item, 'op', '')}".strip()
-            bar.update(task, completed=done, total=total, description=escape(label))  # an op name is no markup
+            said = label(item) if label else f"call {getattr(item, 'index', '')} {getattr(item, 'op', '')}".strip()
+            bar.update(task, completed=done, total=total, description=escape(said))  # an op name is no markup
         yield advance

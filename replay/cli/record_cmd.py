@@ -70,7 +70,10 @@ def command(output: str | None, only: str | None, skip: str | None, calls: str |
     snapshot = staging_snapshot(remote) if remote else Path(output) if output else default_snapshot(list(command))
     result = record_program(list(command), snapshot, environment)
     if remote and result.recorded:
-        upload_recording(snapshot, remote)
+        from replay.cli.progress import call_progress
+
+        with call_progress(label=lambda rel: f"uploading {rel}") as told:
+            upload_recording(snapshot, remote, told)
     console = SafeConsole(stderr=True)
     if not result.recorded:
         warn(f"nothing recorded: no Python process of `{command[0]}` started recording (it needs a Python with "

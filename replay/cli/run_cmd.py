@@ -114,8 +114,8 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
     elif jobs is not None:
         raise click.BadParameter("splits the calls among Ray tasks: give --executor ray too", param_hint="--jobs")
     if is_multi_rank(snapshot):
-        _run_ranks(snapshot, options, verbose, json_target, propagate=propagate, html=html_path is not None,
-                   executor=executor != "local")
+        plan = _ray_plan(jobs, ray_address, ship) if executor == "ray" else None
+        _run_ranks(snapshot, options, plan, verbose, json_target, propagate=propagate, html=html_path is not None)
     if propagate:
         _refuse_with_propagate(golden=golden is not None, save_outputs=save_outputs is not None, op=bool(ops),
                                call=bool(calls), variant=bool(variants), repeat=repeat > 1, metric=metric is not None,
@@ -123,8 +123,8 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         _run_propagated(snapshot, options, verbose, json_target, html_path)
     with call_progress(quiet=json_target == "-") as progress:
         if executor == "ray":
-            from replay.engine.fanout import RayPlan, replay_on_ray
-            report = replay_on_ray(snapshot, options, RayPlan(jobs, ray_address, ship), progress)
+            from replay.engine.fanout import replay_on_ray
+            report = replay_on_ray(snapshot, options, _ray_plan(jobs, ray_address, ship), progress)
         else:
             report = replay_snapshot(snapshot, options, progress)
     if html_path is not None:
@@ -188,8 +188,15 @@ def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: st
 
 
 
-def _run_ranks(parent: Path, options: Any, verbose: bool, json_target: str | None, **refused: Any) -> NoReturn:
-    """A multi-rank recording: each rank replayed as a snapshot is, its collectives checked across ranks."""
+def _ray_plan(jobs: int | None, ray_address: str | None, ship: str) -> Any:
+    from replay.engine.fanout import RayPlan
+    return RayPlan(jobs, ray_address, ship)
+
+
+def _run_ranks(parent: Path, options: Any, plan: Any, verbose: bool, json_target: str | None,
+               **refused: Any) -> NoReturn:
+    """A multi-rank recording: each rank replayed as a snapshot is (here, or its calls fanned out on Ray
+    with `plan`), its collectives checked across ranks."""
     for name, given in refused.items():
         if given:
             raise click.BadParameter("is not taken with a multi-rank recording: replay one rank's directory "
@@ -200,7 +207,11 @@ def _run_ranks(parent: Path, options: Any, verbose: bool, json_target: str | Non
 
     with call_progress(quiet=json_target == "-") as progress:
         told = (lambda rank, done, total, call: progress(done, total, call)) if progress is not None else None
-        report = replay_ranks(parent, options, told)
+        if plan is not None:
+            from replay.engine.fanout import replay_ranks_on_ray
+            report = replay_ranks_on_ray(parent, options, plan, told)
+        else:
+            report = replay_ranks(parent, options, told)
     for problem in report.problems:
         error(problem)
     finish(json_target, report.to_json(), lambda console: print_ranks_report(console, report, verbose),

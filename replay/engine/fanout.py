@@ -20,6 +20,7 @@ from replay import ray_cluster
 from replay.engine.report import CallReport, RunReport
 from replay.engine.session import ProgressFn, ReplayOptions, replay_snapshot
 from replay.errors import ReplayError
+from replay.ranks.run import RankProgress, RanksReport, replay_ranks
 from replay.snapshot import Snapshot
 
 Folder = Path | ray_cluster.ShippedTree  # a path every worker reads, or a folder shipped through Ray
@@ -99,6 +100,15 @@ def replay_on_ray(path: Path, options: ReplayOptions, plan: RayPlan, progress: P
     merged.problems += lost
     merged.total_seconds = time.perf_counter() - started  # wall time: the shards ran side by side
     return merged
+
+
+def replay_ranks_on_ray(parent: Path, options: ReplayOptions, plan: RayPlan,
+                       progress: RankProgress | None = None) -> RanksReport:
+    """A multi-rank recording's ranks replayed one after another, each rank's calls fanned out on one
+    Ray connection; its collectives checked here, across ranks."""
+    with ray_cluster.connected(plan.address, plan.jobs or os.cpu_count() or 1):  # the ranks' replays reuse it
+        return replay_ranks(parent, options, progress,
+                            lambda path, rank_options, told: replay_on_ray(path, rank_options, plan, told))
 
 
 def _placed(where: Path, ship: str, shipment: ray_cluster.Shipment) -> Folder:

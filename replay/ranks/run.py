@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from replay.engine.report import CallReport, RunReport
-from replay.engine.session import ReplayOptions, replay_snapshot
+from replay.engine.session import ProgressFn, ReplayOptions, replay_snapshot
 from replay.ranks.collective_check import CollectiveCheck, check_collectives
 from replay.ranks.layout import is_multi_rank, rank_path, rank_set
 
 RankProgress = Callable[[int, int, int, CallReport], None]  # rank, done, total, the call's report
+Replayer = Callable[[Path, ReplayOptions, ProgressFn | None], RunReport]  # replay_snapshot, or one on Ray
 
 
 @dataclass
@@ -67,14 +68,15 @@ class RanksReport:
                 "collectives": [c.to_json() for c in self.collectives]}
 
 
-def replay_ranks(parent: str | Path, options: ReplayOptions, progress: RankProgress | None = None) -> RanksReport:
-    """Replay every rank of the multi-rank recording at `parent` (ranks in order, each as
-    `replay run` replays a snapshot) and check its collectives across ranks."""
+def replay_ranks(parent: str | Path, options: ReplayOptions, progress: RankProgress | None = None,
+                 replay: Replayer = replay_snapshot) -> RanksReport:
+    """Replay every rank of the multi-rank recording at `parent` (ranks in order, each as `replay`
+    replays a snapshot: here, or fanned out on Ray) and check its collectives across ranks."""
     ranks = rank_set(parent)
     report = RanksReport(str(parent), ranks.world_size, problems=list(ranks.problems))
     for rank, path in ranks.ranks.items():
         told = (lambda done, total, call, rank=rank: progress(rank, done, total, call)) if progress else None
-        result = replay_snapshot(path, _for_rank(options, rank), told)
+        result = replay(path, _for_rank(options, rank), told)
         report.problems += [f"rank {rank}: {problem}" for problem in result.problems]
         report.ranks[rank] = result
         if options.fail_fast and not result.passed:

@@ -83,6 +83,13 @@ def test_replay_run_replays_each_rank_and_checks_collectives_across_ranks(clean:
     assert alone.returncode == 0 and "3 collective call(s)" in alone.stderr, alone.stderr
 
 
+def test_replay_run_on_ray_gives_the_local_verdicts(clean: Path, project: Path) -> None:
+    pytest.importorskip("ray")
+    code, report = replay_json(project, f"run {clean} --code . {ON} --executor ray --jobs 2")  # a local Ray
+    assert code == 0, report
+    assert [report["ranks"][r]["calls_checked"] for r in ("0", "1")] == [9, 9] and report["collectives_checked"] == 3
+
+
 def test_diff_ranks_passes_on_a_clean_recording(clean: Path, project: Path) -> None:
     code, report = replay_json(project, f"diff --ranks {clean}")
     assert code == 0 and report["agree"] and report["calls_compared"] == 12
