@@ -21,6 +21,7 @@ from rich.segment import Segment
 from replay import settings
 from replay.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, ReplayError
 from replay.settings import SettingError
+from replay.storage import as_url
 
 
 class ReplayGroup(click.Group):
@@ -55,7 +56,7 @@ class ReplayGroup(click.Group):
         try:
             return super().invoke(ctx)
         except ReplayError as exc:
-            click.echo(f"replay: error: {one_line(str(exc))}", err=True)
+            click.echo(f"replay: error: {one_line(as_url(str(exc)))}", err=True)
             ctx.exit(exc.exit_code)
         except KeyboardInterrupt:
             click.echo("replay: interrupted", err=True)
@@ -250,12 +251,12 @@ def finish(json_target: str | None, data: dict[str, Any], show: Callable[[Consol
 
 
 def warn(message: str) -> None:
-    click.echo(f"replay: warning: {one_line(message)}", err=True)
+    click.echo(f"replay: warning: {one_line(as_url(message))}", err=True)
 
 
 def error(message: str) -> None:
     """Bad input met on the way, said as ReplayGroup says a ReplayError, when the command still reports."""
-    click.echo(f"replay: error: {one_line(message)}", err=True)
+    click.echo(f"replay: error: {one_line(as_url(message))}", err=True)
 
 
 def one_line(message: str) -> str:

@@ -46,7 +46,19 @@ def local_snapshot(location: str | Path, cache: Path | None = None, progress: Pr
         view.place(rel, heads[rel])
     view.keep_only(set(content) | set(heads))
     view.remember(fetcher.learnt)
+    _VIEWS[str(view.path)] = url
     return view.path
+
+
+_VIEWS: dict[str, str] = {}  # the views this process made, by path -> the URL each stands for
+
+
+def as_url(message: str) -> str:
+    """`message` with each path of a view this process fetched said as its URL: a report or error
+    names the file where the user put it, not where the cache keeps it."""
+    for path, url in sorted(_VIEWS.items(), key=lambda item: -len(item[0])):
+        message = message.replace(path, url)
+    return message
 
 
 class _Fetcher:
