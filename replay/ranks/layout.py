@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +18,8 @@ from replay import settings
 from replay.compare import row_ranges
 from replay.errors import SnapshotError
 from replay.snapshot.reader import MAX_MANIFEST_BYTES
-from replay.snapshot.writer import MANIFEST
+from replay.snapshot.writer import MANIFEST, RANK_DIR
 
-RANK_DIR = re.compile(r"^rank-(\d{1,6})$")
 MAX_RANKS = 1 << 16
 
 

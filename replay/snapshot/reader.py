@@ -21,7 +21,7 @@ from replay.snapshot.packs import PackIndex, read_pack_index, read_piece
 from replay.snapshot.segments import SegmentReader
 from replay.snapshot.tensors import DTYPES, Geometry, rebuild
 from replay.snapshot.piece_packs import pack_relpath
-from replay.snapshot.writer import INDEX, MANIFEST, PACKED_ROW, blob_relpath, source_relpath
+from replay.snapshot.writer import INDEX, MANIFEST, PACKED_ROW, RANK_DIR, blob_relpath, source_relpath
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_INDEX_BYTES = 1 << 30
@@ -112,8 +112,7 @@ class Snapshot:
 
     def _read_manifest(self) -> dict[str, Any]:
         path = self.path / MANIFEST
-        data = self._files.read(MANIFEST, limit=MAX_MANIFEST_BYTES, missing="missing manifest (not a snapshot, "
-                               "or its recording never started)")
+        data = self._files.read(MANIFEST, limit=MAX_MANIFEST_BYTES, missing=self._why_no_manifest())
         try:
             manifest = schema.parse(data, "document")  # the version first: a newer format has other shapes
         except schema.SchemaError as exc:
@@ -129,6 +128,18 @@ class Snapshot:
         except schema.SchemaError as exc:
             raise SnapshotError(f"{path}: malformed manifest: {exc}") from None
         return manifest
+
+    def _why_no_manifest(self) -> str:
+        try:
+            ranks = sorted(child.name for child in self.path.iterdir() if RANK_DIR.match(child.name)
+                           and not child.is_symlink() and (child / MANIFEST).is_file())
+        except OSError:  # unlistable: it says so when read
+            ranks = []
+        if ranks:  # the parent of a multi-rank recording: a rank is the snapshot
+            shown = ", ".join(ranks[:4]) + (", ..." if len(ranks) > 4 else "")
+            return f"missing manifest: a multi-rank recording ({shown}); this command reads one rank's snapshot: " \
+                   f"{self.path / ranks[0]}"
+        return "missing manifest (not a snapshot, or its recording never started)"
 
     def _read_index(self) -> list[CallEntry]:
         path = self.path / INDEX

@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,7 @@ from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 
 MANIFEST = "manifest.json"
 INDEX = "calls.jsonl"
+RANK_DIR = re.compile(r"^rank-(\d{1,6})$")  # a multi-rank recording's snapshot of one rank (docs/FORMAT.md)
 CALLS_DIR = "calls"  # formats 1-3: a file a call
 SEGMENTS_DIR = "segments"  # format 4: many calls a file
 BLOBS_DIR = "blobs"

@@ -212,7 +212,9 @@ def test_bad_multi_rank_input_is_one_line_and_exit_2(clean: Path, unsharded: Pat
     linked.mkdir()
     (linked / "rank-0").symlink_to(clean / "rank-0")  # a link is read as no rank
     done = shell(f"replay run {linked} --code .", project)
-    assert done.returncode == 2 and "no such snapshot directory" in done.stderr or "not a" in done.stderr, done.stderr
+    assert done.returncode == 2 and "missing manifest (not a snapshot" in done.stderr, done.stderr
+    graph = shell(f"replay graph {clean}", project)  # a command of one snapshot says which to give it
+    assert graph.returncode == 2 and f"reads one rank's snapshot: {clean}/rank-0" in graph.stderr
     metric = shell(f"replay diff --ranks {clean} --metric nmse:1e-6", project)
     assert metric.returncode == 2 and "--ranks" in metric.stderr
     code, report = replay_json(project, f"diff {clean} {unsharded} --shard matmul_kernel:c_ptr=shard:7")
