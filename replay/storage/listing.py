@@ -11,11 +11,10 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from replay.errors import ReplayError, SnapshotError
-from replay.ranks.layout import RANK_DIR
 from replay.snapshot.confined import MAX_FILE_BYTES, one_line
 from replay.snapshot.piece_packs import PACKS_DIR
 from replay.snapshot.reader import MAX_INDEX_BYTES, MAX_MANIFEST_BYTES, MAX_SOURCE_BYTES
-from replay.snapshot.writer import BLOBS_DIR, INDEX, MANIFEST, SOURCES_DIR
+from replay.snapshot.writer import BLOBS_DIR, INDEX, MANIFEST, RANK_DIR, SOURCES_DIR
 
 MAX_REMOTE_FILES = 1 << 20  # more than any recording writes: a listing past it is not a snapshot
 # what a store's `info` says that changes whenever an object's content does (size aside)

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from replay.errors import ReplayError, SnapshotError
-from replay.ranks.layout import RANK_DIR, is_multi_rank
+from replay.ranks.layout import is_multi_rank
 from replay.snapshot.confined import one_line
-from replay.snapshot.writer import MANIFEST
+from replay.snapshot.writer import MANIFEST, RANK_DIR
 from replay.storage.fetch import Progress
 from replay.storage.listing import landing_order
 from replay.storage.urls import join, open_url
