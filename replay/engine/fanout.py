@@ -18,8 +18,10 @@ from typing import Any, Iterable
 
 from replay import ray_cluster
 from replay.engine.report import CallReport, RunReport
-from replay.engine.session import ProgressFn, ReplayOptions, replay_snapshot
+from replay.engine.session import (TOLERANCE_UNUSED, ProgressFn, ReplayOptions, collectives_not_replayed,
+                                   replay_snapshot)
 from replay.errors import ReplayError
+from replay.ranks.recording import is_collective_op
 from replay.ranks.run import RankProgress, RanksReport, replay_ranks
 from replay.snapshot import Snapshot
 
@@ -75,8 +77,10 @@ def replay_on_ray(path: Path, options: ReplayOptions, plan: RayPlan, progress: P
     """
     started = time.perf_counter()
     snapshot = Snapshot(path, strict=False)
-    selected = [e.index for e in snapshot.entries if (options.ops is None or e.op in options.ops)
-                and (options.calls is None or e.index in options.calls)]
+    chosen = [e for e in snapshot.entries if (options.ops is None or e.op in options.ops)
+              and (options.calls is None or e.index in options.calls)]
+    selected = [e.index for e in chosen]
+    collectives = sum(is_collective_op(e.op) for e in chosen)  # said once here, not a shard at a time
     if not selected:  # nothing to split: the engine says why (no calls match, nothing readable)
         return replay_snapshot(path, options, progress)
     with ray_cluster.connected(plan.address, plan.jobs or os.cpu_count() or 1) as ray:
@@ -84,7 +88,8 @@ def replay_on_ray(path: Path, options: ReplayOptions, plan: RayPlan, progress: P
         ship = ray_cluster.chosen_ship(plan.ship)
         refs: list[Any] = []
         try:
-            base = ShardJob(_placed(Path(path), ship, shipment), options,
+            shard_options = dataclasses.replace(options, collectives_elsewhere=True)
+            base = ShardJob(_placed(Path(path), ship, shipment), shard_options,
                             _placed(options.code_dir, ship, shipment) if options.code_dir else None,
                             _placed(options.golden_dir, ship, shipment) if options.golden_dir else None)
             task = ray.remote(max_retries=ray_cluster.MAX_RETRIES, max_calls=1,  # a fresh process a shard: no module of
@@ -98,6 +103,8 @@ def replay_on_ray(path: Path, options: ReplayOptions, plan: RayPlan, progress: P
             shipment.close()
     merged = merge(str(path), reports, options)
     merged.problems += lost
+    if collectives and not options.collectives_elsewhere:
+        merged.warnings.append(collectives_not_replayed(path, collectives))
     merged.total_seconds = time.perf_counter() - started  # wall time: the shards ran side by side
     return merged
 
@@ -153,7 +160,9 @@ def merge(snapshot: str, reports: list[RunReport], options: ReplayOptions) -> Ru
     calls = sorted((call for report in reports for call in report.calls), key=lambda call: call.index)
     merged.calls = calls[:_stop(calls, options) + 1]
     merged.load_seconds = sum(report.load_seconds for report in reports)
-    merged.warnings = _once(w for report in reports for w in report.warnings)
+    # a run's warnings said once; that the tolerance went unused, only where no shard used it
+    merged.warnings = [w for w in _once(w for report in reports for w in report.warnings)
+                       if w != TOLERANCE_UNUSED or all(w in report.warnings for report in reports)]
     merged.problems = _once(p for report in reports for p in report.problems)
     return merged
 

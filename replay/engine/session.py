@@ -62,6 +62,8 @@ class ReplayOptions:
 
 
 ProgressFn = Callable[[int, int, CallReport], None]
+TOLERANCE_UNUSED = ("--atol/--rtol were not used: they apply to --golden-data and to recorded Triton launches and "
+                    "torch ops, and this replay had neither")
 
 
 class CannotMake(Exception):
@@ -256,8 +258,7 @@ def replay_snapshot(path: str | Path, options: ReplayOptions, progress: Progress
         if outputs is not None:
             outputs.close()
     if options.explicit_tolerance is not None and not options.golden and not reruns:
-        report.warnings.append("--atol/--rtol were not used: they apply to --golden-data and to recorded Triton "
-                               "launches and torch ops, and this replay had neither")
+        report.warnings.append(TOLERANCE_UNUSED)
     if inputs_differ:
         report.warnings.append(f"{options.golden_dir}: the inputs of call(s) {', '.join(inputs_differ[:8])}"
                                f"{' and more' if len(inputs_differ) > 8 else ''} differ from {path}'s: its "
