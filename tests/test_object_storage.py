@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 import replay
 from replay.cli import main
 from replay.errors import SnapshotError
-from replay.storage import is_url, local_snapshot, upload_snapshot
+from replay.storage import as_url, is_url, local_snapshot, upload_snapshot
 
 fsspec = pytest.importorskip("fsspec")
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402 (fsspec is an optional extra)
@@ -109,6 +109,17 @@ def test_a_tampered_file_in_the_store_is_refused_as_a_local_one_is(local: Path, 
         assert result.exit_code == 2 and len(lines) == 1 and f"{location}/{rel}" in lines[0], result.output
         said.append(lines[0].replace(location, "SNAPSHOT"))
     assert said[0] == said[1] and "sha256 mismatch" in said[0]
+
+
+def test_a_view_is_said_as_its_url_however_a_message_spells_its_path(local: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("REPLAY_CACHE_DIR", "relative-cache")  # a relative cache: messages name it absolute
+    url = uploaded(local, memory_url())
+    view = local_snapshot(url)
+    assert view.is_absolute()
+    for spelled in (view, view.resolve()):
+        assert as_url(f"{spelled}/calls.jsonl: line 3 damaged") == f"{url}/calls.jsonl: line 3 damaged"
 
 
 def test_a_second_read_fetches_only_what_may_have_changed(local: Path) -> None:

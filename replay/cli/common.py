@@ -171,10 +171,12 @@ class SnapshotLocation(click.ParamType):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Path:
         from replay.cli.progress import call_progress
-        from replay.storage import local_snapshot
+        from replay.storage import is_url, local_snapshot
 
-        with call_progress(label=lambda rel: f"fetching {rel}") as told:  # a bar only where files are fetched
-            return local_snapshot(value if isinstance(value, Path) else str(value), progress=told)
+        if isinstance(value, Path) or not is_url(str(value)):
+            return Path(value)
+        with call_progress(label=lambda rel: f"fetching {rel}", doing="fetching") as told:
+            return local_snapshot(str(value), progress=told)
 
 
 class ToleranceValue(click.ParamType):

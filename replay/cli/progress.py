@@ -12,16 +12,16 @@ from replay.cli.common import SafeConsole
 
 
 @contextlib.contextmanager
-def call_progress(quiet: bool = False, label: Callable[[Any], str] | None = None
+def call_progress(quiet: bool = False, label: Callable[[Any], str] | None = None, doing: str = "replaying"
                   ) -> Iterator[Callable[[int, int | None, Any], None] | None]:
     """Yield a (done, total, item) callback that advances a bar on stderr, or None; the bar says
-    `label(item)` (default: the call's index and op)."""
+    `doing`, then `label(item)` (default: the call's index and op)."""
     if quiet or not sys.stderr.isatty():
         yield None
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), transient=True, console=SafeConsole(stderr=True)) as bar:
-        task = bar.add_task("replaying", total=None)
+        task = bar.add_task(doing, total=None)
 
         def advance(done: int, total: int | None, item: Any) -> None:
             said = label(item) if label else f"call {getattr(item, 'index', '')} {getattr(item, 'op', '')}".strip()

@@ -72,7 +72,7 @@ def command(output: str | None, only: str | None, skip: str | None, calls: str |
     if remote and result.recorded:
         from replay.cli.progress import call_progress
 
-        with call_progress(label=lambda rel: f"uploading {rel}") as told:
+        with call_progress(label=lambda rel: f"uploading {rel}", doing="uploading") as told:
             upload_recording(snapshot, remote, told)
     console = SafeConsole(stderr=True)
     if not result.recorded:

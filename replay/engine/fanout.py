@@ -79,8 +79,8 @@ def replay_on_ray(path: Path, options: ReplayOptions, plan: RayPlan, progress: P
     snapshot = Snapshot(path, strict=False)
     chosen = [e for e in snapshot.entries if (options.ops is None or e.op in options.ops)
               and (options.calls is None or e.index in options.calls)]
-    selected = [e.index for e in chosen]
-    collectives = sum(is_collective_op(e.op) for e in chosen)  # said once here, not a shard at a time
+    selected = [e.index for e in chosen if not is_collective_op(e.op)]  # what the shards replay
+    collectives = len(chosen) - len(selected)  # not replayed on one rank: said once here, not a shard at a time
     if not selected:  # nothing to split: the engine says why (no calls match, nothing readable)
         return replay_snapshot(path, options, progress)
     with ray_cluster.connected(plan.address, plan.jobs or os.cpu_count() or 1) as ray:

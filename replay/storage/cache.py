@@ -20,7 +20,7 @@ BLOCK_BYTES = 8 << 20  # what one read of a download holds
 
 def cache_dir() -> Path:
     """$REPLAY_CACHE_DIR, else ~/.cache/kernel-replay."""
-    return Path(settings.CACHE_DIR.get()).expanduser()
+    return Path(settings.CACHE_DIR.get()).expanduser().absolute()  # messages name it absolute (storage.as_url)
 
 
 class ObjectCache:

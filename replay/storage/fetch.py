@@ -46,7 +46,8 @@ def local_snapshot(location: str | Path, cache: Path | None = None, progress: Pr
         view.place(rel, heads[rel])
     view.keep_only(set(content) | set(heads))
     view.remember(fetcher.learnt)
-    _VIEWS[str(view.path)] = url
+    for path in {str(view.path), str(view.path.resolve())}:  # as made, and as a resolved path names it
+        _VIEWS[path] = url
     return view.path
 
 
