@@ -3,8 +3,9 @@
 The command runs as it would from a shell, with REPLAY_CAPTURE naming the snapshot and a
 directory first on PYTHONPATH whose sitecustomize imports replay (replay/bootstrap/): its first
 Python process records every registered call and every Triton launch, and writes the snapshot
-out as it exits. Under torchrun each rank records instead, into the snapshot's rank-<r>/. Ctrl-C reaches the program, which stops and writes what it recorded; this
-process waits for it and then says what the snapshot holds.
+out as it exits; under torchrun each rank records instead, into the snapshot's rank-<r>/. Ctrl-C
+reaches the program, which stops and writes what it recorded; this process waits for it and then
+says what the snapshot holds.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from replay import settings
 from replay.errors import ReplayError, SnapshotError
-from replay.ranks.layout import is_multi_rank, rank_set
+from replay.ranks.layout import is_multi_rank, snapshot_members
 from replay.snapshot import Snapshot
 from replay.snapshot.writer import MANIFEST
 
@@ -60,7 +61,7 @@ def record_program(command: list[str], snapshot: Path, environment: dict[str, st
         raise SnapshotError(f"{snapshot}: already holds a snapshot; record into a new directory")
     path = [str(BOOTSTRAP), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, **environment, "REPLAY_CAPTURE": str(snapshot.resolve()), "PYTHONPATH": os.pathsep.join(path),
-           settings.RUN_ID.name: uuid.uuid4().hex}  # shared by the ranks of a torchrun program, told apart from other runs
+           settings.RUN_ID.name: uuid.uuid4().hex}  # shared by a torchrun program's ranks, told from other runs
     # Ctrl-C is the program's (it stops and writes): this process waits it out. A handler, not
     # SIG_IGN, which the program would inherit through exec and never see a Ctrl-C at all
     previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
@@ -68,11 +69,9 @@ def record_program(command: list[str], snapshot: Path, environment: dict[str, st
         exit_code = subprocess.run(command, env=env).returncode
     finally:
         signal.signal(signal.SIGINT, previous)
-    multi_rank = is_multi_rank(snapshot)
     result = RecordedProgram(snapshot, 128 - exit_code if exit_code < 0 else exit_code,
-                             recorded=(snapshot / MANIFEST).exists() or multi_rank)
-    members: dict[int | None, Path] = dict(rank_set(snapshot).ranks.items()) if multi_rank else {None: snapshot}
-    for rank, member in members.items():
+                             recorded=(snapshot / MANIFEST).exists() or is_multi_rank(snapshot))
+    for rank, member in (snapshot_members(snapshot) if result.recorded else {}).items():
         opened = Snapshot(member, strict=False)
         result.calls.update(entry.op for entry in opened.entries)
         said = f"rank {rank}: " if rank is not None else ""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from replay.bisect.probe import ProbeOutcome, verdict_for
-from replay.ranks.layout import is_multi_rank, rank_set
+from replay.ranks.layout import snapshot_members
 from replay.snapshot.files import write_atomic
 from replay.snapshot.writer import INDEX, MANIFEST
 
@@ -37,9 +37,8 @@ def snapshot_digest(snapshot: Path | None) -> str:
     if snapshot is None:
         return "-"
     digest = hashlib.sha256()
-    members = [(f"{path.name}/", path) for path in rank_set(snapshot).ranks.values()] if is_multi_rank(snapshot) \
-        else [("", snapshot)]
-    for prefix, member in members:
+    for rank, member in snapshot_members(snapshot).items():
+        prefix = f"{member.name}/" if rank is not None else ""  # a single snapshot's digest as it always was
         for name in (MANIFEST, INDEX):
             path = member / name
             digest.update((prefix + name).encode() + b"\0")

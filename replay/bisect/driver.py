@@ -20,7 +20,7 @@ from replay.bisect.search import BisectSearch, CommitGraph
 from replay.bisect.steps import Step, StepHandler
 from replay.bisect.worktrees import remove_stale
 from replay.ray_cluster import EXECUTORS, SHIP_CHOICES
-from replay.ranks.layout import is_multi_rank, rank_set
+from replay.ranks.layout import is_multi_rank, snapshot_members
 from replay.snapshot import Snapshot
 from replay.snapshot.writer import MANIFEST
 
@@ -107,8 +107,7 @@ def _one_at_a_time(on_step: StepHandler | None) -> StepHandler:
 def _damage(options: BisectOptions, snapshot: Path | None, emit: StepHandler) -> list[str]:
     """What of the snapshot cannot be read (a cut last index line: a recording killed mid-write),
     said once here: the probes then replay the calls that can be read (`replay run --readable`)."""
-    members = [] if snapshot is None or options.run is not None else (
-        list(rank_set(snapshot).ranks.values()) if is_multi_rank(snapshot) else [snapshot])
+    members = [] if snapshot is None or options.run is not None else snapshot_members(snapshot).values()
     problems = [problem for member in members for problem in Snapshot(member, strict=False).problems]
     said = [f"{problem}; the probes replay the calls that can be read" for problem in problems]
     for line in said:

@@ -84,7 +84,6 @@ def _diff_multi_rank(a: Path, b: Path | None, across_ranks: bool, replicated: tu
                      json_target: str | None) -> NoReturn:
     """--ranks on A alone; A's ranks against B's, rank by rank; or A put together against B."""
     from replay.cli.render import print_diff_report
-    from replay.engine.diff import diff_snapshots
 
     if html_path is not None:
         raise click.BadParameter("is not drawn for a multi-rank recording yet", param_hint="--html")
@@ -107,25 +106,17 @@ def _diff_multi_rank(a: Path, b: Path | None, across_ranks: bool, replicated: tu
         if shards:
             raise click.BadParameter("puts A's ranks together against an unsharded B; B has ranks too",
                                      param_hint="--shard")
-        from replay.ranks.layout import rank_set
+        from replay.ranks.shards import diff_rank_by_rank
 
-        ranks_a, ranks_b = rank_set(a), rank_set(b)
-        structural = [f"rank {rank} is only in {side}" for side, mine, theirs in (("A", ranks_a, ranks_b),
-                                                                                  ("B", ranks_b, ranks_a))
-                      for rank in mine.ranks if rank not in theirs.ranks]
-        pairs = [(rank, diff_snapshots(path, ranks_b.ranks[rank], tolerance, metric))
-                 for rank, path in ranks_a.ranks.items() if rank in ranks_b.ranks]
-        same = not structural and all(report.identical for _, report in pairs)
+        each = diff_rank_by_rank(a, b, tolerance, metric)
 
         def show(console: Any) -> None:
-            for line in structural:
+            for line in each.structural:
                 console.print(f"[red]structure:[/] {line}")
-            for rank, report in pairs:
+            for rank, report in each.ranks.items():
                 console.print(f"[bold]rank {rank}[/]")
                 print_diff_report(console, report, show_all)
-        finish(json_target, {"a": str(a), "b": str(b), "identical": same, "structural": structural,
-                             "ranks": {str(rank): report.to_json() for rank, report in pairs}},
-               show, EXIT_PASS if same else EXIT_DIVERGED)
+        finish(json_target, each.to_json(), show, EXIT_PASS if each.identical else EXIT_DIVERGED)
     from replay.ranks.shards import diff_sharded, parse_placements
 
     merged = diff_sharded(a, b, parse_placements(shards), tolerance, metric)

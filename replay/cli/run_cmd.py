@@ -110,16 +110,22 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
     if oracle != "all" and golden is not None:
         raise click.BadParameter("--golden-data takes the recorded outputs as the oracle", param_hint="--oracle")
     if executor == "ray":
-        _refuse_on_ray(save_outputs=save_outputs is not None, propagate=propagate)
+        _refuse({"save_outputs": save_outputs is not None, "propagate": propagate},  # a whole run's, not a shard's
+                "cannot be combined with --executor ray, which replays the calls in separate shards", "--executor")
     elif jobs is not None:
         raise click.BadParameter("splits the calls among Ray tasks: give --executor ray too", param_hint="--jobs")
     if is_multi_rank(snapshot):
         plan = _ray_plan(jobs, ray_address, ship) if executor == "ray" else None
-        _run_ranks(snapshot, options, plan, verbose, json_target, propagate=propagate, html=html_path is not None)
+        _refuse({"propagate": propagate, "html": html_path is not None},
+                "is not taken with a multi-rank recording: replay one rank's directory (rank-<r>/) for it")
+        _run_ranks(snapshot, options, plan, verbose, json_target)
     if propagate:
-        _refuse_with_propagate(golden=golden is not None, save_outputs=save_outputs is not None, op=bool(ops),
-                               call=bool(calls), variant=bool(variants), repeat=repeat > 1, metric=metric is not None,
-                               atol=atol is not None, rtol=rtol is not None, oracle=oracle != "all")
+        # calls, variants and judgements chosen have no meaning along a chain of every call
+        _refuse({"golden": golden is not None, "save_outputs": save_outputs is not None, "op": bool(ops),
+                 "call": bool(calls), "variant": bool(variants), "repeat": repeat > 1, "metric": metric is not None,
+                 "atol": atol is not None, "rtol": rtol is not None, "oracle": oracle != "all"},
+                "cannot be combined with --propagate, which replays every call in order, kernel and reference, "
+                "within each op's tolerance", "--propagate")
         _run_propagated(snapshot, options, verbose, json_target, html_path)
     with call_progress(quiet=json_target == "-") as progress:
         if executor == "ray":
@@ -143,26 +149,22 @@ def command(snapshot: Path, golden: str | None, atol: float | None, rtol: float 
         for problem in report.problems:
             error(problem)
     finish(json_target, report.to_json(), show,
-           EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if report.untestable
-           else EXIT_PASS if report.passed else EXIT_DIVERGED)
+           _exit_code(report))
 
 
-def _refuse_on_ray(**given: bool) -> None:
-    """What a whole run does at once (one snapshot written, one chain of calls) cannot be split into shards."""
+def _refuse(given: dict[str, bool], why: str, hint: str | None = None) -> None:
+    """Options that have no meaning with the mode chosen are refused, not ignored: the first given
+    one, `--name ` + `why`, exit 2."""
     for name, on in given.items():
         if on:
-            raise click.BadParameter(f"--{name.replace('_', '-')} cannot be combined with --executor ray, which "
-                                     "replays the calls in separate shards", param_hint="--executor")
+            flag = f"--{name.replace('_', '-')}"
+            raise click.BadParameter(f"{flag} {why}", param_hint=hint or flag)
 
 
-def _refuse_with_propagate(**given: bool) -> None:
-    """Options that choose calls, variants or how they are judged have no meaning along a chain of
-    every call, judged by each op's tolerance (refused rather than ignored)."""
-    for name, on in given.items():
-        if on:
-            raise click.BadParameter(f"--{name.replace('_', '-')} cannot be combined with --propagate, which replays "
-                                     "every call in order, kernel and reference, within each op's tolerance",
-                                     param_hint="--propagate")
+def _exit_code(report: Any) -> int:
+    """A report's exit: 2 what could not be read, 125 a call this code cannot make, else 0 or 1."""
+    return (EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if report.untestable
+            else EXIT_PASS if report.passed else EXIT_DIVERGED)
 
 
 def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: str | None,
@@ -183,8 +185,7 @@ def _run_propagated(snapshot: Path, options: Any, verbose: bool, json_target: st
             error(problem)
 
     finish(json_target, report_json(report), show,
-           EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if report.untestable
-           else EXIT_PASS if report.passed else EXIT_DIVERGED)
+           _exit_code(report))
 
 
 
@@ -193,14 +194,9 @@ def _ray_plan(jobs: int | None, ray_address: str | None, ship: str) -> Any:
     return RayPlan(jobs, ray_address, ship)
 
 
-def _run_ranks(parent: Path, options: Any, plan: Any, verbose: bool, json_target: str | None,
-               **refused: Any) -> NoReturn:
+def _run_ranks(parent: Path, options: Any, plan: Any, verbose: bool, json_target: str | None) -> NoReturn:
     """A multi-rank recording: each rank replayed as a snapshot is (here, or its calls fanned out on Ray
     with `plan`), its collectives checked across ranks."""
-    for name, given in refused.items():
-        if given:
-            raise click.BadParameter("is not taken with a multi-rank recording: replay one rank's directory "
-                                     "(rank-<r>/) for it", param_hint=f"--{name.replace('_', '-')}")
     from replay.cli.progress import call_progress
     from replay.cli.ranks_render import print_ranks_report
     from replay.ranks.run import replay_ranks
@@ -215,5 +211,4 @@ def _run_ranks(parent: Path, options: Any, plan: Any, verbose: bool, json_target
     for problem in report.problems:
         error(problem)
     finish(json_target, report.to_json(), lambda console: print_ranks_report(console, report, verbose),
-           EXIT_BAD_INPUT if report.problems else EXIT_UNTESTABLE if report.untestable
-           else EXIT_PASS if report.passed else EXIT_DIVERGED)
+           _exit_code(report))

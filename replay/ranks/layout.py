@@ -17,8 +17,8 @@ from typing import Any
 from replay import settings
 from replay.compare import row_ranges
 from replay.errors import SnapshotError
-from replay.snapshot.reader import MAX_MANIFEST_BYTES
-from replay.snapshot.writer import MANIFEST, RANK_DIR
+from replay.snapshot.reader import MAX_MANIFEST_BYTES, rank_snapshots
+from replay.snapshot.writer import MANIFEST
 
 MAX_RANKS = 1 << 16
 
@@ -63,17 +63,13 @@ def rank_path(parent: str | Path, rank: int) -> Path:
 def is_multi_rank(path: str | Path) -> bool:
     """A directory holding no manifest but at least one rank-<r>/ snapshot."""
     path = Path(path)
-    if (path / MANIFEST).exists() or not path.is_dir():
-        return False
-    return any(_rank_of(child) is not None for child in path.iterdir())
+    return not (path / MANIFEST).exists() and bool(rank_snapshots(path))
 
 
-def _rank_of(child: Path) -> int | None:
-    """The rank a rank-<r>/ snapshot directory records (a link is no rank: read only what is inside)."""
-    match = RANK_DIR.match(child.name)
-    if match is None or child.is_symlink() or not (child / MANIFEST).is_file():
-        return None
-    return int(match.group(1))
+def snapshot_members(location: str | Path) -> dict[int | None, Path]:
+    """The snapshots `location` holds: each rank's of a multi-rank recording, by rank (its problems are
+    rank_set's), else `location` itself under None."""
+    return dict(rank_set(location).ranks.items()) if is_multi_rank(location) else {None: Path(location)}
 
 
 @dataclass(frozen=True)
@@ -93,16 +89,12 @@ def rank_set(parent: str | Path) -> RankSet:
     parent = Path(parent)
     if not is_multi_rank(parent):
         raise SnapshotError(f"{parent}: not a multi-rank recording (no rank-<r>/ snapshots in it)")
-    ranks: dict[int, Path] = {}
+    ranks = rank_snapshots(parent)
     said: dict[int, dict[str, Any]] = {}
-    for child in sorted(parent.iterdir()):
-        rank = _rank_of(child)
-        if rank is None:
-            continue
-        distributed = _distributed(child)
-        if distributed.get("rank", rank) != rank:
-            raise SnapshotError(f"{child}: its manifest says rank {distributed.get('rank')}, its directory {rank}")
-        ranks[rank], said[rank] = child, distributed
+    for rank, child in ranks.items():
+        said[rank] = _distributed(child)
+        if said[rank].get("rank", rank) != rank:
+            raise SnapshotError(f"{child}: its manifest says rank {said[rank].get('rank')}, its directory {rank}")
     run_ids = {str(d["run_id"]) if d.get("run_id") is not None else None for d in said.values()}
     if len(run_ids) > 1:
         raise SnapshotError(f"{parent}: its ranks come from different runs ({', '.join(sorted(map(str, run_ids)))}); "
@@ -116,7 +108,7 @@ def rank_set(parent: str | Path) -> RankSet:
     missing = [r for r in range(world) if r not in ranks]
     problems = (f"{parent}: rank(s) {row_ranges(missing)} of {world} recorded nothing "
                 "(no rank-<r>/ snapshot)",) if missing else ()
-    return RankSet(parent, dict(sorted(ranks.items())), world, run_ids.pop(), problems)
+    return RankSet(parent, ranks, world, run_ids.pop(), problems)
 
 
 def _distributed(snapshot: Path) -> dict[str, Any]:

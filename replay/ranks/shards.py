@@ -1,5 +1,6 @@
-"""`replay diff SHARDED UNSHARDED`: a tensor-parallel recording put back together, call by call,
-and compared with a recording of the same model on one rank.
+"""`replay diff` of a multi-rank recording against another recording: put back together, call by call,
+and compared with a recording of the same model on one rank (`replay diff SHARDED UNSHARDED`), or
+rank by rank with another multi-rank recording.
 
 Calls pair by op and ordinal (the collectives, which the unsharded run does not make, are left
 out). Each tensor of a rank's call is put back together by its placement: `shard:D` (the ranks'
@@ -13,13 +14,15 @@ unsharded shape; any other is not compared, and the report says so.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 import re
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 import torch
 
 from replay.compare import bitwise_equal
-from replay.engine.diff import CallDiff, DiffReport, diff_call
+from replay.engine.diff import CallDiff, DiffReport, diff_call, diff_snapshots
 from replay.errors import ReplayError
 from replay.metrics import Metric
 from replay.ranks.agreement import names_argument
@@ -75,6 +78,36 @@ def diff_sharded(sharded: str | Path, unsharded: str | Path, placements: dict[st
         if seen[op] != len(by_op.get(op, [])):
             report.structural.append(f"op '{op}': {seen[op]} calls sharded, {len(by_op.get(op, []))} unsharded")
     return report
+
+
+@dataclass
+class RankByRankDiff:
+    """Two multi-rank recordings compared rank with rank (two commits of one tensor-parallel program)."""
+
+    a: str
+    b: str
+    structural: list[str]  # a rank only one side recorded
+    ranks: dict[int, DiffReport]
+
+    @property
+    def identical(self) -> bool:
+        return not self.structural and all(report.identical for report in self.ranks.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"a": self.a, "b": self.b, "identical": self.identical, "structural": self.structural,
+                "ranks": {str(rank): report.to_json() for rank, report in self.ranks.items()}}
+
+
+def diff_rank_by_rank(a: str | Path, b: str | Path, tolerance: Tolerance | None = None,
+                      metric: Metric | None = None) -> RankByRankDiff:
+    """Each rank of A against the same rank of B, as `replay diff` compares two snapshots."""
+    ranks_a, ranks_b = rank_set(a), rank_set(b)
+    structural = [f"rank {rank} is only in {side}" for side, mine, theirs in (("A", ranks_a, ranks_b),
+                                                                              ("B", ranks_b, ranks_a))
+                  for rank in mine.ranks if rank not in theirs.ranks]
+    return RankByRankDiff(str(a), str(b), structural,
+                          {rank: diff_snapshots(path, ranks_b.ranks[rank], tolerance, metric)
+                           for rank, path in ranks_a.ranks.items() if rank in ranks_b.ranks})
 
 
 def _by_op(snapshot: Snapshot) -> dict[str, list[int]]:

@@ -130,11 +130,7 @@ class Snapshot:
         return manifest
 
     def _why_no_manifest(self) -> str:
-        try:
-            ranks = sorted(child.name for child in self.path.iterdir() if RANK_DIR.match(child.name)
-                           and not child.is_symlink() and (child / MANIFEST).is_file())
-        except OSError:  # unlistable: it says so when read
-            ranks = []
+        ranks = [path.name for path in rank_snapshots(self.path).values()]
         if ranks:  # the parent of a multi-rank recording: a rank is the snapshot
             shown = ", ".join(ranks[:4]) + (", ..." if len(ranks) > 4 else "")
             return f"missing manifest: a multi-rank recording ({shown}); this command reads one rank's snapshot: " \
@@ -361,6 +357,21 @@ class Snapshot:
                           recorded_offsets={k: g["storage_offset"] for k, g in header["tensors"].items()},
                           triton=header.get("triton"), torch_op=header.get("torch_op"),
                           collective=header.get("collective"))
+
+
+def rank_snapshots(path: Path) -> dict[int, Path]:
+    """The rank-<r>/ snapshots directly in `path`, by rank (a multi-rank recording's, docs/FORMAT.md):
+    directories holding a manifest; a link is no rank (only what lies inside is read)."""
+    try:
+        children = list(path.iterdir())
+    except OSError:  # not a directory, or unlistable: whoever reads it says so
+        return {}
+    found = {}
+    for child in children:
+        match = RANK_DIR.match(child.name)
+        if match is not None and not child.is_symlink() and (child / MANIFEST).is_file():
+            found[int(match.group(1))] = child
+    return dict(sorted(found.items()))
 
 
 def _nbytes(t: torch.Tensor) -> int:

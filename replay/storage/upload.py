@@ -12,7 +12,8 @@ from typing import Any
 from replay.errors import ReplayError, SnapshotError
 from replay.ranks.layout import is_multi_rank
 from replay.snapshot.confined import one_line
-from replay.snapshot.writer import MANIFEST, RANK_DIR
+from replay.snapshot.reader import rank_snapshots
+from replay.snapshot.writer import MANIFEST
 from replay.storage.fetch import Progress
 from replay.storage.listing import landing_order
 from replay.storage.urls import join, open_url
@@ -57,12 +58,9 @@ def _ensure_vacant(fs: Any, root: str, url: str) -> None:
 def _snapshot_files(local: Path) -> list[str]:
     """The files of the snapshot (every rank's, of a multi-rank parent), '/'-separated, temporaries
     left out; a link is refused (what it leads to is not the snapshot's)."""
-    if (local / MANIFEST).is_file():
-        snapshots = [local]
-    elif is_multi_rank(local):
-        snapshots = sorted(child for child in local.iterdir() if RANK_DIR.match(child.name) and child.is_dir())
-    else:
+    if not (local / MANIFEST).is_file() and not is_multi_rank(local):
         raise SnapshotError(f"{local}: not a snapshot (no {MANIFEST}) nor a multi-rank recording")
+    snapshots = [local] if (local / MANIFEST).is_file() else list(rank_snapshots(local).values())
     files = []
     for snapshot in snapshots:
         for folder, dirs, names in os.walk(snapshot):
