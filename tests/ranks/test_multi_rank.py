@@ -180,6 +180,31 @@ def test_a_collective_result_a_rank_does_not_hold_is_named_with_the_rank() -> No
     assert [f["rank"] for f in _checked("broadcast", sent).failures] == [0]
 
 
+def _summed_in_bf16(parts: list[torch.Tensor], order: list[int]) -> torch.Tensor:
+    """What a backend's ring or tree gives: each partial sum rounded to bfloat16."""
+    total = parts[order[0]]
+    for r in order[1:]:
+        total = (total.float() + parts[r].float()).to(torch.bfloat16)
+    return total
+
+
+def test_a_bf16_sum_of_four_ranks_in_any_order_passes_and_a_wrong_element_does_not() -> None:
+    generator = torch.Generator().manual_seed(0)
+    parts = [(torch.randn(8, 256, generator=generator) * 10).to(torch.bfloat16) for _ in range(3)]
+    parts.append((-(parts[0].float() + parts[1].float() + parts[2].float()) * 0.999).to(torch.bfloat16))  # cancels
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]):
+        total = _summed_in_bf16(parts, order)
+        members = {r: _member(r, "all_reduce", {"tensor": parts[r]}, {"tensor": total}, reduce_op="sum")
+                   for r in range(4)}
+        assert _checked("all_reduce", members).passed, order
+    wrong = total.clone()
+    wrong[5, 7] += 8  # past what any order of summing these could round to
+    members[2] = _member(2, "all_reduce", {"tensor": parts[2]}, {"tensor": wrong}, reduce_op="sum")
+    failures = _checked("all_reduce", members).failures
+    assert [f["rank"] for f in failures] == [2] and failures[0]["comparison"]["mismatches"] == 1
+    assert failures[0]["comparison"]["first_index"] == [5, 7]
+
+
 def test_stacked_outputs_are_checked_and_an_unrecorded_factor_is_said_not_failed() -> None:
     x = [torch.tensor([[1.0, 2.0]]) * (r + 1) for r in range(3)]
     stacked = {r: _member(r, "all_gather", {"input": x[r]}, {"output": torch.stack(x)}, dim=0) for r in range(3)}
