@@ -33,6 +33,9 @@ class CallSink:
     tags: dict[str, torch.Tensor] = field(default_factory=dict)
     launches: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # tags that were not tensors, described
+    # a tag keeps its value at the tag: copied then, unless whoever takes the tags copies them later
+    # with what the call wrote (a CUDA graph's staging: a copy at the tag would be a node of its own)
+    copy_tags: bool = True
 
     def argument_holding(self, pointer: torch.Tensor) -> str | None:
         """The call argument a kernel's tensor argument is, or is a view into: the same address
@@ -60,14 +63,15 @@ class CallSink:
         key, n = name, 1
         while key in self.tags:
             key, n = f"{name}.{n}", n + 1
-        self.tags[key] = tensor.detach().clone()
+        self.tags[key] = tensor.detach().clone() if self.copy_tags else tensor.detach()
 
 
 @contextlib.contextmanager
-def collecting(level: int = 2, arguments: Mapping[str, Any] | None = None) -> Iterator[CallSink]:
+def collecting(level: int = 2, arguments: Mapping[str, Any] | None = None,
+               copy_tags: bool = True) -> Iterator[CallSink]:
     """Collect tags (up to `level`) and launch records of the code run inside; `arguments`, the
     call's, name the tensors its kernels are handed (a launch record's `binds`)."""
-    sink = CallSink(level, dict(arguments or {}))
+    sink = CallSink(level, dict(arguments or {}), copy_tags=copy_tags)
     token = _sink.set(sink)
     try:
         yield sink

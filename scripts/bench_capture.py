@@ -246,7 +246,7 @@ def gpu_table(runs: int, only: str = "") -> None:
                   + f" | {program * 1e3:.1f} / {closed * 1e3:.1f} | {size / 1e6:.0f} ({files}) "
                   f"| {floor * 1e3:.1f} | {closed / floor:.2f}x "
                   f"| {flight * 1e3:.1f} ({flight / bare:.2f}x; {flight / eager:.2f}x) |", flush=True)
-    if not only:
+    if not only or "flight" in only:
         flight_table(runs)
 
 
@@ -365,7 +365,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="decode steps: each passes every weight again")
     parser.add_argument("--gpu", action="store_true", help="(c) only: recording throughput on the GPU")
     parser.add_argument("--runs", type=int, default=3, help="--gpu: runs per timing (the median is reported)")
-    parser.add_argument("--only", metavar="TEXT", default="", help="--gpu: the workloads whose name holds TEXT")
+    parser.add_argument("--only", metavar="TEXT", default="", help="--gpu: the workloads whose name holds TEXT "
+                        "('flight': the flight recorder's steady state alone)")
     parser.add_argument("--profile", metavar="WORKLOAD", help="--gpu: profile the program side of recording one "
                         "workload (a name from the table, e.g. 'tiny h256: decode 16 steps') instead")
     args = parser.parse_args()

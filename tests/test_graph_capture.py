@@ -296,3 +296,98 @@ def test_slabs_stay_near_what_is_staged() -> None:
     after = tape.stage(tensor("in/c", "argument 'c'", torch.zeros(16)))
     assert [slab.numel() for slab in tape.slabs] == [graphs.SLAB_BYTES, 4 * graphs.SLAB_BYTES]
     assert (small.slab, large.slab, after.slab) == (0, 1, 0) and after.offset == 64
+
+
+def _capture_twin(rec: Recording, x: torch.Tensor, weight: torch.Tensor,
+                  monkeypatch: pytest.MonkeyPatch) -> tuple[graphs.Tape, torch.Tensor]:
+    """The CPU twin of capturing `scale_(linear(x, weight), 2.0)` under `rec`: its tape (with a
+    device ring in a flight recording) and the output buffer the graph would write."""
+    capture = graphs.Capture(ring=rec.device_ring_plan())
+    monkeypatch.setattr(graphs._local, "capture", capture, raising=False)
+    y = linear(x, weight)
+    scale_(y, 2.0)
+    monkeypatch.setattr(graphs._local, "capture", None)
+    capture.finish()
+    capture.filled()
+    return capture.tape, y
+
+
+def _replay_twin(rec: Recording, tape: graphs.Tape, x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor,
+                 values: torch.Tensor, seen: bool = True) -> None:
+    """What a replay of that graph does on a GPU: the calls write their buffers (done here by
+    hand, between the copies as the kernels would), the graph's copy launches run, and the
+    recording takes the replay (unless it is not `seen`: one made while no recording ran)."""
+    x.copy_(values)
+    y.copy_(values @ weight.t())
+    for launch in tape.copies[:-1]:  # before scale_ writes y: its input copied
+        graphs.run_copy(tape, launch)
+    y.mul_(2)
+    graphs.run_copy(tape, tape.copies[-1])
+    if seen:
+        rec.record_replay(tape)
+
+
+def test_a_flight_recordings_device_ring_holds_what_a_full_recording_writes(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU twin of the device ring: a flight recording's graph copies every replay's spans into
+    the next ring slot (a counter the copy launch itself turns), nothing crosses until the dump, and
+    what the dump writes is, call for call and bit for bit, what a full recording of the same
+    replays wrote last; a slot a later replay reused is gone; replays no recording saw (the graph
+    outlives recordings) do not shift the slots."""
+    monkeypatch.setattr(graphs, "_default_pool_ranges", lambda: [])
+    gen = torch.Generator().manual_seed(3)
+    weight = torch.randn(4, 16, generator=gen)
+    fed = [torch.randn(8, 16, generator=gen) for _ in range(5)]
+    written = {}
+    for name, options in (("full", {}), ("ring", {"ring": 4})):
+        x = torch.zeros(8, 16)
+        with replay.recording(tmp_path / name, **options) as rec:
+            tape, y = _capture_twin(rec, x, weight, monkeypatch)
+            _replay_twin(rec, tape, x, y, weight, torch.ones(8, 16), seen=False)
+            for values in fed:
+                _replay_twin(rec, tape, x, y, weight, values)
+            if name == "ring":
+                assert tape.ring is not None and tape.ring.slots == 3  # 2 replays of 2 calls held, 1 under way
+                assert int(tape.counter[0]) == 6 and rec._from_device_ring(tape, 2) is None  # slot reused by 5
+                assert replay.dump() == 4
+            else:
+                assert tape.ring is None
+        written[name] = list(Snapshot(tmp_path / name))
+    full, ring = written["full"], written["ring"]
+    assert [(r.op, r.meta["graph_replay"]) for r in ring] == [(r.op, r.meta["graph_replay"]) for r in full[-4:]]
+    assert [r.meta["graph_replay"] for r in ring] == [4, 4, 5, 5]
+    for got, want in zip(ring, full[-4:]):
+        assert got.tensors.keys() == want.tensors.keys()
+        assert all(torch.equal(got.tensors[k], want.tensors[k]) for k in want.tensors)
+    assert torch.equal(ring[-1].tensors["in/y"], fed[-1] @ weight.t())
+    assert torch.equal(ring[-1].tensors["out/y"], 2 * (fed[-1] @ weight.t()))
+    replays_cleanly(tmp_path / "ring")
+
+
+@pytest.mark.gpu
+def test_a_flight_recording_of_the_graph_decode_dumps_what_a_full_recording_wrote(tmp_path: Path) -> None:
+    """The device ring on the GPU: the tiny model's graph decode recorded whole and as a flight
+    recording; the dump's calls are the full recording's last ones, bit for bit."""
+    from replay_kernels.model import TinyLlama
+
+    model = TinyLlama(device="cuda")
+    written = {}
+    for name, options in (("full", {}), ("ring", {"ring": 40})):
+        model.reset()
+        model.prefill([1, 2, 3])
+        model.decode_step(4)
+        with replay.recording(tmp_path / name, **options):
+            for token in range(5, 11):  # captured anew, then replayed 5 times
+                model.decode_step(token)
+            tape = graphs.tape_of(model._graph)
+            assert tape is not None and (tape.ring is not None) == (name == "ring")
+            if name == "ring":
+                assert replay.dump() == 40
+        written[name] = list(Snapshot(tmp_path / name))
+    ring, full = written["ring"], written["full"][-40:]
+    assert [(r.op, r.meta["graph_replay"]) for r in ring] == [(r.op, r.meta["graph_replay"]) for r in full]
+    assert {r.meta["graph_replay"] for r in ring} <= {4, 5} and ring[-1].meta["graph_replay"] == 5
+    for got, want in zip(ring, full):
+        assert got.tensors.keys() == want.tensors.keys()
+        assert all(torch.equal(got.tensors[k], want.tensors[k]) for k in want.tensors), got.op
+    replays_cleanly(tmp_path / "ring")

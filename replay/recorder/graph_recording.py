@@ -10,6 +10,7 @@ these methods; they use its writer, queue, ring, blobs and report.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import inspect
 import time
@@ -59,6 +60,10 @@ class GraphRecording:
 
         def blob(self, t: torch.Tensor, copier: Copier, geometry: Geometry | None = None) -> BlobRef: ...
 
+    def device_ring_plan(self) -> graphs.RingPlan | None:
+        """What a graph captured now keeps of its replays on the device: a flight recording's."""
+        return graphs.RingPlan(self.options.ring, self.options.ring_bytes) if self.options.ring is not None else None
+
     def __init__(self) -> None:
         # graph id: its weights' versions (None: an inference tensor's), their blobs
         self._replay_blobs: dict[int, tuple[list[int | None], list[BlobRef]]] = {}
@@ -93,7 +98,7 @@ class GraphRecording:
             staging.mark_written(spec, bound.arguments)
             return result
         capture.before_write(mutated)
-        with collecting(self.tag_level, bound.arguments) as sink:
+        with collecting(self.tag_level, bound.arguments, copy_tags=False) as sink:  # staged with the outputs
             result = fn(*args, **kwargs)
         staging.mark_written(spec, bound.arguments)  # before the outputs are staged: a later reader finds them
         _note_weights_written(spec, capture, bound.arguments)
@@ -125,8 +130,9 @@ class GraphRecording:
             return
         copier = Copier(self.calls.pool)
         host: list[HostCopy] = []
+        on_device = tape.ring if self.ring is not None else None  # the replay's bytes stay in its device ring
         try:
-            for slab, used in zip(tape.slabs, tape.used):
+            for slab, used in zip(tape.slabs, tape.used) if on_device is None else ():
                 host.append(copier.copy(slab[:used]))
             weights = self._replay_weights(tape, copier)
         except (OSError, TypeError, RuntimeError) as exc:
@@ -141,11 +147,31 @@ class GraphRecording:
                   "graph_replay": tape.replays}
         batch = PendingBatch(len(tape.calls), host, copier.mark(),
                              functools.partial(self._replay_calls, tape, first, host, weights, replay))
+        if on_device is not None:
+            batch.device_bytes = on_device.slot_bytes
+            batch.fetch = functools.partial(self._from_device_ring, tape, tape.replays)
         if self.ring is not None:
             self.ring.add(batch)
         else:
             self.calls.submit(batch)
             self.spend(sum(copy.nbytes for copy in host))
+
+    def _from_device_ring(self, tape: graphs.Tape, replay: int) -> list[HostCopy] | None:
+        """Replay `replay`'s slabs, brought over from its device ring slot (None: a later replay
+        has filled that slot since), one copy, landed before this returns. The slot is found from
+        the device's count of replays: the graph may have run unrecorded before this recording."""
+        ring, counter = tape.ring, tape.counter
+        assert ring is not None and counter is not None
+        if counter.is_cuda:
+            torch.cuda.synchronize(counter.device)  # the replays that fill the ring, whatever their streams
+        slot = ring.back(int(counter[0]), tape.replays - replay)  # every replay since was this recording's
+        if slot is None:
+            return None
+        copier = Copier(self.calls.pool)
+        whole = copier.copy(slot)
+        copier.mark()()  # on the host before the program's next replay can fill the slot again
+        return [dataclasses.replace(whole, span=whole.span[start:start + used], buffer=whole.buffer if n == 0 else None)
+                for n, (start, used) in enumerate(zip(ring.starts, tape.used))]
 
     def _replay_weights(self, tape: graphs.Tape, copier: Copier) -> list[BlobRef]:
         """The blobs of the tape's weights, in tape order: a weight whose version has not moved

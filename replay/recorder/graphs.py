@@ -8,8 +8,11 @@ Capture adds to the graph a device-to-device copy of each tensor the call reads 
 writes (after it) into staging slabs of the graph's own memory pool, so every replay refreshes
 them; the call's description goes on the graph's Tape. After each replay the recording copies
 the slabs to pinned host memory (one copy a slab, on the replay's stream) and hands them over
-whole (replay/recorder/graph_recording.py). This module holds the data and the staging; it calls
-nothing above it.
+whole (replay/recorder/graph_recording.py). The copies a graph holds are launches of one kernel
+(replay/recorder/gather_copy.py), one a group of copies. In a flight recording the last of them
+also copies every staging span into the next slot of a ring in device memory, so a replay costs
+the host nothing and its bytes cross to the host only when the recording is dumped. This module
+holds the data and the staging; it calls nothing above it.
 
 Weights are not staged: an input the call does not write, in memory allocated outside any graph's
 pool and written by no earlier call of the same graph (a weight, a buffer the host fills between
@@ -32,7 +35,7 @@ from typing import Any
 
 import torch
 
-from replay.recorder import staging
+from replay.recorder import gather_copy, staging
 from replay.snapshot.tensors import Geometry, storage_span
 
 _tapes: "weakref.WeakKeyDictionary[Any, Tape]" = weakref.WeakKeyDictionary()
@@ -82,6 +85,11 @@ class Tape:
     slabs: list[torch.Tensor] = dataclasses.field(default_factory=list)  # uint8
     used: list[int] = dataclasses.field(default_factory=list)
     _open: dict[torch.device, int] = dataclasses.field(default_factory=dict)  # slab small spans go to
+    ring: DeviceRing | None = None  # a flight recording's: every replay's spans, kept on the device
+    # the graph's copy launches, in order, and the counter of the ring they read; kept with the
+    # graph, which reads them at every replay
+    copies: list[CopyLaunch] = dataclasses.field(default_factory=list)
+    counter: torch.Tensor | None = None
 
     @functools.cached_property
     def weights(self) -> list[Staged]:
@@ -127,6 +135,48 @@ class Tape:
 
 
 @dataclasses.dataclass
+class CopyLaunch:
+    """One of a graph's copy launches: its table of rows, and whether it turns the ring."""
+    table: torch.Tensor
+    advance: bool = False
+
+
+@dataclasses.dataclass
+class RingPlan:
+    """What a flight recording asks of a graph's device ring: room for the replays holding its
+    last `calls` calls, within `max_bytes` (two slots at least)."""
+    calls: int
+    max_bytes: int
+
+    def slots(self, calls_a_replay: int, slot_bytes: int) -> int:
+        # a host ring of `calls` calls holds at most ceil(calls / calls_a_replay) replays; one more
+        # slot is the replay under way
+        wanted = -(-self.calls // max(calls_a_replay, 1)) + 1
+        return max(2, min(wanted, self.max_bytes // max(slot_bytes, 1)))
+
+
+@dataclasses.dataclass
+class DeviceRing:
+    """The last `slots` replays' staging spans in device memory, each slab's used bytes at
+    `starts[slab]` of a slot. The tape's counter (device) counts the replays run since the capture:
+    replay n (from 1) filled slot (n - 1) % slots, whether or not a recording saw it."""
+    memory: torch.Tensor  # uint8 [slots, slot_bytes]
+    starts: list[int]
+
+    @property
+    def slots(self) -> int:
+        return self.memory.shape[0]
+
+    @property
+    def slot_bytes(self) -> int:
+        return self.memory.shape[1]
+
+    def back(self, turns: int, behind: int) -> torch.Tensor | None:
+        """The slot of the replay `behind` replays before the last of `turns` (None: reused since)."""
+        return self.memory[(turns - 1 - behind) % self.slots] if 0 <= behind < min(turns, self.slots) else None
+
+
+@dataclasses.dataclass
 class _Deferred:
     """A staging copy not yet made: `span` of `tensor` (at `version`) into `staging`."""
     staging: torch.Tensor
@@ -148,30 +198,41 @@ class Capture:
     it ends, so its memory goes to no other tensor meanwhile; a write through torch moves the
     version, and one found at the end is reported (its calls hold the value at the end of the
     graph). A kernel writing a tensor its op does not declare in `mutates` goes unseen, as it does
-    for weights. Inference tensors have no version: they are copied at once."""
+    for weights; so does one writing a tagged intermediate after its tag (tags are staged as
+    outputs are, not copied at the tag). Inference tensors have no version: they are copied at once."""
 
     _ids = itertools.count(1)
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device = torch.device("cpu"), ring: RingPlan | None = None) -> None:
+        """Made before the capture begins (what it allocates and launches here is not captured)."""
         self.tape = Tape(next(Capture._ids))
         self.written: set[int] = set()  # storage addresses a captured call of this graph writes
         self._outside = _default_pool_ranges()
         self._staged: dict[tuple, Staged] = {}  # by storage address, geometry and version
         self._deferred: list[_Deferred] = []
         self._held: list[torch.Tensor] = []  # every tensor staged, alive until the capture ends
+        self._rooms: dict[tuple[int, int], Staged] = {}  # every staging span, by slab and offset
+        self._ring = ring
+        self._device = device
+        self._counter = self.tape.counter = gather_copy.new_counter(device)
+        self._unfilled: list[tuple[torch.Tensor, torch.Tensor]] = []  # (table, its rows): filled at the end
+        if device.type == "cuda":
+            gather_copy.warm(device)  # compiled now: a capture that compiles it would capture the loading
 
     def stage(self, op: str, tensor: staging.Tensor) -> Staged:
         """A tensor passed to or returned by `op`, staged: its copy made now (an inference tensor) or
         put off."""
         t = tensor.value
         if t.is_inference():
-            return self.tape.stage(tensor)
+            staged = self.tape.stage(tensor)
+            self._rooms[(staged.slab, staged.offset)] = staged
+            return staged
         ident = (t.untyped_storage().data_ptr(), tensor.geometry, t._version)
         same = self._staged.get(ident)
         if same is not None:
             return dataclasses.replace(same, key=tensor.key, what=tensor.what, persistent=tensor.persistent)
         staged, span = self.tape.reserve(tensor)
-        self._staged[ident] = staged
+        self._staged[ident] = self._rooms[(staged.slab, staged.offset)] = staged
         self._held.append(t)
         self._deferred.append(_Deferred(staged.tensor, span, t, t._version, f"op '{op}' {tensor.what}"))
         return staged
@@ -190,20 +251,72 @@ class Capture:
         for deferred in self._deferred:
             (now if deferred.tensor.untyped_storage().data_ptr() in addresses else later).append(deferred)
         self._deferred = later
-        _copy_all(now)
+        if now:
+            self._launch([row for d in now for row in _rows(d.span, d.staging)], advance=False)
 
     def finish(self) -> None:
-        """At the end of the graph (still capturing): make every copy left, in one batch."""
+        """At the end of the graph (still capturing): make every copy left, in one launch; in a
+        flight recording the same launch copies every staging span into the device ring's slot
+        and turns the ring."""
         self.tape.written_later += [d.what for d in self._deferred if d.tensor._version != d.version]
-        _copy_all(self._deferred)
+        if self._ring is None or not self.tape.calls:
+            if self._deferred:
+                self._launch([row for d in self._deferred for row in _rows(d.span, d.staging)], advance=False)
+            self._deferred = []
+            return
+        ring = self.tape.ring = self._new_ring(self._ring)
+        pending = {d.staging.data_ptr(): d for d in self._deferred}
+        table = []
+        for room in self._rooms.values():
+            into = ring.memory.data_ptr() + ring.starts[room.slab] + room.offset
+            deferred = pending.get(room.tensor.data_ptr())
+            table += (_rows(deferred.span, deferred.staging, into, ring.slot_bytes) if deferred is not None
+                      else _rows(room.tensor, None, into, ring.slot_bytes))  # copied earlier: from its span
         self._deferred = []
+        # a launch that turns the ring has a program even when it copies nothing
+        self._launch(table or [[self._counter.data_ptr(), 0, 0, 0, 0]], advance=True)
+
+    def filled(self) -> None:
+        """The capture has ended: fill the tables its launches read at each replay, and set the
+        ring at its first slot (where launches ran while capturing, as on the CPU, they turned it)."""
+        for table, rows in self._unfilled:
+            table.copy_(rows)
+        self._unfilled = []
+        self._counter.zero_()
+
+    def _new_ring(self, plan: RingPlan) -> DeviceRing:
+        starts, at = [], 0
+        for used in self.tape.used:
+            starts.append(at)
+            at += -(-used // _ALIGN) * _ALIGN
+        slots = plan.slots(len(self.tape.calls), at)
+        memory = torch.empty(slots, max(at, _ALIGN), dtype=torch.uint8, device=self._device)
+        return DeviceRing(memory, starts)
+
+    def _launch(self, table: list[list[int]], advance: bool) -> None:
+        if not table:  # spans of no bytes
+            return
+        rows = torch.tensor(table, dtype=torch.int64)
+        if self._device.type == "cuda":
+            device_table = torch.empty_like(rows, device=self._device)  # no kernel: not a node of the graph
+            self._unfilled.append((device_table, rows))
+        else:
+            device_table = rows
+        launch = CopyLaunch(device_table, advance)
+        run_copy(self.tape, launch)
+        self.tape.copies.append(launch)
 
 
-def _copy_all(deferred: list[_Deferred]) -> None:
-    """The copies as bytes, so that one multi-tensor kernel makes them whatever their dtypes."""
-    if deferred:
-        torch._foreach_copy_([d.staging.view(torch.uint8) for d in deferred],
-                             [d.span.view(torch.uint8) for d in deferred])
+def run_copy(tape: Tape, launch: CopyLaunch) -> None:
+    """One of the tape's copy launches, as the graph makes it at each replay."""
+    assert tape.counter is not None
+    gather_copy.launch(launch.table, tape.counter, tape.ring.slots if tape.ring is not None else 1, launch.advance)
+
+
+def _rows(source: torch.Tensor, staging: torch.Tensor | None, ring: int = 0, stride: int = 0) -> list[list[int]]:
+    """The table rows copying `source`'s bytes to `staging` (None: to the ring only)."""
+    nbytes = source.numel() * source.element_size()
+    return gather_copy.rows(source.data_ptr(), staging.data_ptr() if staging is not None else 0, nbytes, ring, stride)
 
 
 def _default_pool_ranges() -> list[tuple[int, int]]:
@@ -230,9 +343,10 @@ def tape_of(graph: Any) -> Tape | None:
     return _tapes.get(graph)
 
 
-def begin(follow: bool) -> None:
-    """A capture is about to begin on this thread: followed (a Capture made) or not."""
-    _local.capture = Capture() if follow else None
+def begin(follow: bool, ring: RingPlan | None = None) -> None:
+    """A capture is about to begin on this thread's current CUDA device: followed (a Capture made,
+    with a device ring when `ring` is given) or not."""
+    _local.capture = Capture(torch.device("cuda", torch.cuda.current_device()), ring) if follow else None
 
 
 def end() -> Capture | None:

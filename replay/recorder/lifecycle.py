@@ -250,7 +250,8 @@ def _wrap_graphs() -> None:
             rec.flush()
         for hook in _capture_hooks:
             hook()
-        graphs.begin(follow=rec is not None)  # before it begins: reading the allocator's segments is not capturable
+        # before it begins: reading the allocator's segments, compiling the copy kernel are not capturable
+        graphs.begin(follow=rec is not None, ring=rec.device_ring_plan() if rec is not None else None)
         try:
             begin(self, *args, **kwargs)
         except BaseException:
@@ -258,7 +259,7 @@ def _wrap_graphs() -> None:
             raise
 
     def capture_end(self: Any) -> None:
-        capture = graphs.end()
+        following = capture = graphs.end()
         try:
             if capture is not None:
                 capture.finish()  # the last copies go into the graph before it closes
@@ -268,6 +269,8 @@ def _wrap_graphs() -> None:
                         "its replays are not recorded")
             capture = None
         end(self)
+        if following is not None:
+            following.filled()  # the copies already in the graph read their tables at every replay
         if capture is not None:
             graphs.keep(self, capture.tape)
 

@@ -38,11 +38,13 @@ class RecordingOptions:
             its calls hold `segment_bytes` or its first call is `segment_seconds` old; a killed
             process loses the open segment (calls that young) and the calls still queued.
             Synchronous recording writes a segment a call.
-        ring: a flight recording: keep only the last `ring` calls, in host memory, and write them
-            when an exception leaves the block, on SIGUSR1 (and go on), on SIGTERM (and exit; a
-            second SIGTERM while they are written waits for them) or on `replay.dump()`; a block
-            left normally writes none.
-        ring_bytes: the flight recording's budget of host memory for the calls it holds. A
+        ring: a flight recording: keep only the last `ring` calls, in host memory (the replays of
+            a CUDA graph captured while it records: in a ring in device memory, brought over when
+            dumped), and write them when an exception leaves the block, on SIGUSR1 (and go on),
+            on SIGTERM (and exit; a second SIGTERM while they are written waits for them) or on
+            `replay.dump()`; a block left normally writes none.
+        ring_bytes: the flight recording's budget of memory for the calls it holds (a graph's
+            device ring has as many slots as fit, two at least). A
             read-only input of `blob_threshold` bytes or more (inside a CUDA graph: one of 16 KiB
             or more from outside the graph) is held once as a blob, for every call that reads it,
             outside the budget: weights cost their size once, but a fresh large input at every

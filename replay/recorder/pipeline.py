@@ -69,10 +69,23 @@ class PendingBatch:
     ready: Callable[[], None]
     expand: Callable[[int], list[PendingCall]]
     skip: int = 0  # calls at the front a flight recording no longer holds
+    # a flight recording's replay held in a device ring: its bytes there, and what brings them to
+    # `host` when the recording is dumped (None: the slot was reused since)
+    device_bytes: int = 0
+    fetch: Callable[[], list[HostCopy] | None] | None = None
 
     @property
     def nbytes(self) -> int:
-        return sum(copy.nbytes for copy in self.host)
+        return sum(copy.nbytes for copy in self.host) if self.host else self.device_bytes
+
+    def bring_over(self) -> bool:
+        """Its bytes on the host (False: they are gone from the device ring)."""
+        if self.fetch is not None:
+            host = self.fetch()
+            if host is None:
+                return False
+            self.host[:], self.fetch = host, None  # the list its `expand` reads
+        return True
 
     def calls(self) -> list[PendingCall]:
         return self.expand(self.skip)

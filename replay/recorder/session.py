@@ -30,7 +30,7 @@ from replay.recorder.stream_order import StreamClocks
 from replay.recorder.graph_recording import GraphRecording
 from replay.recorder.options import RecordingOptions
 from replay.recorder.copies import SHARED_POOL, BlobRef, Copier
-from replay.recorder.pipeline import CallWriter, PendingCall, Ring
+from replay.recorder.pipeline import CallWriter, PendingBatch, PendingCall, Ring
 from replay.context import collecting
 from replay.errors import CaptureError
 from replay.settings import SettingError
@@ -141,6 +141,9 @@ class Recording(GraphRecording):
         empty; later calls fill it again). Otherwise: flush, and 0 (every call is written anyway)."""
         held, count = self.ring.take() if self.ring is not None else ([], 0)
         for pending in held:
+            if isinstance(pending, PendingBatch) and not pending.bring_over():
+                count -= pending.count - pending.skip
+                continue
             self.calls.submit(pending)
         self.calls.flush()
         return count
