@@ -34,8 +34,11 @@ class CallSink:
     launches: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[str] = field(default_factory=list)  # tags that were not tensors, described
     # a tag keeps its value at the tag: copied then, unless whoever takes the tags copies them later
-    # with what the call wrote (a CUDA graph's staging: a copy at the tag would be a node of its own)
+    # with what the call wrote (a CUDA graph's staging: a copy at the tag would be a node of its own);
+    # a tag of memory the call declares it writes (`written`: storage addresses) is copied anyway
     copy_tags: bool = True
+    written: frozenset[int] = frozenset()
+    _versions: dict[str, int] = field(default_factory=dict)  # of tags not copied
 
     def argument_holding(self, pointer: torch.Tensor) -> str | None:
         """The call argument a kernel's tensor argument is, or is a view into: the same address
@@ -63,15 +66,24 @@ class CallSink:
         key, n = name, 1
         while key in self.tags:
             key, n = f"{name}.{n}", n + 1
-        self.tags[key] = tensor.detach().clone() if self.copy_tags else tensor.detach()
+        tensor = tensor.detach()
+        if self.copy_tags or tensor.is_inference() or tensor.untyped_storage().data_ptr() in self.written:
+            tensor = tensor.clone()
+        else:
+            self._versions[key] = tensor._version
+        self.tags[key] = tensor
+
+    def tags_moved(self) -> list[str]:
+        """Tags not copied that a write through torch changed since they were taken."""
+        return [key for key, version in self._versions.items() if self.tags[key]._version != version]
 
 
 @contextlib.contextmanager
-def collecting(level: int = 2, arguments: Mapping[str, Any] | None = None,
-               copy_tags: bool = True) -> Iterator[CallSink]:
+def collecting(level: int = 2, arguments: Mapping[str, Any] | None = None, copy_tags: bool = True,
+               written: frozenset[int] = frozenset()) -> Iterator[CallSink]:
     """Collect tags (up to `level`) and launch records of the code run inside; `arguments`, the
     call's, name the tensors its kernels are handed (a launch record's `binds`)."""
-    sink = CallSink(level, dict(arguments or {}), copy_tags=copy_tags)
+    sink = CallSink(level, dict(arguments or {}), copy_tags=copy_tags, written=written)
     token = _sink.set(sink)
     try:
         yield sink
@@ -88,8 +100,11 @@ def tag(name: str, tensor: torch.Tensor, level: int = 1) -> torch.Tensor:
 
     Args:
         name: the tag's name; a repeated name within one call gets `.1`, `.2`, ...
-        tensor: the value (copied now; later writes to it do not change the tag). Anything
-            but a tensor is a capture error: that call is not recorded (replay skips it).
+        tensor: the value (copied now; later writes to it do not change the tag). Inside a
+            CUDA graph capture the copy is put off to the end of the call, as the outputs' are:
+            a later write through torch in the same call is reported, one by a kernel to memory
+            the call does not declare it writes is not seen. Anything but a tensor is a capture
+            error: that call is not recorded (replay skips it).
         level: 1 (recorded by default) or 2 (only with REPLAY_TAGS=2: costly or verbose).
 
     Returns:

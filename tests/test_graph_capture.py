@@ -348,7 +348,7 @@ def test_a_flight_recordings_device_ring_holds_what_a_full_recording_writes(tmp_
                 _replay_twin(rec, tape, x, y, weight, values)
             if name == "ring":
                 assert tape.ring is not None and tape.ring.slots == 3  # 2 replays of 2 calls held, 1 under way
-                assert int(tape.counter[0]) == 6 and rec._from_device_ring(tape, 2) is None  # slot reused by 5
+                assert int(tape.counter[0]) == 6 and rec._from_device_ring(tape, 2, {}) is None  # reused by 5
                 assert replay.dump() == 4
             else:
                 assert tape.ring is None
@@ -391,3 +391,118 @@ def test_a_flight_recording_of_the_graph_decode_dumps_what_a_full_recording_wrot
         assert got.tensors.keys() == want.tensors.keys()
         assert all(torch.equal(got.tensors[k], want.tensors[k]) for k in want.tensors), got.op
     replays_cleanly(tmp_path / "ring")
+
+
+def test_a_dump_reads_a_graphs_ring_once_however_the_program_replays_meanwhile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replays held on the device are read in one go (while no replay of the graph starts): a
+    replay the program makes while the dump brings the held ones over, on the signal thread say,
+    cannot put its bytes into them; and a dump that cannot read the ring says so and does not
+    raise in place of the program's own error."""
+    monkeypatch.setattr(graphs, "_default_pool_ranges", lambda: [])
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(4, 16, generator=gen)
+    fed = [torch.randn(8, 16, generator=gen) for _ in range(6)]
+    x = torch.zeros(8, 16)
+    with replay.recording(tmp_path / "snap", ring=4) as rec:
+        tape, y = _capture_twin(rec, x, weight, monkeypatch)
+        for values in fed[:3]:
+            _replay_twin(rec, tape, x, y, weight, values)
+        assert rec.ring is not None
+        held, _ = rec.ring.take()
+        taken: dict = {}
+        assert held[0].bring_over(taken)
+        for values in fed[3:]:  # these fill every slot of the ring again
+            _replay_twin(rec, tape, x, y, weight, values)
+        assert held[1].bring_over(taken)
+        for pending, values in zip(held, fed[1:3]):
+            linear_call = pending.calls()[0]
+            assert torch.equal(linear_call.copies["in/x"].span.view(torch.float32).view(8, 16), values)
+        tape.counter = torch.zeros(2, dtype=torch.int64, device="meta")  # a ring that cannot be read
+        assert replay.dump() == 0
+    assert any("reading the graph's device ring failed" in e for e in manifest_errors(tmp_path / "snap"))
+
+
+def test_rings_share_the_recordings_budget_and_a_ring_too_small_for_a_recording_is_not_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every graph of a flight recording takes its ring out of one ring_bytes; one that does not
+    fit gets none. A graph captured under a smaller ring, replayed under a flight recording that
+    holds more, comes over to the host at every replay: nothing it holds is lost."""
+    plan = graphs.RingPlan(calls=8, max_bytes=10_000)
+    assert plan.held(2, 1000) == 4 and plan.take(2, 1000) == 5  # 4 replays held, 1 under way
+    assert plan.take(2, 1000) == 5 and plan.take(2, 1000) == 0  # the third graph does not fit
+    assert graphs.RingPlan(calls=8, max_bytes=3000).held(2, 1000) == 3  # the host ring's bytes bound it too
+    monkeypatch.setattr(graphs, "_default_pool_ranges", lambda: [])
+    weight, x = torch.randn(4, 16), torch.zeros(8, 16)
+    with replay.recording(tmp_path / "small", ring=2) as rec:
+        tape, y = _capture_twin(rec, x, weight, monkeypatch)
+    assert tape.ring is not None and tape.ring.slots == 2
+    fed = [torch.full((8, 16), float(n)) for n in range(5)]
+    with replay.recording(tmp_path / "large", ring=100) as rec:
+        for values in fed:
+            _replay_twin(rec, tape, x, y, weight, values)
+        assert replay.dump() == 10
+    records = list(Snapshot(tmp_path / "large"))
+    assert [torch.equal(r.tensors["in/x"], v) for r, v in zip(records[::2], fed)] == [True] * 5
+
+
+@replay.capture("graph_tag_then_write", mutates=("y",))
+def tag_then_write(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    z = x * 2
+    replay.tag("z", z)
+    replay.tag("y_before", y)  # memory the call declares it writes: copied at the tag
+    y.mul_(3)
+    z.add_(100)  # written after its tag, through torch
+    return z
+
+
+def test_tags_inside_a_capture_are_staged_and_one_written_after_it_is_reported(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside a capture a tag is staged with the outputs, not copied at the tag: a tag of memory
+    the call writes is still copied at the tag, and a write through torch after a tag is said."""
+    monkeypatch.setattr(graphs, "_default_pool_ranges", lambda: [])
+    x, y = torch.arange(4.0), torch.ones(4)
+    with replay.recording(tmp_path / "snap") as rec:
+        capture = graphs.Capture()
+        monkeypatch.setattr(graphs._local, "capture", capture, raising=False)
+        tag_then_write(x, y)
+        monkeypatch.setattr(graphs._local, "capture", None)
+        capture.finish()
+        capture.filled()
+        rec.record_replay(capture.tape)
+    (record,) = Snapshot(tmp_path / "snap")
+    assert torch.equal(record.tensors["tag/y_before"], torch.ones(4))
+    assert torch.equal(record.tensors["tag/z"], x * 2 + 100)  # as the call left it, and said
+    (error,) = manifest_errors(tmp_path / "snap")
+    assert "tag(s) z written after they were taken" in error
+
+
+@replay.capture("graph_scale_by_host")
+def scale_by_host(y: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    return y * float(factor[0])  # a factor in host memory: read when captured, as CUDA graphs do
+
+
+@pytest.mark.gpu
+def test_a_host_tensor_of_a_captured_call_is_copied_at_the_capture_not_by_the_graph(tmp_path: Path) -> None:
+    """The graph's copy kernel reaches only its device's memory: a call's tensor in host memory is
+    staged once, at the capture (its value then, the one the graph baked in), beside the CUDA
+    tensors each replay refreshes in the device ring."""
+    x = torch.zeros(8, 16, device="cuda")
+    factor = torch.tensor([3.0])
+    fed = [torch.full((8, 16), float(n), device="cuda") for n in range(4)]
+    with replay.recording(tmp_path / "snap", ring=3):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = scale_by_host(x, factor)
+        for values in fed:
+            x.copy_(values)
+            graph.replay()
+        torch.cuda.synchronize()
+        assert replay.dump() == 3
+    records = list(Snapshot(tmp_path / "snap"))
+    assert [r.meta["graph_replay"] for r in records] == [2, 3, 4]
+    for record, values in zip(records, fed[1:]):
+        assert torch.equal(record.tensors["in/y"], values.cpu())
+        assert torch.equal(record.tensors["in/factor"], factor)
+        assert torch.equal(record.tensors["out/out"], (values * 3).cpu())
+    assert torch.equal(out, fed[-1] * 3)

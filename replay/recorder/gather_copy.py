@@ -65,6 +65,7 @@ def _gather_copy_kernel(rows_ptr, counter_ptr, slots, BLOCK: tl.constexpr, ADVAN
     turn = tl.load(counter_ptr)
     _copy_row(rows_ptr + tl.program_id(0).to(tl.int64) * 5, turn, slots, BLOCK)  # a row a program
     if ADVANCE:
+        tl.debug_barrier()  # every warp of the program has read `turn` (and copied) before it arrives
         arrived = tl.atomic_add(counter_ptr + 1, 1)  # acq_rel: this program's read of `turn` is before it
         if arrived == tl.num_programs(0) - 1:
             tl.store(counter_ptr, turn + 1)

@@ -4,13 +4,14 @@ A call captured into a graph has its tensors staged inside the graph (replay/rec
 and its description kept on the graph's tape; nothing is written until the graph is replayed.
 After each replay the tape's slabs are copied to pinned host memory, one copy a slab, with the
 weights that changed since the last replay, and handed over as one PendingBatch whose calls are
-described from the tape by whoever writes them. Recording (replay/recorder/session.py) takes
+described from the tape by whoever writes them. In a flight recording whose graph has a device
+ring, the slabs stay there: the batch names its replay, and a dump reads the ring. Recording (replay/recorder/session.py) takes
 these methods; they use its writer, queue, ring, blobs and report.
 """
 from __future__ import annotations
 
 import collections
-import dataclasses
+import contextlib
 import functools
 import inspect
 import time
@@ -24,6 +25,7 @@ from replay.recorder.copies import BlobRef, Copier, HostCopy
 from replay.recorder.pipeline import PendingBatch, PendingCall
 from replay.context import collecting, current_scope
 from replay.errors import CaptureError
+from replay.snapshot.tensors import geometry_of
 
 if TYPE_CHECKING:
     from replay.recorder.options import RecordingOptions
@@ -61,12 +63,15 @@ class GraphRecording:
         def blob(self, t: torch.Tensor, copier: Copier, geometry: Geometry | None = None) -> BlobRef: ...
 
     def device_ring_plan(self) -> graphs.RingPlan | None:
-        """What a graph captured now keeps of its replays on the device: a flight recording's."""
-        return graphs.RingPlan(self.options.ring, self.options.ring_bytes) if self.options.ring is not None else None
+        """What a graph captured now keeps of its replays on the device: a flight recording's,
+        the graphs' rings sharing its ring_bytes."""
+        return self._ring_plan
 
     def __init__(self) -> None:
         # graph id: its weights' versions (None: an inference tensor's), their blobs
         self._replay_blobs: dict[int, tuple[list[int | None], list[BlobRef]]] = {}
+        self._ring_plan = (graphs.RingPlan(self.options.ring, self.options.ring_bytes)
+                           if self.options.ring is not None else None)
 
     def record_captured(self, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature,
                         args: tuple, kwargs: dict) -> Any:
@@ -98,8 +103,14 @@ class GraphRecording:
             staging.mark_written(spec, bound.arguments)
             return result
         capture.before_write(mutated)
-        with collecting(self.tag_level, bound.arguments, copy_tags=False) as sink:  # staged with the outputs
+        # tags staged with the outputs, not copied at the tag (but those of memory the call writes)
+        with collecting(self.tag_level, bound.arguments, copy_tags=False,
+                        written=frozenset(t.untyped_storage().data_ptr() for t in mutated)) as sink:
             result = fn(*args, **kwargs)
+        if sink.tags_moved():
+            self.report(f"op '{spec.op}' (in CUDA graph {capture.tape.graph_id}): tag(s) "
+                        f"{', '.join(sink.tags_moved())} written after they were taken: recorded as the call "
+                        "left them", stop=False)
         staging.mark_written(spec, bound.arguments)  # before the outputs are staged: a later reader finds them
         _note_weights_written(spec, capture, bound.arguments)
         try:
@@ -130,7 +141,9 @@ class GraphRecording:
             return
         copier = Copier(self.calls.pool)
         host: list[HostCopy] = []
-        on_device = tape.ring if self.ring is not None else None  # the replay's bytes stay in its device ring
+        on_device = self._device_ring(tape)  # the replay's bytes stay in its graph's device ring
+        if on_device is not None and on_device.memory.is_cuda:
+            tape.stream = torch.cuda.current_stream(on_device.memory.device)  # where a dump reads the ring
         try:
             for slab, used in zip(tape.slabs, tape.used) if on_device is None else ():
                 host.append(copier.copy(slab[:used]))
@@ -156,22 +169,32 @@ class GraphRecording:
             self.calls.submit(batch)
             self.spend(sum(copy.nbytes for copy in host))
 
-    def _from_device_ring(self, tape: graphs.Tape, replay: int) -> list[HostCopy] | None:
-        """Replay `replay`'s slabs, brought over from its device ring slot (None: a later replay
-        has filled that slot since), one copy, landed before this returns. The slot is found from
-        the device's count of replays: the graph may have run unrecorded before this recording."""
+    def _device_ring(self, tape: graphs.Tape) -> graphs.DeviceRing | None:
+        """The tape's device ring, where this recording is a flight recording and the ring has a
+        slot more than the replays its host ring can hold (a graph captured under a smaller ring
+        comes over to the host at every replay instead)."""
+        ring, plan = tape.ring, self._ring_plan
+        if ring is None or plan is None or self.ring is None:
+            return None
+        return ring if ring.slots > plan.held(len(tape.calls), ring.slot_bytes) else None
+
+    def _from_device_ring(self, tape: graphs.Tape, replay: int, taken: dict[int, Any]) -> list[HostCopy] | None:
+        """Replay `replay`'s slabs from its slot of the device ring (None: a later replay has filled
+        that slot since). A dump reads a tape's ring once (`taken`), while no replay of it starts,
+        on the stream its replays ran on; the slot is found from the device's count of replays (the
+        graph may have run unrecorded before this recording)."""
         ring, counter = tape.ring, tape.counter
         assert ring is not None and counter is not None
-        if counter.is_cuda:
-            torch.cuda.synchronize(counter.device)  # the replays that fill the ring, whatever their streams
-        slot = ring.back(int(counter[0]), tape.replays - replay)  # every replay since was this recording's
+        if id(tape) not in taken:
+            with tape.lock, torch.cuda.stream(tape.stream) if tape.stream is not None else contextlib.nullcontext():
+                taken[id(tape)] = (int(counter.to("cpu")[0]), ring.memory.to("cpu", copy=True), tape.replays)
+        turns, memory, replays = taken[id(tape)]
+        slot = ring.back(turns, replays - replay)  # every replay since was this recording's
         if slot is None:
             return None
-        copier = Copier(self.calls.pool)
-        whole = copier.copy(slot)
-        copier.mark()()  # on the host before the program's next replay can fill the slot again
-        return [dataclasses.replace(whole, span=whole.span[start:start + used], buffer=whole.buffer if n == 0 else None)
-                for n, (start, used) in enumerate(zip(ring.starts, tape.used))]
+        spans = [memory[slot][start:start + used] if start is not None else slab[:used].to("cpu", copy=True)
+                 for start, slab, used in zip(ring.starts, tape.slabs, tape.used)]
+        return [HostCopy(span, geometry_of(span)) for span in spans]
 
     def _replay_weights(self, tape: graphs.Tape, copier: Copier) -> list[BlobRef]:
         """The blobs of the tape's weights, in tape order: a weight whose version has not moved

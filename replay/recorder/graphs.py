@@ -39,6 +39,7 @@ from replay.recorder import gather_copy, staging
 from replay.snapshot.tensors import Geometry, storage_span
 
 _tapes: "weakref.WeakKeyDictionary[Any, Tape]" = weakref.WeakKeyDictionary()
+_kept_unrecorded: "weakref.WeakKeyDictionary[Any, Tape]" = weakref.WeakKeyDictionary()
 _local = threading.local()  # .capture: the Capture under way on this thread, if any
 
 
@@ -86,6 +87,10 @@ class Tape:
     used: list[int] = dataclasses.field(default_factory=list)
     _open: dict[torch.device, int] = dataclasses.field(default_factory=dict)  # slab small spans go to
     ring: DeviceRing | None = None  # a flight recording's: every replay's spans, kept on the device
+    # held across a replay and the recording's count of it, and by a dump reading the ring; the
+    # stream the last recorded replay ran on (the dump reads the ring there)
+    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock)
+    stream: Any = None
     # the graph's copy launches, in order, and the counter of the ring they read; kept with the
     # graph, which reads them at every replay
     copies: list[CopyLaunch] = dataclasses.field(default_factory=list)
@@ -143,25 +148,37 @@ class CopyLaunch:
 
 @dataclasses.dataclass
 class RingPlan:
-    """What a flight recording asks of a graph's device ring: room for the replays holding its
-    last `calls` calls, within `max_bytes` (two slots at least)."""
+    """A flight recording's device rings: each graph captured while it records gets room for the
+    replays its host ring can hold (the last `calls` calls, within `max_bytes`) and the one under
+    way, while the rings of all its graphs fit in `max_bytes` together (`left`); a graph that does
+    not fit gets none (its replays come over to the host as in a full recording)."""
     calls: int
     max_bytes: int
+    left: int = -1  # bytes not yet given to a ring (-1: all of max_bytes)
 
-    def slots(self, calls_a_replay: int, slot_bytes: int) -> int:
-        # a host ring of `calls` calls holds at most ceil(calls / calls_a_replay) replays; one more
-        # slot is the replay under way
-        wanted = -(-self.calls // max(calls_a_replay, 1)) + 1
-        return max(2, min(wanted, self.max_bytes // max(slot_bytes, 1)))
+    def held(self, calls_a_replay: int, slot_bytes: int) -> int:
+        """The most replays of such a graph the host ring holds: ceil(calls / calls_a_replay), and
+        no more than fit in max_bytes (the newest at least)."""
+        return min(-(-self.calls // max(calls_a_replay, 1)), max(1, self.max_bytes // max(slot_bytes, 1)))
+
+    def take(self, calls_a_replay: int, slot_bytes: int) -> int:
+        """Slots for a graph's ring, taken from what is left (0: it does not fit)."""
+        slots = self.held(calls_a_replay, slot_bytes) + 1
+        left = self.max_bytes if self.left < 0 else self.left
+        if slots * slot_bytes > left:
+            return 0
+        self.left = left - slots * slot_bytes
+        return slots
 
 
 @dataclasses.dataclass
 class DeviceRing:
     """The last `slots` replays' staging spans in device memory, each slab's used bytes at
-    `starts[slab]` of a slot. The tape's counter (device) counts the replays run since the capture:
-    replay n (from 1) filled slot (n - 1) % slots, whether or not a recording saw it."""
+    `starts[slab]` of a slot (None: a slab on another device, which the graph does not refresh).
+    The tape's counter (device) counts the replays run since the capture: replay n (from 1) filled
+    slot (n - 1) % slots, whether or not a recording saw it."""
     memory: torch.Tensor  # uint8 [slots, slot_bytes]
-    starts: list[int]
+    starts: list[int | None]
 
     @property
     def slots(self) -> int:
@@ -171,9 +188,9 @@ class DeviceRing:
     def slot_bytes(self) -> int:
         return self.memory.shape[1]
 
-    def back(self, turns: int, behind: int) -> torch.Tensor | None:
+    def back(self, turns: int, behind: int) -> int | None:
         """The slot of the replay `behind` replays before the last of `turns` (None: reused since)."""
-        return self.memory[(turns - 1 - behind) % self.slots] if 0 <= behind < min(turns, self.slots) else None
+        return (turns - 1 - behind) % self.slots if 0 <= behind < min(turns, self.slots) else None
 
 
 @dataclasses.dataclass
@@ -198,8 +215,8 @@ class Capture:
     it ends, so its memory goes to no other tensor meanwhile; a write through torch moves the
     version, and one found at the end is reported (its calls hold the value at the end of the
     graph). A kernel writing a tensor its op does not declare in `mutates` goes unseen, as it does
-    for weights; so does one writing a tagged intermediate after its tag (tags are staged as
-    outputs are, not copied at the tag). Inference tensors have no version: they are copied at once."""
+    for weights. Inference tensors have no version: they are copied at once; so are tensors on
+    another device than the graph's (at the capture: the graph does not refresh them)."""
 
     _ids = itertools.count(1)
 
@@ -223,7 +240,7 @@ class Capture:
         """A tensor passed to or returned by `op`, staged: its copy made now (an inference tensor) or
         put off."""
         t = tensor.value
-        if t.is_inference():
+        if t.is_inference() or t.device != self._device:  # no version; or memory the copy kernel cannot reach
             staged = self.tape.stage(tensor)
             self._rooms[(staged.slab, staged.offset)] = staged
             return staged
@@ -259,16 +276,20 @@ class Capture:
         flight recording the same launch copies every staging span into the device ring's slot
         and turns the ring."""
         self.tape.written_later += [d.what for d in self._deferred if d.tensor._version != d.version]
-        if self._ring is None or not self.tape.calls:
+        # a ring if the recording asks for one and has room left for it (else replays come over whole)
+        ring = self.tape.ring = self._new_ring(self._ring) if self._ring is not None and self.tape.calls else None
+        if ring is None:
             if self._deferred:
                 self._launch([row for d in self._deferred for row in _rows(d.span, d.staging)], advance=False)
             self._deferred = []
             return
-        ring = self.tape.ring = self._new_ring(self._ring)
         pending = {d.staging.data_ptr(): d for d in self._deferred}
         table = []
         for room in self._rooms.values():
-            into = ring.memory.data_ptr() + ring.starts[room.slab] + room.offset
+            start = ring.starts[room.slab]
+            if start is None:
+                continue
+            into = ring.memory.data_ptr() + start + room.offset
             deferred = pending.get(room.tensor.data_ptr())
             table += (_rows(deferred.span, deferred.staging, into, ring.slot_bytes) if deferred is not None
                       else _rows(room.tensor, None, into, ring.slot_bytes))  # copied earlier: from its span
@@ -282,16 +303,18 @@ class Capture:
         for table, rows in self._unfilled:
             table.copy_(rows)
         self._unfilled = []
-        self._counter.zero_()
+        if self._device.type != "cuda":  # a capture runs nothing; here the launches ran and turned it
+            self._counter.zero_()
 
-    def _new_ring(self, plan: RingPlan) -> DeviceRing:
-        starts, at = [], 0
-        for used in self.tape.used:
-            starts.append(at)
-            at += -(-used // _ALIGN) * _ALIGN
-        slots = plan.slots(len(self.tape.calls), at)
-        memory = torch.empty(slots, max(at, _ALIGN), dtype=torch.uint8, device=self._device)
-        return DeviceRing(memory, starts)
+    def _new_ring(self, plan: RingPlan) -> DeviceRing | None:
+        starts: list[int | None] = []
+        at = 0
+        for slab, used in zip(self.tape.slabs, self.tape.used):
+            starts.append(at if slab.device == self._device else None)
+            at += -(-used // _ALIGN) * _ALIGN if slab.device == self._device else 0
+        at = max(at, _ALIGN)
+        slots = plan.take(len(self.tape.calls), at)
+        return DeviceRing(torch.empty(slots, at, dtype=torch.uint8, device=self._device), starts) if slots else None
 
     def _launch(self, table: list[list[int]], advance: bool) -> None:
         if not table:  # spans of no bytes
@@ -355,6 +378,7 @@ def end() -> Capture | None:
     return capture
 
 
-def keep(graph: Any, tape: Tape) -> None:
-    """`graph`'s capture was followed: its replays are recorded from `tape`."""
-    _tapes[graph] = tape
+def keep(graph: Any, tape: Tape, recorded: bool = True) -> None:
+    """`graph`'s capture was followed: its replays are recorded from `tape` (or, where staging it
+    failed, not, while the copies it did put into the graph keep their tables and slabs)."""
+    (_tapes if recorded else _kept_unrecorded)[graph] = tape

@@ -26,6 +26,7 @@ from replay.ranks.recording import CollectiveRecorder
 from replay.recorder import graphs, intercept, stream_order
 from replay.recorder.options import DEFAULT_STATE_NAMES, RecordingOptions
 from replay.recorder.session import Recording
+from replay.context import recorder_work
 from replay.errors import CaptureError, ReplayError
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
@@ -251,7 +252,8 @@ def _wrap_graphs() -> None:
         for hook in _capture_hooks:
             hook()
         # before it begins: reading the allocator's segments, compiling the copy kernel are not capturable
-        graphs.begin(follow=rec is not None, ring=rec.device_ring_plan() if rec is not None else None)
+        with recorder_work():  # its allocations and warm-up launches are no calls of the program's
+            graphs.begin(follow=rec is not None, ring=rec.device_ring_plan() if rec is not None else None)
         try:
             begin(self, *args, **kwargs)
         except BaseException:
@@ -270,15 +272,20 @@ def _wrap_graphs() -> None:
             capture = None
         end(self)
         if following is not None:
-            following.filled()  # the copies already in the graph read their tables at every replay
-        if capture is not None:
-            graphs.keep(self, capture.tape)
+            with recorder_work():
+                following.filled()  # the copies already in the graph read their tables at every replay
+            graphs.keep(self, following.tape, recorded=capture is not None)  # its memory lives with the graph
 
     def replay_and_record(self: Any) -> None:
-        replay(self)
-        rec = _recording
-        if rec is not None:
-            rec.record_replay(graphs.tape_of(self))
+        rec, tape = _recording, graphs.tape_of(self)
+        if rec is None or tape is None:
+            replay(self)
+            if rec is not None:
+                rec.record_replay(tape)
+            return
+        with tape.lock:  # a dump reading the graph's device ring sees replays and their count agree
+            replay(self)
+            rec.record_replay(tape)
 
     # setattr, as _unwrap_graphs puts them back: the checker allows no assignment to a class's methods
     for name, method in (("capture_begin", capture_begin), ("capture_end", capture_end), ("replay", replay_and_record)):

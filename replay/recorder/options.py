@@ -43,8 +43,9 @@ class RecordingOptions:
             dumped), and write them when an exception leaves the block, on SIGUSR1 (and go on),
             on SIGTERM (and exit; a second SIGTERM while they are written waits for them) or on
             `replay.dump()`; a block left normally writes none.
-        ring_bytes: the flight recording's budget of memory for the calls it holds (a graph's
-            device ring has as many slots as fit, two at least). A
+        ring_bytes: the flight recording's budget of host memory for the calls it holds; the
+            device rings of the graphs it captures share as much again (a graph whose ring does
+            not fit comes over to the host at every replay). A
             read-only input of `blob_threshold` bytes or more (inside a CUDA graph: one of 16 KiB
             or more from outside the graph) is held once as a blob, for every call that reads it,
             outside the budget: weights cost their size once, but a fresh large input at every

@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from replay.recorder.copies import BlobRef, HostCopy, PinnedPool
 from replay.snapshot import SnapshotWriter
@@ -72,16 +72,17 @@ class PendingBatch:
     # a flight recording's replay held in a device ring: its bytes there, and what brings them to
     # `host` when the recording is dumped (None: the slot was reused since)
     device_bytes: int = 0
-    fetch: Callable[[], list[HostCopy] | None] | None = None
+    fetch: Callable[[dict[int, Any]], list[HostCopy] | None] | None = None
 
     @property
     def nbytes(self) -> int:
         return sum(copy.nbytes for copy in self.host) if self.host else self.device_bytes
 
-    def bring_over(self) -> bool:
-        """Its bytes on the host (False: they are gone from the device ring)."""
+    def bring_over(self, taken: dict[int, Any]) -> bool:
+        """Its bytes on the host (False: they are gone from the device ring); `taken`: what this
+        dump has read of device rings so far."""
         if self.fetch is not None:
-            host = self.fetch()
+            host = self.fetch(taken)
             if host is None:
                 return False
             self.host[:], self.fetch = host, None  # the list its `expand` reads
@@ -98,9 +99,10 @@ Pending = PendingCall | PendingBatch
 
 
 class Ring:
-    """The flight recorder's memory: the last `calls` calls, within `max_bytes` of host copies
-    (the newest call or replay is kept even alone over the budget); older ones are forgotten as new
-    ones come. A graph replay is held whole, or cut at the front when more than `calls` are held."""
+    """The flight recorder's memory: the last `calls` calls, within `max_bytes` of what they hold
+    (host copies; a graph replay held in a device ring counts its slot) (the newest call or replay
+    is kept even alone over the budget); older ones are forgotten as new ones come. A graph replay
+    is held whole, or cut at the front when more than `calls` are held."""
 
     def __init__(self, calls: int, max_bytes: int, forget: Callable[[Pending], None]):
         if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:

@@ -140,9 +140,17 @@ class Recording(GraphRecording):
         """A flight recording: write the calls it holds now and return how many (the ring is then
         empty; later calls fill it again). Otherwise: flush, and 0 (every call is written anyway)."""
         held, count = self.ring.take() if self.ring is not None else ([], 0)
+        taken: dict[int, Any] = {}  # the device rings read so far
         for pending in held:
-            if isinstance(pending, PendingBatch) and not pending.bring_over():
+            try:
+                here = not isinstance(pending, PendingBatch) or pending.bring_over(taken)
+                lost = "a later replay had filled its slot of the graph's device ring"
+            except Exception as exc:  # said, never raised in place of the program's own error
+                here, lost = False, f"reading the graph's device ring failed: {exc}"
+            if not here:
+                assert isinstance(pending, PendingBatch)  # only a replay is brought over
                 count -= pending.count - pending.skip
+                self.report(f"a CUDA graph replay held by the flight recording is not written: {lost}", stop=False)
                 continue
             self.calls.submit(pending)
         self.calls.flush()
