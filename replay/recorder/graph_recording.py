@@ -5,8 +5,9 @@ and its description kept on the graph's tape; nothing is written until the graph
 After each replay the tape's slabs are copied to pinned host memory, one copy a slab, with the
 weights that changed since the last replay, and handed over as one PendingBatch whose calls are
 described from the tape by whoever writes them. In a flight recording whose graph has a device
-ring, the slabs stay there: the batch names its replay, and a dump reads the ring. Recording (replay/recorder/session.py) takes
-these methods; they use its writer, queue, ring, blobs and report.
+ring, the slabs stay there: the batch names its replay, and a dump reads the ring. Recording
+(replay/recorder/session.py) takes these methods; they use its writer, queue, ring, blobs and
+report.
 """
 from __future__ import annotations
 
