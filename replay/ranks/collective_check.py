@@ -83,11 +83,14 @@ def _check(check: CollectiveCheck, members: dict[int, CallRecord]) -> None:
         check.uncheckable = "premul_sum: its scale factor is not recorded"
         return
     inputs = {rank: _read(record) for rank, record in members.items()}
-    summed = _summed_in_any_order(check.kind, header, len(members))
+    # a sum in any order is held to its rounding bound, which scales with the members' |x|
+    absolute = ({rank: {n: t.to(torch.float64).abs() for n, t in named.items()} for rank, named in inputs.items()}
+                if _summed_in_any_order(check.kind, header, len(members)) else None)
     for position, (rank, record) in enumerate(members.items()):
         outputs = list(record.role("out").items())
         try:
             expected = _expected(check.kind, header, inputs, position, len(outputs))
+            scales = _expected(check.kind, header, absolute, position, len(outputs)) if absolute else None
         except (RuntimeError, ValueError, KeyError, IndexError) as exc:  # shapes that cannot make the collective
             check.failures.append({"rank": rank, "tensor": "in", "problem": f"its inputs cannot make this "
                                    f"{check.kind}: {' '.join(str(exc).split())}"})
@@ -96,14 +99,12 @@ def _check(check: CollectiveCheck, members: dict[int, CallRecord]) -> None:
             check.failures.append({"rank": rank, "tensor": "out", "problem": f"{len(outputs)} outputs recorded, "
                                    f"the {check.kind} makes {len(expected)}"})
             continue
-        for (name, got), want in zip(outputs, expected):
+        for n, ((name, got), want) in enumerate(zip(outputs, expected)):
             if want.shape != got.shape and want.numel() == got.numel():
                 want = want.reshape(got.shape)  # NCCL's stacked forms: [world, *shape] for [world * n, ...]
             tolerance = _tolerance(check.kind, header, got.dtype, len(members))
-            if summed and got.dtype.is_floating_point:
-                want = _within_rounding(got, want, _magnitudes(check.kind, header, inputs, position, name, outputs),
-                                        len(members))
-                tolerance = None
+            if scales is not None and got.dtype.is_floating_point:
+                want, tolerance = _within_rounding(got, want, scales[n], len(members)), None
             comparison = compare(got, want, tolerance, 0 if got.dim() else None)
             if not comparison.passed:
                 check.failures.append({"rank": rank, "tensor": f"out/{name}", "problem": "differs from what the "
@@ -155,14 +156,6 @@ def _summed_in_any_order(kind: str, header: dict[str, Any], members: int) -> boo
     and rounds each partial sum to the dtype, so no one bitwise answer exists."""
     reduces = kind in ("all_reduce", "reduce_scatter") and header.get("reduce_op", "sum") in ("sum", "avg")
     return reduces and (members > 2 or header.get("reduce_op") == "avg")
-
-
-def _magnitudes(kind: str, header: dict[str, Any], inputs: dict[int, dict[str, torch.Tensor]], position: int,
-                name: str, outputs: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
-    """Per element of output `name`, the same reduction over the members' |x| in float64."""
-    absolute = {rank: {n: t.to(torch.float64).abs() for n, t in named.items()} for rank, named in inputs.items()}
-    index = [n for n, _ in outputs].index(name)
-    return _expected(kind, header, absolute, position, len(outputs))[index]
 
 
 def _within_rounding(got: torch.Tensor, exact: torch.Tensor, magnitude: torch.Tensor, members: int) -> torch.Tensor:

@@ -108,10 +108,10 @@ class GraphRecording:
         with collecting(self.tag_level, bound.arguments, copy_tags=False,
                         written=frozenset(t.untyped_storage().data_ptr() for t in mutated)) as sink:
             result = fn(*args, **kwargs)
-        if sink.tags_moved():
-            self.report(f"op '{spec.op}' (in CUDA graph {capture.tape.graph_id}): tag(s) "
-                        f"{', '.join(sink.tags_moved())} written after they were taken: recorded as the call "
-                        "left them", stop=False)
+        moved = sink.tags_moved()
+        if moved:
+            self.report(f"op '{spec.op}' (in CUDA graph {capture.tape.graph_id}): tag(s) {', '.join(moved)} "
+                        "written after they were taken: recorded as the call left them", stop=False)
         staging.mark_written(spec, bound.arguments)  # before the outputs are staged: a later reader finds them
         _note_weights_written(spec, capture, bound.arguments)
         try:

@@ -261,7 +261,8 @@ def _wrap_graphs() -> None:
             raise
 
     def capture_end(self: Any) -> None:
-        following = capture = graphs.end()
+        capture = graphs.end()
+        recorded = capture is not None
         try:
             if capture is not None:
                 capture.finish()  # the last copies go into the graph before it closes
@@ -269,12 +270,12 @@ def _wrap_graphs() -> None:
             assert capture is not None  # only finish() raises
             log.warning(f"replay: capture: CUDA graph {capture.tape.graph_id}: staging failed: {exc}; "
                         "its replays are not recorded")
-            capture = None
+            recorded = False
         end(self)
-        if following is not None:
+        if capture is not None:
             with recorder_work():
-                following.filled()  # the copies already in the graph read their tables at every replay
-            graphs.keep(self, following.tape, recorded=capture is not None)  # its memory lives with the graph
+                capture.filled()  # the copies already in the graph read their tables at every replay
+            graphs.keep(self, capture.tape, recorded)  # its memory lives with the graph either way
 
     def replay_and_record(self: Any) -> None:
         rec, tape = _recording, graphs.tape_of(self)
