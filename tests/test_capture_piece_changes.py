@@ -5,13 +5,14 @@ logic runs on CPU tensors in Triton's interpreter (chunk_changes.DEVICES gains "
 snapshot must be the very one recorded without it."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import replay
-from replay.recorder import chunk_changes, piece_sums
+from replay.recorder import chunk_changes, copies, piece_sums
 from replay.snapshot import Snapshot, hashing, writer
 
 PIECE = writer.CHUNK_BYTES
@@ -58,16 +59,17 @@ def record_decode(path: Path, device: str, steps: int = 6) -> torch.Tensor:
 
 
 def reused_lists(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The chunk lists of stores that changed nothing since the store before, taken from it whole."""
+    """The chunk lists of stores taken whole from an earlier store: the one before, if nothing
+    changed since, or any the recording made of the same bytes."""
     reused: list[str] = []
-    real = chunk_changes.PieceHistory.unchanged
+    real = chunk_changes.PieceHistory.stored_before
 
     def counting(self):
         same = real(self)
         if same is not None:
             reused.append(same[1])
         return same
-    monkeypatch.setattr(chunk_changes.PieceHistory, "unchanged", counting)
+    monkeypatch.setattr(chunk_changes.PieceHistory, "stored_before", counting)
     return reused
 
 
@@ -141,7 +143,8 @@ def test_pieces_any_store_hashed_are_known_by_their_checksums(tmp_path: Path, mo
                                                               device: str) -> None:
     monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
     counts, fetched = hashed_pieces(monkeypatch), fetched_pieces(monkeypatch)
-    first, second = torch.zeros(64, 4096, device=device), torch.zeros(64, 4096, device=device)
+    # second is longer than first: no store of it is a whole earlier store, its pieces are known one by one
+    first, second = torch.zeros(64, 4096, device=device), torch.zeros(80, 4096, device=device)
     first[:16] = 7.0  # a whole piece of sevens
     with replay.recording(tmp_path / "snap", chunk_threshold=1) as rec:
         write_row(first, torch.full((4096,), 7.0, device=device), 16)  # the next piece starts with a row of sevens
@@ -171,9 +174,10 @@ def test_a_staged_store_whose_earlier_store_failed_is_refused_not_filled_with_ga
     span = torch.zeros(2 * PIECE, dtype=torch.uint8)
     released: list[int] = []
     sums = torch.tensor([[1, 2], [3, 4]])
-    first = chunk_changes.PieceHistory(None, None, sums, {})
+    first = chunk_changes.PieceHistory(None, None, sums, chunk_changes.KnownContent())
     first.hashed(None)  # its writer failed
-    history = chunk_changes.PieceHistory(first, torch.tensor([0, 1], dtype=torch.uint8), sums, {},
+    history = chunk_changes.PieceHistory(first, torch.tensor([0, 1], dtype=torch.uint8), sums,
+                                         chunk_changes.KnownContent(),
                                          torch.zeros(2 * PIECE // 4, dtype=torch.int32), span.numel(),
                                          _let_go=released.append)
     with pytest.raises(OSError, match="never written"):
@@ -246,3 +250,122 @@ def test_a_call_that_failed_after_its_store_leaves_the_next_store_whole(tmp_path
 def test_changed_pieces_come_over_a_run_at_a_time() -> None:
     assert chunk_changes._runs([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 6), (7, 9)]
     assert chunk_changes._runs([4]) == [(4, 5)]
+
+
+def record_steps(path: Path, device: str, steps: int = 3) -> None:
+    """A training step's activation, the same bytes each step in memory that held others between:
+    a cache filled alike each step, then a row written into it."""
+    with replay.recording(path, chunk_threshold=1) as rec:
+        for _ in range(steps):
+            cache = torch.full((64, 4096), 3.0, device=device)
+            cache[5] = torch.arange(4096.0, device=device)
+            write_row(cache, torch.full((4096,), 9.0, device=device), 10)
+            rec.flush()  # each step hashed before the next one's stores are written
+    assert rec.pieces.staged_bytes == 0
+
+
+def test_a_store_of_bytes_the_recording_stored_before_takes_that_store_whole(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            device: str) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", ())
+    record_steps(tmp_path / "untracked", device)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    counts, fetched, reused = hashed_pieces(monkeypatch), fetched_pieces(monkeypatch), reused_lists(monkeypatch)
+    record_steps(tmp_path / "tracked", device)
+    assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked")
+    # the first step: before the row, the threes and the piece with the arange; after it, the row's
+    # piece. The later steps' stores, before and after, are the first step's: nothing comes over
+    assert counts == [2, 1] and fetched == counts and len(reused) == 4
+
+
+@replay.capture("piece_row_sums")
+def row_sums(x: torch.Tensor) -> torch.Tensor:
+    return x.sum(dim=1)
+
+
+def record_activations(path: Path, device: str, flush: bool = True, **options) -> list[str]:
+    """Fresh read-only inputs of 1 MiB (blobs), the second and fourth alike the first; the blob
+    digests the calls refer to."""
+    with replay.recording(path, **options) as rec:
+        for fill in (1.0, 1.0, 2.0, 1.0):
+            x = torch.full((64, 4096), fill, device=device)
+            x[7, 9] = -fill
+            row_sums(x)
+            if flush:
+                rec.flush()
+    assert rec.pieces.staged_bytes == 0  # every staged blob was brought over or let go
+    return [record.blobs["in/x"] for record in Snapshot(path)]
+
+
+def blobs_brought_over(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bytes of each blob that came over from where it waited on the device."""
+    sizes: list[int] = []
+    real = chunk_changes.PieceHistory.whole
+
+    def counting(self, take):
+        host, buffer = real(self, take)
+        sizes.append(len(host))
+        return host, buffer
+    monkeypatch.setattr(chunk_changes.PieceHistory, "whole", counting)
+    return sizes
+
+
+def test_a_large_read_only_input_waits_on_the_device_and_comes_over_only_if_new(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              device: str) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", ())
+    untracked = record_activations(tmp_path / "untracked", device)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    brought = blobs_brought_over(monkeypatch)
+    tracked = record_activations(tmp_path / "tracked", device)
+    assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked")
+    assert tracked == untracked and tracked[0] == tracked[1] == tracked[3] != tracked[2]
+    assert brought == [64 * 4096 * 4] * 2  # the first and the third: the others' checksums were stored
+
+
+def test_a_blob_with_no_room_to_wait_on_the_device_comes_over_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                      device: str) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", ())
+    untracked = record_activations(tmp_path / "untracked", device)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    monkeypatch.setattr(chunk_changes, "DEVICE_STAGING_BYTES", 0)
+    brought = blobs_brought_over(monkeypatch)
+    assert record_activations(tmp_path / "tracked", device) == untracked and brought == []
+
+
+def blobs_copied_to_the_host(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The bytes of each blob copied to the host at its call (not staged on the device)."""
+    sizes: list[int] = []
+    real = copies.Copier.copy
+
+    def counting(self, t, landed=False, geometry=None):
+        if landed:
+            sizes.append(t.numel() * t.element_size())
+        return real(self, t, landed, geometry)
+    monkeypatch.setattr(copies.Copier, "copy", counting)
+    return sizes
+
+
+@pytest.mark.parametrize("when_full", ["block", "drop"])
+def test_past_the_staging_budget_a_blocking_recording_waits_for_the_writers(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            device: str, when_full: str) -> None:
+    # room for one blob: a call waits until the writers let go of the one before (a host copy
+    # would cost the program more), unless the recording drops rather than waits
+    monkeypatch.setattr(chunk_changes, "DEVICES", ())
+    untracked = record_activations(tmp_path / "untracked", device)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    monkeypatch.setattr(chunk_changes, "DEVICE_STAGING_BYTES", 16 * PIECE)
+    on_host = blobs_copied_to_the_host(monkeypatch)
+    real = chunk_changes.PieceHistory.whole
+
+    def slowly(self, take):  # the writers lag behind the program
+        time.sleep(0.2)
+        return real(self, take)
+    monkeypatch.setattr(chunk_changes.PieceHistory, "whole", slowly)
+    tracked = record_activations(tmp_path / "tracked", device, flush=False, when_full=when_full)
+    assert tracked == untracked
+    if when_full == "block":
+        assert on_host == []
+    else:
+        assert len(on_host) > 0

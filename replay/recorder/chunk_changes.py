@@ -13,17 +13,21 @@ the same tensor: equal checksums mean equal bytes but for odds far below any har
 (piece_sums.py), so a piece named by a reused digest holds what the digest says.
 
 A flight recording keeps whole host copies (its ring may forget the store a later one would
-refer to), and so does a store that would pass DEVICE_STAGING_BYTES of staged device memory or
-finds no device memory to stage in; both still flag what changed, so the writer hashes only that.
+refer to), and so does a store that finds no room to stage in (DEVICE_STAGING_BYTES); both still
+flag what changed, so the writer hashes only that.
 Beyond the store before: pieces alike within a store come over and are hashed once, a piece any
 store of the recording hashed is known by its checksums and length (up to SEEN_PIECES of them,
-then the cache starts again), and a store that changed nothing takes the store before's list whole.
+then the cache starts again), and a store that changed nothing takes the store before's list whole,
+as does a store whose every checksum is a whole earlier store's (a training step's activations,
+alike each step, in other memory). A large read-only tensor on the GPU (a blob) is checksummed and
+copied aside on the device alike, and comes over only if the recording never stored those bytes.
 
 On the CPU the host does the work either way and sha256 is as fast as the checksum, so only
 CUDA tensors are tracked (DEVICES).
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -35,10 +39,15 @@ from replay.context import recorder_kernel
 from replay.snapshot.writer import CHUNK_BYTES
 
 DEVICES = ("cuda",)  # where pieces are checksummed; tests add "cpu" to run the same logic there
-# Device memory the staged pieces of stores not yet fetched may hold; past it (or where the device
-# has no room left) a store is copied whole to the host on the program's stream, as untracked ones
-# are: the program never waits. A training step's activations and logits pass 1 GiB in flight.
+# Device memory the staged pieces of stores not yet fetched may hold. Past it the program waits for
+# the writers to let go of some, as for a full queue; where they hold none (the call being made holds
+# it all), where the recording drops calls rather than wait, or where the device has no room left, a
+# store is copied whole to the host on the program's stream, as untracked ones are. A training
+# step's activations and logits pass 1 GiB in flight.
 DEVICE_STAGING_BYTES = 4 << 30
+# Blobs from this size up are checksummed on the device; a smaller one costs less to copy and hash
+# than the launch that would spare it.
+DEVICE_BLOB_BYTES = 1 << 20
 SEEN_PIECES = 1 << 18  # pieces known by checksums at most (~60 MB of host memory), then forgotten
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
@@ -47,16 +56,46 @@ Checksums = dict[tuple[int, int, int], str]  # (checksums, length) of a piece ->
 
 
 @dataclass
+class KnownContent:
+    """What the recording stored, named by device checksums: pieces (checksums and length ->
+    sha256), whole chunked stores (content key -> the pieces' sha256 and the chunk list) and blobs
+    (content key and dtype -> digest). A cache: past SEEN_PIECES pieces in either of the first
+    two (or as many blobs) it starts again."""
+    pieces: Checksums = field(default_factory=dict)
+    stores: dict[bytes, tuple[list[str], str]] = field(default_factory=dict)
+    blobs: dict[tuple[bytes, str], str] = field(default_factory=dict)
+    _store_pieces: int = 0
+
+    def remember_pieces(self, named: list[tuple[tuple[int, int, int], str]]) -> None:
+        if len(self.pieces) > SEEN_PIECES:
+            self.pieces.clear()
+        self.pieces.update(named)
+
+    def remember_store(self, key: bytes, digests: list[str], chunk_list: str) -> None:
+        if self._store_pieces > SEEN_PIECES:
+            self.stores.clear()
+            self._store_pieces = 0
+        if key not in self.stores:
+            self._store_pieces += len(digests)
+        self.stores[key] = (digests, chunk_list)
+
+    def remember_blob(self, key: tuple[bytes, str], digest: str) -> None:
+        if len(self.blobs) > SEEN_PIECES:
+            self.blobs.clear()
+        self.blobs[key] = digest
+
+
+@dataclass
 class PieceHistory:
     """One store of a tracked tensor: which of its pieces differ from the store before it from the
     same memory (`changed`, on the host once the call's copies landed; None: all may), every
     piece's checksums (`sums`, likewise), where the changed pieces wait on the device (`staged`,
     when they were not copied to the host whole), and, once the writer has hashed them, every
-    piece's sha256. `seen` names the pieces any store of the recording hashed, by checksums."""
+    piece's sha256. `recorded` is what the recording stored, by checksums."""
     previous: PieceHistory | None
     changed: torch.Tensor | None
     sums: torch.Tensor
-    seen: Checksums
+    recorded: KnownContent
     staged: torch.Tensor | None = None  # whole pieces of int32 words, the changed ones written
     nbytes: int = 0  # the tensor's bytes (the last piece of `staged` is padded)
     digests: list[str] | None = None
@@ -76,17 +115,22 @@ class PieceHistory:
             return None
         return [None if changed else digest for digest, changed in zip(before, self.changed.tolist())]
 
-    def unchanged(self) -> tuple[list[str], str] | None:
-        """Where no piece changed since the store before: its digests and chunk list (waiting for
-        its writer), which are this store's too. A decode step's cache as the step before left it
-        costs no work a piece."""
+    def stored_before(self) -> tuple[list[str], str] | None:
+        """Where no piece changed since the store before, its digests and chunk list (waiting for
+        its writer), which are this store's too; else, where the recording stored these very bytes
+        before (every checksum alike), that store's. A decode step's cache as the step before left
+        it, or a training step's activations alike each step, cost no work a piece."""
         previous = self.previous
-        if previous is None or self.changed is None or bool(self.changed.any()):
-            return None
-        previous._done.wait()
-        if previous.digests is None or previous.chunk_list is None:
-            return None
-        return previous.digests, previous.chunk_list
+        if previous is not None and self.changed is not None and not bool(self.changed.any()):
+            previous._done.wait()
+            if previous.digests is not None and previous.chunk_list is not None:
+                return previous.digests, previous.chunk_list
+        return self.recorded.stores.get(self.content_key())
+
+    def content_key(self) -> bytes:
+        """What names this store's bytes, from the checksums on the host: equal keys, equal bytes
+        (but for the checksums' odds, piece_sums.py)."""
+        return hashlib.blake2b(self.sums.numpy().tobytes(), digest_size=16).digest() + self.nbytes.to_bytes(8, "little")
 
     def plan(self, known: list[str | None] | None) -> tuple[list[str | None], dict[int, int], list[int]]:
         """What is known of each piece (`known`, and the pieces any store hashed: the same
@@ -97,7 +141,7 @@ class PieceHistory:
         firsts: dict[tuple[int, int, int], int] = {}
         wanted = []
         for n, key in self._keys([n for n, digest in enumerate(resolved) if digest is None]):
-            resolved[n] = self.seen.get(key)
+            resolved[n] = self.recorded.pieces.get(key)
             if resolved[n] is None:
                 alike[n] = firsts.setdefault(key, n)
                 if alike[n] == n:
@@ -124,6 +168,15 @@ class PieceHistory:
         for n, first in alike.items():
             found[n] = found[first]
         return found, resolved, buffer
+
+    def whole(self, take: Callable[[int], torch.Tensor]) -> tuple[np.ndarray, torch.Tensor | None]:
+        """A store staged whole (a blob's), on the host, and the pooled buffer (from `take`) it is
+        in, to give back once written; its device memory let go."""
+        try:
+            host, buffer = self._bring_over(list(range(len(self.sums))), take)
+        finally:
+            self._release_staged()
+        return host[:self.nbytes], buffer
 
     def _bring_over(self, wanted: list[int], take: Callable[[int], torch.Tensor]
                     ) -> tuple[np.ndarray, torch.Tensor | None]:
@@ -165,18 +218,22 @@ class PieceHistory:
         """The writer is done with this store and did not write it (its call failed or was dropped)."""
         return self._done.is_set() and self.digests is None
 
-    def hashed(self, digests: list[str] | None, chunk_list: str | None = None) -> None:
+    def hashed(self, digests: list[str] | None, chunk_list: str | None = None, new: list[int] | None = None) -> None:
         """The writer is done with this store (`digests` None: it failed, or never wrote it; else
-        `chunk_list` is the digest of their list as stored); the pieces it hashed are known by
-        their checksums from now on."""
+        `chunk_list` is the digest of their list as stored); the pieces it hashed (`new`, by
+        number; None: every changed one) are known by their checksums from now on, and the whole
+        store by its content key."""
         self._release_staged()
         if self._done.is_set():
             return
         if digests is not None:
-            changed = self.changed.nonzero().flatten().tolist() if self.changed is not None else range(len(digests))
-            if len(self.seen) > SEEN_PIECES:  # a cache of what is known: a long recording starts it again
-                self.seen.clear()
-            self.seen.update((key, digests[n]) for n, key in self._keys(list(changed)))
+            if new is None:
+                every = range(len(digests))
+                new = self.changed.nonzero().flatten().tolist() if self.changed is not None else list(every)
+            if new:
+                self.recorded.remember_pieces([(key, digests[n]) for n, key in self._keys(new)])
+            if chunk_list is not None:
+                self.recorded.remember_store(self.content_key(), digests, chunk_list)
         self.digests, self.chunk_list, self.previous = digests, chunk_list, None
         self._done.set()
 
@@ -184,6 +241,15 @@ class PieceHistory:
         staged, self.staged = self.staged, None
         if staged is not None:
             self._let_go(staged.numel() * 4)
+
+
+def _words(span: torch.Tensor) -> torch.Tensor | None:
+    """A storage span's bytes (uint8, 1-D) where its pieces are checksummed; None where not."""
+    if span.device.type not in DEVICES:
+        return None
+    raw = span.reshape(-1).view(torch.uint8)
+    from replay.recorder import piece_sums  # Triton is imported by the first store tracked
+    return raw if piece_sums.trackable(raw) else None
 
 
 def _runs(pieces: list[int]) -> list[tuple[int, int]]:
@@ -198,70 +264,108 @@ def _runs(pieces: list[int]) -> list[tuple[int, int]]:
 
 
 class PieceTracker:
-    """The last store's checksums of each tracked memory region, to flag what changed since, and
-    the device memory held by staged pieces not yet fetched."""
+    """The last store's checksums of each tracked memory region, to flag what changed since, what
+    the recording stored by checksums, and the device memory held by staged pieces not yet fetched."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_for_room: bool = True) -> None:
         self._last: dict[tuple[torch.device, int, int], tuple[torch.Tensor, PieceHistory]] = {}
-        self._seen: Checksums = {}
+        self.recorded = KnownContent()
+        self.wait_for_room = wait_for_room
         self._staged_bytes = 0
+        self._in_making = 0  # of those, held by calls not yet handed to the writers
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)
 
     def observe(self, span: torch.Tensor, stage: bool) -> PieceHistory | None:
         """A store of `span` (a contiguous storage span) now, on its stream: None where it is not
         tracked. With `stage`, the changed pieces are copied on the device (PieceHistory.staged)
         unless that would pass DEVICE_STAGING_BYTES (or the device has no room); the caller
         copies the span to the host if not."""
-        if span.device.type not in DEVICES:
+        raw = _words(span)
+        if raw is None:
             return None
-        raw = span.reshape(-1).view(torch.uint8)
-        from replay.recorder import piece_sums  # Triton is imported by the first store tracked
-        if not piece_sums.trackable(raw):
-            return None
-        padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES
-        with self._lock:
-            stage = stage and self._staged_bytes + padded <= DEVICE_STAGING_BYTES
-            if stage:
-                self._staged_bytes += padded
         key = (span.device, raw.data_ptr(), raw.numel())
         last = self._last.get(key)
         if last is not None and last[1].failed:  # its pieces were never written: compare with nothing
             last = None
+        history, sums = self._checksum(raw, last, stage, staged_only=False)
+        assert history is not None and sums is not None
+        self._last[key] = (sums, history)
+        return history
+
+    def observe_blob(self, span: torch.Tensor) -> PieceHistory | None:
+        """A store of a read-only span to be kept as a blob, now, on its stream: checksummed and
+        copied whole aside on the device (PieceHistory.staged), to come over only if the recording
+        never stored those bytes. None where it is not tracked, or there is no room to stage it:
+        the caller copies the span to the host."""
+        raw = _words(span)
+        if raw is None or raw.numel() < DEVICE_BLOB_BYTES:
+            return None
+        return self._checksum(raw, None, True, staged_only=True)[0]
+
+    def _checksum(self, raw: torch.Tensor, last: tuple[torch.Tensor, PieceHistory] | None, stage: bool,
+                  staged_only: bool) -> tuple[PieceHistory | None, torch.Tensor | None]:
+        """One piece_sums launch over `raw` and its history, with the device checksums; with
+        `staged_only`, nothing (not even the launch) where the store cannot be staged."""
+        from replay.recorder import piece_sums
+        padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES
+        with self._room:
+            # past the budget, wait for the writers to let go of staged stores, as for a full queue
+            # (a host copy instead would cost the program more); never for calls still being made
+            while (stage and self.wait_for_room and padded <= DEVICE_STAGING_BYTES
+                   and self._staged_bytes + padded > DEVICE_STAGING_BYTES and self._staged_bytes > self._in_making):
+                self._room.wait()
+            stage = stage and self._staged_bytes + padded <= DEVICE_STAGING_BYTES
+            if stage:
+                self._staged_bytes += padded
+                self._in_making += padded
+        if staged_only and not stage:
+            return None, None
+        last_sums = last[0] if last is not None else None
         try:
             with recorder_kernel():  # the recorder's own launch: no call of the program
                 try:
-                    sums, flags, staged = piece_sums.piece_sums(raw, last[0] if last is not None else None, stage)
+                    sums, flags, staged = piece_sums.piece_sums(raw, last_sums, stage)
                 except torch.cuda.OutOfMemoryError:  # no room to stage: the program's memory comes first
                     if not stage:
                         raise
+                    self.handed_over(padded)
                     self._let_go(padded)
                     stage = False
-                    sums, flags, staged = piece_sums.piece_sums(raw, last[0] if last is not None else None, stage)
+                    if staged_only:
+                        return None, None
+                    sums, flags, staged = piece_sums.piece_sums(raw, last_sums, stage)
             # travel with the call's copies, whose event covers them (pinned by torch's caching host allocator)
             changed = flags.to("cpu", non_blocking=True) if last is not None else None
             host_sums = sums.to("cpu", non_blocking=True)
         except BaseException:
             if stage:
+                self.handed_over(padded)
                 self._let_go(padded)
             raise
-        history = PieceHistory(last[1] if last is not None else None, changed, host_sums,
-                               self._seen, staged, raw.numel(), _let_go=self._let_go)
-        self._last[key] = (sums, history)
-        return history
+        return PieceHistory(last[1] if last is not None else None, changed, host_sums,
+                            self.recorded, staged, raw.numel(), _let_go=self._let_go), sums
 
     @property
     def known_pieces(self) -> int:
         """Pieces known now by their checksums (at most SEEN_PIECES, and one store's more)."""
-        return len(self._seen)
+        return len(self.recorded.pieces)
 
     @property
     def staged_bytes(self) -> int:
         """Device memory held now by staged pieces no writer has fetched."""
         return self._staged_bytes
 
+    def handed_over(self, nbytes: int) -> None:
+        """A call holding `nbytes` of staged stores is made: the writers have it (or it was dropped)."""
+        with self._room:
+            self._in_making -= nbytes
+            self._room.notify_all()
+
     def _let_go(self, nbytes: int) -> None:
-        with self._lock:
+        with self._room:
             self._staged_bytes -= nbytes
+            self._room.notify_all()
 
     def forget(self) -> None:
         """The recording is over: let go of the device checksums (the writers still finish theirs)."""

@@ -70,7 +70,8 @@ class HostCopy:
 
 class BlobRef:
     """A read-only tensor stored once, by content: its digest is known once a writer has hashed
-    the one copy taken of it; every later call that passes it again refers to it."""
+    the one copy taken of it (or, for one that waits on the device, found its checksums among the
+    blobs the recording stored); every later call that passes it again refers to it."""
 
     def __init__(self, copy: HostCopy):
         self.copy: HostCopy | None = copy
@@ -78,7 +79,7 @@ class BlobRef:
         self.failure: Exception | None = None  # why writing it failed: every call that refers to it says so
         self._lock = threading.Lock()
 
-    def resolve(self, writer: SnapshotWriter, release: Callable[[HostCopy], None]) -> str:
+    def resolve(self, writer: SnapshotWriter, release: Callable[[HostCopy], None], pool: PinnedPool) -> str:
         with self._lock:
             if self.failure is not None:
                 raise self.failure
@@ -88,7 +89,7 @@ class BlobRef:
                 try:
                     if copy.landed is not None:  # another call's copy: its own call's events do not cover it
                         copy.landed.synchronize()
-                    self.digest = writer.put_blob(copy.span)
+                    self.digest = _put_from_device(copy, writer, pool) if copy.on_device else writer.put_blob(copy.span)
                 except Exception as exc:
                     self.failure = exc
                     raise
@@ -106,6 +107,24 @@ class BlobRef:
             release(copy)
 
 
+def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool) -> str:
+    """The digest of a blob waiting on the device: a blob the recording stored with the same
+    checksums, or else the staged bytes brought over and stored."""
+    history = copy.pieces
+    assert history is not None
+    key = (history.content_key(), str(copy.span.dtype))
+    digest = history.recorded.blobs.get(key)
+    if digest is None:
+        host, buffer = history.whole(pool.take)
+        try:
+            digest = writer.put_blob(torch.from_numpy(host).view(copy.span.dtype))
+        finally:
+            if buffer is not None:
+                pool.give(buffer)
+        history.recorded.remember_blob(key, digest)
+    return digest
+
+
 class Copier:
     """Takes host copies of tensors, stream-ordered on a GPU, and remembers what must be waited
     for before they can be read."""
@@ -113,6 +132,7 @@ class Copier:
     def __init__(self, pool: PinnedPool):
         self.pool = pool
         self._devices: set[torch.device] = set()
+        self._staged: dict[PieceTracker, int] = {}  # device bytes staged for this copier's call, by tracker
 
     def copy(self, t: torch.Tensor, landed: bool = False, geometry: Geometry | None = None) -> HostCopy:
         """A host copy of `t`'s storage span (`geometry`: `t`'s, where the caller has it already);
@@ -133,6 +153,23 @@ class Copier:
             event.record(torch.cuda.current_stream(span.device))
         return HostCopy(host, geometry, buffer, landed=event)
 
+    def copy_blob(self, t: torch.Tensor, tracker: PieceTracker | None, geometry: Geometry | None = None) -> HostCopy:
+        """A copy of a read-only tensor to be stored as a blob, carrying an event of its own (other
+        calls, on other streams, may be written before the one that took it): where `tracker`
+        follows its device and there is room, checksummed and kept on the device, to come over
+        only if the recording never stored those bytes; else a host copy, as copy() takes."""
+        geometry = geometry or geometry_of(t)
+        span = storage_span(t.detach(), geometry)
+        pieces = tracker.observe_blob(span) if tracker is not None else None
+        if pieces is None:
+            return self.copy(t, landed=True, geometry=geometry)
+        self._note_staged(tracker, pieces)
+        event = None
+        if span.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(span.device))
+        return HostCopy(torch.empty(0, dtype=span.dtype), geometry, pieces=pieces, landed=event, on_device=True)
+
     def copy_chunked(self, t: torch.Tensor, tracker: PieceTracker, stage: bool,
                      geometry: Geometry | None = None) -> HostCopy:
         """A copy of a large tensor the program changes in place, to be stored in pieces: where
@@ -143,6 +180,7 @@ class Copier:
         span = storage_span(t.detach(), geometry)
         pieces = tracker.observe(span, stage)
         if pieces is not None and pieces.staged is not None:
+            self._note_staged(tracker, pieces)
             if span.device.type == "cuda":
                 self._devices.add(span.device)  # the call's event then covers the kernel and its flags
             return HostCopy(torch.empty(0, dtype=span.dtype), geometry, chunked=True, pieces=pieces, on_device=True)
@@ -155,8 +193,16 @@ class Copier:
         copy.chunked, copy.pieces = True, pieces
         return copy
 
+    def _note_staged(self, tracker: PieceTracker | None, pieces: PieceHistory) -> None:
+        assert tracker is not None and pieces.staged is not None
+        self._staged[tracker] = self._staged.get(tracker, 0) + pieces.staged.numel() * pieces.staged.element_size()
+
     def mark(self) -> Callable[[], None]:
-        """After the last copy of a call: a function that waits until every copy has landed."""
+        """After the last copy of a call, as it goes to the writers (or is dropped): a function that
+        waits until every copy has landed."""
+        for tracker, nbytes in self._staged.items():
+            tracker.handed_over(nbytes)
+        self._staged = {}
         events = []
         for device in self._devices:
             event = torch.cuda.Event()

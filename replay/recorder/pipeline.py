@@ -351,7 +351,7 @@ class CallWriter:
         """A call's blobs and chunks written (its copies have landed), the rest made ready for a segment."""
         chunks: dict[str, str] = {}
         try:
-            blobs = {key: ref.resolve(self.writer, self.release) for key, (ref, _) in call.blobs.items()}
+            blobs = {key: ref.resolve(self.writer, self.release, self.pool) for key, (ref, _) in call.blobs.items()}
             for key, copy in call.copies.items():
                 if copy.chunked:
                     chunks[key] = self._put_chunks(copy)
@@ -369,13 +369,14 @@ class CallWriter:
 
     def _put_chunks(self, copy: HostCopy) -> str:
         """Store a chunked copy's pieces, hashing only those changed since its memory's last store
-        (those alone come over from the device where they wait there); the digest of its list."""
+        (those alone come over from the device where they wait there), none where the recording
+        stored the same bytes before; the digest of its list."""
         history = copy.pieces
         if history is None:  # untracked: every piece hashed
             return self.writer.put_chunks(copy.span)[0]
-        same = history.unchanged()
+        same = history.stored_before()
         if same is not None:
-            history.hashed(*same)  # nothing comes over: its staged pieces (none) are let go
+            history.hashed(*same, new=[])  # nothing comes over: its staged pieces are let go
             return same[1]
         buffer = None
         if copy.on_device:
@@ -390,7 +391,7 @@ class CallWriter:
         finally:
             if buffer is not None:
                 self.pool.give(buffer)
-        history.hashed(digests, digest)
+        history.hashed(digests, digest, new=[n for n, seen in enumerate(known) if seen is None])
         return digest
 
     def discard(self, pending: Pending, landed: bool = False) -> None:

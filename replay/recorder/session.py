@@ -109,7 +109,7 @@ class Recording(GraphRecording):
         self.started = time.perf_counter()  # calls record their start from here
         self.stopped = False
         self._blob_ids = _BlobIds()
-        self.pieces = PieceTracker()
+        self.pieces = PieceTracker(wait_for_room=self.options.when_full == "block")
         self._reported: set[str] = set()
         self._report_lock = threading.Lock()
         # (after call, op): calls not recorded for want of room in the queue
@@ -222,10 +222,13 @@ class Recording(GraphRecording):
             call.copies[tensor.key] = copier.copy(t, geometry=tensor.geometry)
 
     def blob(self, t: torch.Tensor, copier: Copier, geometry: Geometry | None = None) -> BlobRef:
-        """The blob of a read-only tensor: the one taken already, while its version is the same."""
+        """The blob of a read-only tensor: the one taken already, while its version is the same;
+        else a new one, whose bytes stay on the GPU until a writer finds whether the recording
+        stored them before."""
         blob = self._blob_ids.get(t)
         if blob is None:
-            copy = copier.copy(t, landed=True, geometry=geometry)
+            # a flight recording keeps host copies: its ring holds blobs until a dump, far past the staging's
+            copy = copier.copy_blob(t, self.pieces if self.ring is None else None, geometry)
             blob = BlobRef(copy)
             self._blob_ids.put(t, blob)
             self.spend(copy.nbytes)
