@@ -41,14 +41,15 @@ def main() -> None:
     raw = span.view(torch.uint8)
     words = raw.view(torch.int32)
     pieces = -(-words.numel() // piece_sums.WORDS)
-    sums, flags, staged = piece_sums.piece_sums(raw, None, True)
+    sums, staged = piece_sums.piece_sums(raw, None, True)
     weights = piece_sums._weights(raw.device)
     tracker = chunk_changes.PieceTracker()
 
     def launch_alone() -> None:
         piece_sums._piece_sums_kernel[(-(-pieces // piece_sums._GROUP),)](
-            words, words.numel(), pieces, weights, sums, sums, flags, staged, WORDS=piece_sums.WORDS,
-            BLOCK=piece_sums._BLOCK, GROUP=piece_sums._GROUP, COMPARE=True, STAGE=True, num_warps=8)
+            words, words.numel(), pieces, weights, sums, sums, staged, WORDS=piece_sums.WORDS,
+            BLOCK=piece_sums._BLOCK, GROUP=piece_sums._GROUP, ROW=piece_sums.ROW, COMPARE=True, STAGE=True,
+            num_warps=8)
 
     def store(observe: Callable[[torch.Tensor], chunk_changes.PieceHistory | None]) -> Callable[[], None]:
         def once() -> None:
@@ -58,9 +59,8 @@ def main() -> None:
         return once
 
     rows = [
-        ("three allocations (checksums, flags, staged)",
-         lambda: (torch.empty(pieces, 2, dtype=torch.int64, device="cuda"),
-                  torch.empty(pieces, dtype=torch.uint8, device="cuda"),
+        ("two allocations (checksums and flags, staged)",
+         lambda: (torch.empty(pieces, piece_sums.ROW, dtype=torch.int64, device="cuda"),
                   torch.empty(pieces * piece_sums.WORDS, dtype=torch.int32, device="cuda"))),
         ("the Triton launch alone", launch_alone),
         ("piece_sums(): allocations and launch", lambda: piece_sums.piece_sums(raw, sums, True)),

@@ -26,15 +26,15 @@ def write_row(cache: torch.Tensor, row: torch.Tensor, position: int) -> None:
 def test_checksums_flag_exactly_the_pieces_that_differ_and_stage_them(device: str) -> None:
     gen = torch.Generator().manual_seed(0)
     raw = torch.randint(0, 256, (5 * PIECE + 4096,), generator=gen, dtype=torch.uint8).to(device)  # a partial last piece
-    before, flags, staged = piece_sums.piece_sums(raw, None, stage=True)
-    assert before.shape == (6, 2) and flags.tolist() == [1] * 6  # nothing to compare with: all new
+    before, staged = piece_sums.piece_sums(raw, None, stage=True)
+    assert before.shape == (6, 3) and before[:, 2].tolist() == [1] * 6  # nothing to compare with: all new
     assert torch.equal(staged.view(torch.uint8)[:raw.numel()], raw)
     assert torch.equal(before, piece_sums.piece_sums(raw.clone(), None, stage=False)[0])
     for at in (0, 3 * PIECE + 17, raw.numel() - 1):
         changed = raw.clone()
         changed[at] ^= 1
-        sums, flags, staged = piece_sums.piece_sums(changed, before, stage=True)
-        assert flags.nonzero().flatten().tolist() == [at // PIECE]
+        sums, staged = piece_sums.piece_sums(changed, before, stage=True)
+        assert sums[:, 2].nonzero().flatten().tolist() == [at // PIECE]
         piece = slice(at // PIECE * PIECE, min((at // PIECE + 1) * PIECE, raw.numel()))
         assert torch.equal(staged.view(torch.uint8)[piece], changed[piece])  # the changed piece, staged
         assert not torch.equal(sums, before)

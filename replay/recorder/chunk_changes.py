@@ -102,6 +102,7 @@ class PieceHistory:
     chunk_list: str | None = None  # the digest of the list of `digests`, as stored
     _done: threading.Event = field(default_factory=threading.Event)
     _let_go: Callable[[int], None] = lambda nbytes: None  # gives the staged bytes back to the budget
+    _key: bytes | None = None
 
     def known(self) -> list[str | None] | None:
         """The sha256 of each piece that did not change since the store before (None where it did,
@@ -130,7 +131,10 @@ class PieceHistory:
     def content_key(self) -> bytes:
         """What names this store's bytes, from the checksums on the host: equal keys, equal bytes
         (but for the checksums' odds, piece_sums.py)."""
-        return hashlib.blake2b(self.sums.numpy().tobytes(), digest_size=16).digest() + self.nbytes.to_bytes(8, "little")
+        if self._key is None:
+            digest = hashlib.blake2b(self.sums.numpy().tobytes(), digest_size=16).digest()
+            self._key = digest + self.nbytes.to_bytes(8, "little")
+        return self._key
 
     def plan(self, known: list[str | None] | None) -> tuple[list[str | None], dict[int, int], list[int]]:
         """What is known of each piece (`known`, and the pieces any store hashed: the same
@@ -325,7 +329,7 @@ class PieceTracker:
         try:
             with recorder_kernel():  # the recorder's own launch: no call of the program
                 try:
-                    sums, flags, staged = piece_sums.piece_sums(raw, last_sums, stage)
+                    sums, staged = piece_sums.piece_sums(raw, last_sums, stage)
                 except torch.cuda.OutOfMemoryError:  # no room to stage: the program's memory comes first
                     if not stage:
                         raise
@@ -334,17 +338,16 @@ class PieceTracker:
                     stage = False
                     if staged_only:
                         return None, None
-                    sums, flags, staged = piece_sums.piece_sums(raw, last_sums, stage)
+                    sums, staged = piece_sums.piece_sums(raw, last_sums, stage)
             # travel with the call's copies, whose event covers them (pinned by torch's caching host allocator)
-            changed = flags.to("cpu", non_blocking=True) if last is not None else None
-            host_sums = sums.to("cpu", non_blocking=True)
+            host = sums.to("cpu", non_blocking=True)
         except BaseException:
             if stage:
                 self.handed_over(padded)
                 self._let_go(padded)
             raise
-        return PieceHistory(last[1] if last is not None else None, changed, host_sums,
-                            self.recorded, staged, raw.numel(), _let_go=self._let_go), sums
+        return PieceHistory(last[1] if last is not None else None, host[:, 2] if last is not None else None,
+                            host[:, :2], self.recorded, staged, raw.numel(), _let_go=self._let_go), sums
 
     @property
     def known_pieces(self) -> int:

@@ -21,6 +21,7 @@ import triton.language as tl
 from replay.snapshot.writer import CHUNK_BYTES
 
 WORDS = CHUNK_BYTES // 4  # 32-bit words a piece
+ROW = 3  # int64 values a piece: its two checksums, then whether it changed (one copy brings all to the host)
 _BLOCK = 512
 _GROUP = 4  # pieces a program sums: the weights, read from L2, are read once for all of them
 _WEIGHTS: dict[torch.device, torch.Tensor] = {}
@@ -37,8 +38,8 @@ def _weights(device: torch.device) -> torch.Tensor:
 
 
 @triton.jit
-def _piece_sums_kernel(words_ptr, nwords, pieces, weights_ptr, last_ptr, sums_ptr, flags_ptr, staged_ptr,
-                       WORDS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr,
+def _piece_sums_kernel(words_ptr, nwords, pieces, weights_ptr, last_ptr, sums_ptr, staged_ptr,
+                       WORDS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, ROW: tl.constexpr,
                        COMPARE: tl.constexpr, STAGE: tl.constexpr):
     # GROUP pieces a program: each block of weights read from cache serves them all
     piece = tl.program_id(0).to(tl.int64) * GROUP + tl.arange(0, GROUP)
@@ -54,15 +55,15 @@ def _piece_sums_kernel(words_ptr, nwords, pieces, weights_ptr, last_ptr, sums_pt
         second += word * tl.load(weights_ptr + WORDS + offsets)[None, :]
     sum_first = tl.sum(first, axis=1)
     sum_second = tl.sum(second, axis=1)
-    tl.store(sums_ptr + 2 * piece, sum_first, mask=real)
-    tl.store(sums_ptr + 2 * piece + 1, sum_second, mask=real)
+    tl.store(sums_ptr + ROW * piece, sum_first, mask=real)
+    tl.store(sums_ptr + ROW * piece + 1, sum_second, mask=real)
     if COMPARE:
-        changed = ((sum_first != tl.load(last_ptr + 2 * piece, mask=real, other=0))
-                   | (sum_second != tl.load(last_ptr + 2 * piece + 1, mask=real, other=0)))
+        changed = ((sum_first != tl.load(last_ptr + ROW * piece, mask=real, other=0))
+                   | (sum_second != tl.load(last_ptr + ROW * piece + 1, mask=real, other=0)))
     else:
         changed = real  # nothing to compare with: every piece is new
     changed = changed & real
-    tl.store(flags_ptr + piece, changed.to(tl.uint8), mask=real)
+    tl.store(sums_ptr + ROW * piece + 2, changed.to(tl.int64), mask=real)
     if STAGE:
         for start in range(0, WORDS, BLOCK):
             at = base[:, None] + (start + tl.arange(0, BLOCK))[None, :]
@@ -75,19 +76,17 @@ def trackable(raw: torch.Tensor) -> bool:
     return raw.numel() % 4 == 0 and raw.storage_offset() % 4 == 0 and raw.numel() > 0
 
 
-def piece_sums(raw: torch.Tensor, last: torch.Tensor | None, stage: bool
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """For a run of bytes (uint8, 1-D, trackable), on its stream: its [pieces, 2] int64 checksums,
-    the [pieces] uint8 flags of those that differ from `last` (all set when `last` is None), and,
-    with `stage`, a device buffer of whole pieces (int32 words) holding the flagged ones where they
-    lie in `raw` (the others left unwritten)."""
+def piece_sums(raw: torch.Tensor, last: torch.Tensor | None, stage: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """For a run of bytes (uint8, 1-D, trackable), on its stream: a [pieces, ROW] int64 table of
+    each piece's two checksums and whether it differs from `last` (an earlier such table; every
+    piece differs when `last` is None), and, with `stage`, a device buffer of whole pieces (int32
+    words) holding the changed ones where they lie in `raw` (the others left unwritten)."""
     words = raw.view(torch.int32)
     pieces = -(-words.numel() // WORDS)
-    sums = torch.empty(pieces, 2, dtype=torch.int64, device=raw.device)
-    flags = torch.empty(pieces, dtype=torch.uint8, device=raw.device)
+    sums = torch.empty(pieces, ROW, dtype=torch.int64, device=raw.device)
     staged = torch.empty(pieces * WORDS, dtype=torch.int32, device=raw.device) if stage else None
     _piece_sums_kernel[(-(-pieces // _GROUP),)](
-        words, words.numel(), pieces, _weights(raw.device), last if last is not None else sums, sums, flags,
-        staged if staged is not None else words, WORDS=WORDS, BLOCK=_BLOCK, GROUP=_GROUP,
+        words, words.numel(), pieces, _weights(raw.device), last if last is not None else sums, sums,
+        staged if staged is not None else words, WORDS=WORDS, BLOCK=_BLOCK, GROUP=_GROUP, ROW=ROW,
         COMPARE=last is not None, STAGE=stage, num_warps=8)
-    return sums, flags, staged
+    return sums, staged
