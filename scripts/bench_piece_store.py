@@ -1,6 +1,6 @@
 """What one tracked store of a large GPU tensor costs the program's thread, part by part: the
-recorder's checksum kernel and its allocations, the copies of flags and checksums to the host,
-and the whole store (replay/recorder/chunk_changes.py), in microseconds of host time a store,
+recorder's checksum kernel and its allocations, the copy of its checksums and change flags to the
+host, and the whole store (replay/recorder/chunk_changes.py), in microseconds of host time a store,
 each measured alone (no writers running, so no contention for the interpreter lock).
 
     python scripts/bench_piece_store.py [--mib 16] [--stores 400]      # needs a GPU

@@ -5,6 +5,8 @@ logic runs on CPU tensors in Triton's interpreter (chunk_changes.DEVICES gains "
 snapshot must be the very one recorded without it."""
 from __future__ import annotations
 
+import gc
+import threading
 import time
 from pathlib import Path
 
@@ -283,9 +285,10 @@ def row_sums(x: torch.Tensor) -> torch.Tensor:
     return x.sum(dim=1)
 
 
-def record_activations(path: Path, device: str, flush: bool = True, **options) -> list[str]:
+def record_activations(path: Path, device: str, flush: bool = True, made: threading.Event | None = None,
+                       **options) -> list[str]:
     """Fresh read-only inputs of 1 MiB (blobs), the second and fourth alike the first; the blob
-    digests the calls refer to."""
+    digests the calls refer to. `made` is set once the calls are made."""
     with replay.recording(path, **options) as rec:
         for fill in (1.0, 1.0, 2.0, 1.0):
             x = torch.full((64, 4096), fill, device=device)
@@ -293,6 +296,8 @@ def record_activations(path: Path, device: str, flush: bool = True, **options) -
             row_sums(x)
             if flush:
                 rec.flush()
+        if made is not None:
+            made.set()
     assert rec.pieces.staged_bytes == 0  # every staged blob was brought over or let go
     return [record.blobs["in/x"] for record in Snapshot(path)]
 
@@ -346,26 +351,56 @@ def blobs_copied_to_the_host(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return sizes
 
 
-@pytest.mark.parametrize("when_full", ["block", "drop"])
+@pytest.mark.parametrize("when_full, writers", [("block", "late"), ("drop", "held"), ("block", "held")])
 def test_past_the_staging_budget_a_blocking_recording_waits_for_the_writers(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch,
-                                                                            device: str, when_full: str) -> None:
+                                                                            device: str, when_full: str,
+                                                                            writers: str) -> None:
     # room for one blob: a call waits until the writers let go of the one before (a host copy
-    # would cost the program more), unless the recording drops rather than waits
+    # would cost the program more), unless the recording drops rather than waits, or the writers
+    # do not let go in time (held until the calls are made): then it copies to the host, as past
+    # the budget without waiting, and does not wait again in vain
+    if writers == "held":
+        monkeypatch.setattr(chunk_changes, "STAGING_WAIT_S", 0.2)
     monkeypatch.setattr(chunk_changes, "DEVICES", ())
     untracked = record_activations(tmp_path / "untracked", device)
     monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
     monkeypatch.setattr(chunk_changes, "DEVICE_STAGING_BYTES", 16 * PIECE)
     on_host = blobs_copied_to_the_host(monkeypatch)
     real = chunk_changes.PieceHistory.whole
+    made = threading.Event()
 
-    def slowly(self, take):  # the writers lag behind the program
-        time.sleep(0.2)
+    def lagging(self, take):
+        if writers == "late":
+            time.sleep(0.1)
+        else:
+            made.wait(timeout=60)
         return real(self, take)
-    monkeypatch.setattr(chunk_changes.PieceHistory, "whole", slowly)
-    tracked = record_activations(tmp_path / "tracked", device, flush=False, when_full=when_full)
+    monkeypatch.setattr(chunk_changes.PieceHistory, "whole", lagging)
+    tracked = record_activations(tmp_path / "tracked", device, flush=False, made=made, when_full=when_full)
     assert tracked == untracked
-    if when_full == "block":
-        assert on_host == []
-    else:
-        assert len(on_host) > 0
+    assert on_host == [] if writers == "late" else len(on_host) == 3  # all but the first
+
+
+@replay.capture("piece_row_sums_or_fail")
+def row_sums_or_fail(x: torch.Tensor, fail: bool) -> torch.Tensor:
+    if fail:
+        raise ValueError("as the test says")
+    return x.sum(dim=1)
+
+
+def test_a_call_that_fails_gives_back_the_device_memory_it_staged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 device: str) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    monkeypatch.setattr(chunk_changes, "DEVICE_STAGING_BYTES", 24 * PIECE)  # room for one blob of 16 pieces
+    with replay.recording(tmp_path / "snap") as rec:
+        for _ in range(3):  # each failed call's blob is dropped with its input: its staged bytes come back
+            try:
+                row_sums_or_fail(torch.full((64, 4096), 1.0, device=device), True)
+            except ValueError:
+                pass
+            gc.collect()
+            assert rec.pieces.staged_bytes == 0 and rec.pieces._in_making == 0
+        row_sums_or_fail(torch.full((64, 4096), 2.0, device=device), False)  # staged, not waiting in vain
+    (record,) = Snapshot(tmp_path / "snap")
+    assert torch.equal(record.tensors["in/x"], torch.full((64, 4096), 2.0))

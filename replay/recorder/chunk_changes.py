@@ -13,7 +13,8 @@ the same tensor: equal checksums mean equal bytes but for odds far below any har
 (piece_sums.py), so a piece named by a reused digest holds what the digest says.
 
 A flight recording keeps whole host copies (its ring may forget the store a later one would
-refer to), and so does a store that finds no room to stage in (DEVICE_STAGING_BYTES); both still
+refer to), and so does a store that finds no room to stage in (DEVICE_STAGING_BYTES; a blocking
+recording first waits a while on the host for its writers to let staged stores go); both still
 flag what changed, so the writer hashes only that.
 Beyond the store before: pieces alike within a store come over and are hashed once, a piece any
 store of the recording hashed is known by its checksums and length (up to SEEN_PIECES of them,
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -45,6 +48,9 @@ DEVICES = ("cuda",)  # where pieces are checksummed; tests add "cpu" to run the 
 # store is copied whole to the host on the program's stream, as untracked ones are. A training
 # step's activations and logits pass 1 GiB in flight.
 DEVICE_STAGING_BYTES = 4 << 30
+# The longest a store waits for room; a wait in vain (bytes held by stores no writer will take)
+# is not waited again until some come back.
+STAGING_WAIT_S = 5.0
 # Blobs from this size up are checksummed on the device; a smaller one costs less to copy and hash
 # than the launch that would spare it.
 DEVICE_BLOB_BYTES = 1 << 20
@@ -60,7 +66,8 @@ class KnownContent:
     """What the recording stored, named by device checksums: pieces (checksums and length ->
     sha256), whole chunked stores (content key -> the pieces' sha256 and the chunk list) and blobs
     (content key and dtype -> digest). A cache: past SEEN_PIECES pieces in either of the first
-    two (or as many blobs) it starts again."""
+    two (or as many blobs) it starts again. The writer threads share it without a lock: each use
+    is one dict operation, and a count that drifts only moves when the cache starts again."""
     pieces: Checksums = field(default_factory=dict)
     stores: dict[bytes, tuple[list[str], str]] = field(default_factory=dict)
     blobs: dict[tuple[bytes, str], str] = field(default_factory=dict)
@@ -103,6 +110,12 @@ class PieceHistory:
     _done: threading.Event = field(default_factory=threading.Event)
     _let_go: Callable[[int], None] = lambda nbytes: None  # gives the staged bytes back to the budget
     _key: bytes | None = None
+
+    def __post_init__(self) -> None:
+        self._hold = _Hold(self.staged.numel() * self.staged.element_size() if self.staged is not None else 0,
+                           self._let_go)
+        if self.staged is not None:  # a store dropped unwritten (its call abandoned) gives its bytes back too
+            weakref.finalize(self, self._hold.give_back)
 
     def known(self) -> list[str | None] | None:
         """The sha256 of each piece that did not change since the store before (None where it did,
@@ -242,9 +255,21 @@ class PieceHistory:
         self._done.set()
 
     def _release_staged(self) -> None:
-        staged, self.staged = self.staged, None
-        if staged is not None:
-            self._let_go(staged.numel() * 4)
+        self.staged = None
+        self._hold.give_back()
+
+
+class _Hold:
+    """Staged device bytes counted against the budget, given back once: when a writer is done with
+    their store, or when the store is dropped unwritten."""
+
+    def __init__(self, nbytes: int, give_back: Callable[[int], None]):
+        self._nbytes, self._give_back = nbytes, give_back
+
+    def give_back(self) -> None:
+        nbytes, self._nbytes = self._nbytes, 0
+        if nbytes:
+            self._give_back(nbytes)
 
 
 def _words(span: torch.Tensor) -> torch.Tensor | None:
@@ -277,14 +302,15 @@ class PieceTracker:
         self.wait_for_room = wait_for_room
         self._staged_bytes = 0
         self._in_making = 0  # of those, held by calls not yet handed to the writers
+        self._waited_in_vain = False
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
 
     def observe(self, span: torch.Tensor, stage: bool) -> PieceHistory | None:
         """A store of `span` (a contiguous storage span) now, on its stream: None where it is not
         tracked. With `stage`, the changed pieces are copied on the device (PieceHistory.staged)
-        unless that would pass DEVICE_STAGING_BYTES (or the device has no room); the caller
-        copies the span to the host if not."""
+        unless that would pass DEVICE_STAGING_BYTES (waiting a while for the writers first, in a
+        blocking recording) or the device has no room; the caller copies the span to the host if not."""
         raw = _words(span)
         if raw is None:
             return None
@@ -316,9 +342,11 @@ class PieceTracker:
         with self._room:
             # past the budget, wait for the writers to let go of staged stores, as for a full queue
             # (a host copy instead would cost the program more); never for calls still being made
-            while (stage and self.wait_for_room and padded <= DEVICE_STAGING_BYTES
+            deadline = time.monotonic() + STAGING_WAIT_S
+            while (stage and self.wait_for_room and padded <= DEVICE_STAGING_BYTES and not self._waited_in_vain
                    and self._staged_bytes + padded > DEVICE_STAGING_BYTES and self._staged_bytes > self._in_making):
-                self._room.wait()
+                if not self._room.wait(deadline - time.monotonic()):
+                    self._waited_in_vain = True  # then the host copy, as past the budget without waiting
             stage = stage and self._staged_bytes + padded <= DEVICE_STAGING_BYTES
             if stage:
                 self._staged_bytes += padded
@@ -360,7 +388,8 @@ class PieceTracker:
         return self._staged_bytes
 
     def handed_over(self, nbytes: int) -> None:
-        """A call holding `nbytes` of staged stores is made: the writers have it (or it was dropped)."""
+        """`nbytes` of staged stores are no longer in the making: their call went to the writers, or
+        was dropped, or the store failed."""
         with self._room:
             self._in_making -= nbytes
             self._room.notify_all()
@@ -368,6 +397,7 @@ class PieceTracker:
     def _let_go(self, nbytes: int) -> None:
         with self._room:
             self._staged_bytes -= nbytes
+            self._waited_in_vain = False
             self._room.notify_all()
 
     def forget(self) -> None:

@@ -2,7 +2,9 @@
 
 A CPU tensor is cloned; a GPU tensor's storage span is copied `non_blocking` into a pinned host
 buffer from a reusable pool, on the stream the call runs on (inputs before the call, outputs
-after), and an event marks the end, which the writers wait for before they read the copy.
+after), and an event marks the end, which the writers wait for before they read the copy. A large
+GPU tensor stored in pieces or as a blob may instead wait on the device, checksummed, for a writer
+to bring over what the recording has not stored yet (chunk_changes.py).
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ class HostCopy:
     chunked: bool = False  # stored as content-addressed pieces (a large tensor that changes)
     pieces: PieceHistory | None = None  # which pieces changed since the last store of its memory
     landed: torch.cuda.Event | None = None  # where a copy is read by other calls than its own
-    on_device: bool = False  # its changed pieces wait on the device (pieces.staged); `span` is empty
+    on_device: bool = False  # its changed pieces (a blob's: all) wait on the device (pieces.staged); `span` empty
 
     @property
     def nbytes(self) -> int:
@@ -163,7 +165,7 @@ class Copier:
         pieces = tracker.observe_blob(span) if tracker is not None else None
         if pieces is None:
             return self.copy(t, landed=True, geometry=geometry)
-        self._note_staged(tracker, pieces)
+        self._note_staged(tracker, pieces)  # before anything else may raise: the call's mark() counts it
         event = None
         if span.device.type == "cuda":
             event = torch.cuda.Event()

@@ -279,6 +279,9 @@ class Recording(GraphRecording):
             self._abandon(call, copier)
             self.report(f"op '{spec.op}': could not copy inputs: {exc}; capture stopped", stop=True)
             return fn(*args, **kwargs)
+        except BaseException:  # what it staged goes back before the error goes on
+            self._abandon(call, copier)
+            raise
         device = footprint.cuda_device()
         order = self.clocks.issue(stream_order.current_stream(device)) if device is not None else None
         with collecting(self.tag_level, bound.arguments) as sink:
@@ -303,6 +306,9 @@ class Recording(GraphRecording):
         except (OSError, TypeError, RuntimeError, ValueError) as exc:
             self._abandon(call, copier)
             self.report(f"op '{spec.op}': copying call {call.index} failed: {exc}; capture stopped", stop=True)
+        except BaseException:
+            self._abandon(call, copier)
+            raise
         return result
 
     def _hand_over(self, call: PendingCall, copier: Copier, header: dict[str, Any]) -> None:
