@@ -31,6 +31,8 @@ class RecordingOptions:
         queue_depth: calls copied but not yet written, at most.
         when_full: with the queue full, "block" (the program waits; nothing is lost) or "drop"
             (the call is not recorded; the manifest's capture_errors counts and names the drops).
+            On a GPU, "block" also waits (up to chunk_changes.STAGING_WAIT_S) for device room to
+            stage a large tensor in, where "drop" copies it to the host at once.
         durability: "close" flushes the files to disk once, when the recording closes (a killed
             process loses nothing written: the page cache outlives it); "call" flushes each file
             as it is written (a call with its segment), for runs that may lose power.
