@@ -404,3 +404,15 @@ def test_a_call_that_fails_gives_back_the_device_memory_it_staged(tmp_path: Path
         row_sums_or_fail(torch.full((64, 4096), 2.0, device=device), False)  # staged, not waiting in vain
     (record,) = Snapshot(tmp_path / "snap")
     assert torch.equal(record.tensors["in/x"], torch.full((64, 4096), 2.0))
+
+
+def test_the_stores_known_whole_forget_the_least_recently_met_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a cache whose bytes never repeat must not push out the activations each step meets again
+    monkeypatch.setattr(chunk_changes, "SEEN_PIECES", 4)
+    known = chunk_changes.KnownContent()
+    known.remember_store(b"activation", ["a1", "a2"], "list-a")
+    known.remember_store(b"cache, step 1", ["c1", "c2"], "list-c1")
+    assert known.store(b"activation") == (["a1", "a2"], "list-a")  # met again: now the most recent
+    known.remember_store(b"cache, step 2", ["c3", "c4"], "list-c2")
+    assert known.store(b"cache, step 1") is None
+    assert known.store(b"activation") is not None and known.store(b"cache, step 2") is not None

@@ -32,6 +32,7 @@ import hashlib
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -65,26 +66,39 @@ Checksums = dict[tuple[int, int, int], str]  # (checksums, length) of a piece ->
 class KnownContent:
     """What the recording stored, named by device checksums: pieces (checksums and length ->
     sha256), whole chunked stores (content key -> the pieces' sha256 and the chunk list) and blobs
-    (content key and dtype -> digest). A cache: past SEEN_PIECES pieces in either of the first
-    two (or as many blobs) it starts again. The writer threads share it without a lock: each use
-    is one dict operation, and a count that drifts only moves when the cache starts again."""
+    (content key and dtype -> digest). A cache of bounded size: past SEEN_PIECES pieces, the
+    pieces and blobs start again, and the stores least recently met go first (a cache whose
+    bytes never repeat does not push out a step's activations that do). Shared by the writer
+    threads: a store's use takes a lock; the others are one dict operation each."""
     pieces: Checksums = field(default_factory=dict)
-    stores: dict[bytes, tuple[list[str], str]] = field(default_factory=dict)
     blobs: dict[tuple[bytes, str], str] = field(default_factory=dict)
+    _stores: OrderedDict[bytes, tuple[list[str], str]] = field(default_factory=OrderedDict)
     _store_pieces: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def remember_pieces(self, named: list[tuple[tuple[int, int, int], str]]) -> None:
         if len(self.pieces) > SEEN_PIECES:
             self.pieces.clear()
         self.pieces.update(named)
 
+    def store(self, key: bytes) -> tuple[list[str], str] | None:
+        """The piece digests and chunk list of a store with content key `key`, if one was stored."""
+        with self._lock:
+            found = self._stores.get(key)
+            if found is not None:
+                self._stores.move_to_end(key)
+            return found
+
     def remember_store(self, key: bytes, digests: list[str], chunk_list: str) -> None:
-        if self._store_pieces > SEEN_PIECES:
-            self.stores.clear()
-            self._store_pieces = 0
-        if key not in self.stores:
+        with self._lock:
+            if key in self._stores:
+                self._stores.move_to_end(key)
+                return
+            self._stores[key] = (digests, chunk_list)
             self._store_pieces += len(digests)
-        self.stores[key] = (digests, chunk_list)
+            while self._store_pieces > SEEN_PIECES and len(self._stores) > 1:
+                _, (forgotten, _) = self._stores.popitem(last=False)
+                self._store_pieces -= len(forgotten)
 
     def remember_blob(self, key: tuple[bytes, str], digest: str) -> None:
         if len(self.blobs) > SEEN_PIECES:
@@ -139,7 +153,7 @@ class PieceHistory:
             previous._done.wait()
             if previous.digests is not None and previous.chunk_list is not None:
                 return previous.digests, previous.chunk_list
-        return self.recorded.stores.get(self.content_key())
+        return self.recorded.store(self.content_key())
 
     def content_key(self) -> bytes:
         """What names this store's bytes, from the checksums on the host: equal keys, equal bytes
