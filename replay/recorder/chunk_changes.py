@@ -353,18 +353,7 @@ class PieceTracker:
         `staged_only`, nothing (not even the launch) where the store cannot be staged."""
         from replay.recorder import piece_sums
         padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES
-        with self._room:
-            # past the budget, wait for the writers to let go of staged stores, as for a full queue
-            # (a host copy instead would cost the program more); never for calls still being made
-            deadline = time.monotonic() + STAGING_WAIT_S
-            while (stage and self.wait_for_room and padded <= DEVICE_STAGING_BYTES and not self._waited_in_vain
-                   and self._staged_bytes + padded > DEVICE_STAGING_BYTES and self._staged_bytes > self._in_making):
-                if not self._room.wait(deadline - time.monotonic()):
-                    self._waited_in_vain = True  # then the host copy, as past the budget without waiting
-            stage = stage and self._staged_bytes + padded <= DEVICE_STAGING_BYTES
-            if stage:
-                self._staged_bytes += padded
-                self._in_making += padded
+        stage = stage and self._reserve(padded)
         if staged_only and not stage:
             return None, None
         last_sums = last[0] if last is not None else None
@@ -375,8 +364,7 @@ class PieceTracker:
                 except torch.cuda.OutOfMemoryError:  # no room to stage: the program's memory comes first
                     if not stage:
                         raise
-                    self.handed_over(padded)
-                    self._let_go(padded)
+                    self._unreserve(padded)
                     stage = False
                     if staged_only:
                         return None, None
@@ -385,11 +373,31 @@ class PieceTracker:
             host = sums.to("cpu", non_blocking=True)
         except BaseException:
             if stage:
-                self.handed_over(padded)
-                self._let_go(padded)
+                self._unreserve(padded)
             raise
         return PieceHistory(last[1] if last is not None else None, host[:, 2] if last is not None else None,
                             host[:, :2], self.recorded, staged, raw.numel(), _let_go=self._let_go), sums
+
+    def _reserve(self, padded: int) -> bool:
+        """Room for `padded` staged bytes, counted as in the making: past the budget, wait for the
+        writers to let go of staged stores, as for a full queue (a host copy instead would cost the
+        program more), but never for calls still being made; False where there is none."""
+        with self._room:
+            deadline = time.monotonic() + STAGING_WAIT_S
+            while (self.wait_for_room and padded <= DEVICE_STAGING_BYTES and not self._waited_in_vain
+                   and self._staged_bytes + padded > DEVICE_STAGING_BYTES and self._staged_bytes > self._in_making):
+                if not self._room.wait(deadline - time.monotonic()):
+                    self._waited_in_vain = True  # then the host copy, as past the budget without waiting
+            if self._staged_bytes + padded > DEVICE_STAGING_BYTES:
+                return False
+            self._staged_bytes += padded
+            self._in_making += padded
+            return True
+
+    def _unreserve(self, padded: int) -> None:
+        """A reservation no store took."""
+        self.handed_over(padded)
+        self._let_go(padded)
 
     @property
     def known_pieces(self) -> int:

@@ -134,7 +134,8 @@ class Copier:
     def __init__(self, pool: PinnedPool):
         self.pool = pool
         self._devices: set[torch.device] = set()
-        self._staged: dict[PieceTracker, int] = {}  # device bytes staged for this copier's call, by tracker
+        self._tracker: PieceTracker | None = None  # the recording's, once a store of this call is staged
+        self._staged = 0  # device bytes staged for this copier's call
 
     def copy(self, t: torch.Tensor, landed: bool = False, geometry: Geometry | None = None) -> HostCopy:
         """A host copy of `t`'s storage span (`geometry`: `t`'s, where the caller has it already);
@@ -163,7 +164,7 @@ class Copier:
         geometry = geometry or geometry_of(t)
         span = storage_span(t.detach(), geometry)
         pieces = tracker.observe_blob(span) if tracker is not None else None
-        if pieces is None:
+        if tracker is None or pieces is None:
             return self.copy(t, landed=True, geometry=geometry)
         self._note_staged(tracker, pieces)  # before anything else may raise: the call's mark() counts it
         event = None
@@ -195,16 +196,17 @@ class Copier:
         copy.chunked, copy.pieces = True, pieces
         return copy
 
-    def _note_staged(self, tracker: PieceTracker | None, pieces: PieceHistory) -> None:
-        assert tracker is not None and pieces.staged is not None
-        self._staged[tracker] = self._staged.get(tracker, 0) + pieces.staged.numel() * pieces.staged.element_size()
+    def _note_staged(self, tracker: PieceTracker, pieces: PieceHistory) -> None:
+        assert pieces.staged is not None
+        self._tracker = tracker
+        self._staged += pieces.staged.numel() * pieces.staged.element_size()
 
     def mark(self) -> Callable[[], None]:
         """After the last copy of a call, as it goes to the writers (or is dropped): a function that
         waits until every copy has landed."""
-        for tracker, nbytes in self._staged.items():
-            tracker.handed_over(nbytes)
-        self._staged = {}
+        if self._tracker is not None and self._staged:
+            self._tracker.handed_over(self._staged)
+        self._staged = 0
         events = []
         for device in self._devices:
             event = torch.cuda.Event()
