@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,18 +28,28 @@ from replay.bisect.cache import CACHE_NAME, ProbeCache, snapshot_digest  # noqa:
 from replay.cli import main  # noqa: E402
 from replay.engine.fanout import shards  # noqa: E402
 from replay.errors import ReplayError  # noqa: E402
-from replay.ray_cluster import import_ray  # noqa: E402
+from replay.ray_cluster import cancel_all, import_ray  # noqa: E402
 
 WORKERS = 3  # CPUs of the local Ray: more than the machine's 2 cores, so a round of probes never waits for one
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="session")
 def local_ray():
-    """One local Ray of its own for the module (address "local": under xdist each process starts its own)."""
+    """One local Ray of its own for the test process (address "local": under xdist each process starts
+    its own), started once: a module's fixture starts Ray again each time xdist hands the process this
+    module's tests after another's, and Ray started and shut down over and over in one process took a
+    CI worker down once. Ray's SIGTERM handler (it exits at once) is not left to the tests after."""
+    sigterm = signal.getsignal(signal.SIGTERM)
     ray.init(address="local", num_cpus=WORKERS, include_dashboard=False, log_to_driver=False,
              logging_level=logging.WARNING)
+    signal.signal(signal.SIGTERM, sigterm)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def on_ray(local_ray):
+    """Every test here runs with the process's Ray up."""
 
 
 def search_rounds(result: BisectResult) -> list[set[str]]:
@@ -173,6 +185,19 @@ def test_replay_run_refuses_what_cannot_be_split_among_tasks(tmp_path):
         assert result.exit_code == 2 and "cannot be combined with --executor ray" in result.stderr
     result = CliRunner().invoke(main, ["run", str(snapshot), "--jobs", "2"])
     assert result.exit_code == 2 and "give --executor ray too" in result.stderr
+
+
+def test_only_unfinished_tasks_are_cancelled(monkeypatch):
+    # Ray 2.60 aborts the driver when a cancel meets a finished task's reply: what finished is left alone
+    finished = [ray.remote(lambda: 1).remote() for _ in range(3)]
+    ray.get(finished)
+    running = ray.remote(lambda: time.sleep(60)).remote()
+    cancelled = []
+    monkeypatch.setattr(ray, "cancel", lambda ref, **_: cancelled.append(ref))
+    cancel_all([*finished, running])
+    assert cancelled == [running]
+    monkeypatch.undo()
+    ray.cancel(running, force=True)
 
 
 def test_shards_are_contiguous_and_even():

@@ -98,8 +98,10 @@ def replay_on_ray(path: Path, options: ReplayOptions, plan: RayPlan, progress: P
             pending = {task.remote(base.of(shard)): shard for shard in shards(selected, count)}
             refs = list(pending)
             reports, lost = _gather(ray, pending, len(selected), progress)
+        except BaseException:  # Ctrl-C, or a shard's bad input: no shard left running
+            ray_cluster.cancel_all(refs)
+            raise
         finally:
-            ray_cluster.cancel_all(refs)  # Ctrl-C: no shard left running; a finished one is left alone
             shipment.close()
     merged = merge(str(path), reports, options)
     merged.problems += lost
