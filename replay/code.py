@@ -4,7 +4,7 @@ A user's code reaches a command three ways, each of them trusted by the user, ne
 snapshot (replay/trust.py):
 
 - `--code DIR`: DIR goes first on the import path; its top-level packages, and its loose
-  modules that declare ops, are trusted (a bisect probe gives its worktree this way);
+  modules that declare ops or Triton kernels, are trusted (a bisect probe gives its worktree this way);
 - `--provider MOD`: MOD is trusted, and found on the import path or, failing that, in the
   current directory (the console script does not put the current directory on the path);
 - an installed package declaring a `replay.providers` entry point.

@@ -65,11 +65,13 @@ class ProviderTrust:
                 f"package that declares it in the '{ENTRY_POINT_GROUP}' entry-point group")
 
 
-_DECLARES_OPS = re.compile(r"\breplay\.(op|capture)\(")
+# a registered op, or a Triton kernel (a recording of a program that never imported replay names those)
+_DECLARES_OPS = re.compile(r"\breplay\.(op|capture)\(|\btriton\.(jit|autotune|heuristics)\b")
 
 
 def declares_ops(path: Path) -> bool:
-    """Whether `path` is a loose module whose text declares ops (it calls replay.op or replay.capture)."""
+    """Whether `path` is a loose module whose text declares ops (it calls replay.op or replay.capture)
+    or Triton kernels (triton.jit, triton.autotune, triton.heuristics)."""
     try:
         return path.is_file() and _DECLARES_OPS.search(path.read_text(errors="replace")) is not None
     except OSError:

@@ -120,6 +120,25 @@ def edit_call(edit: Callable[[dict[str, Any]], Any]) -> Callable[[Path], Path]:
     return edit_call_file(change)
 
 
+def output_buffer(mask_stored: bool = True, argument: bool = False, **changes: Any) -> Callable[[Path], Path]:
+    """The first call given an output buffer `in/out` made from `out/out` and the mask `kept/out`
+    (format 5), whose bytes are the tag's (12 float32s: no mask) or not there at all; `changes` to
+    `in/out`'s geometry; with `argument`, an argument naming the mask."""
+    def change(header: dict[str, Any], body: bytes) -> tuple[dict[str, Any], bytes]:
+        call = json.loads(header["__metadata__"][FIRST_CALL])
+        if mask_stored:
+            call["tensors"]["kept/out"] = call["tensors"].pop("tag/scaled")
+        call["tensors"]["in/out"] = dict(call["tensors"]["out/out"], **changes,
+                                         before={"after": "out/out", "unchanged": "kept/out"})
+        if argument:
+            call["args"].append({"name": "mask", "tensor": "kept/out"})
+        header["__metadata__"][FIRST_CALL] = json.dumps(call)
+        if mask_stored:
+            header["c000000/kept/out"] = header.pop("c000000/tag/scaled")
+        return header, body
+    return edit_call_file(change)
+
+
 def raw_call_metadata(text: str) -> Callable[[Path], Path]:
     return edit_call_file(lambda header, body: ({**header, "__metadata__": {FIRST_CALL: text}}, body))
 
@@ -255,6 +274,18 @@ HOSTILE: dict[str, tuple[Callable[[Path], Path], str]] = {
     "blob not a digest": (edit_call(geometry("in/weight", blob="../../etc/passwd")), "blob"),
     "tensors a list": (edit_call(lambda c: c.update(tensors=[])), "tensors"),
     "tensor key without a role": (edit_call(lambda c: c["tensors"].update(x=c["tensors"]["in/x"])), "role"),
+    "before not from its own output": (edit_call(geometry("in/x", before={"after": "out/out", "unchanged": "kept/x"})),
+                                       "must be made from 'out/x' and 'kept/x'"),
+    "before a string": (edit_call(geometry("in/x", before="out/out")), "before"),
+    "before beside a blob": (output_buffer(blob="0" * 64), "both stored bytes and"),
+    "before whose mask is not stored": (output_buffer(mask_stored=False), "'kept/out', which is not stored"),
+    "before of another dtype": (output_buffer(dtype="int32"), "not a span of its dtype and length"),
+    "before with a mask not of bytes": (output_buffer(), "is not 2 bytes (uint8) for 12 elements"),
+    "before in format 4": (lambda p: (output_buffer()(p), edit_manifest(lambda m: m.update(format_version=4))(p))[0],
+                           "format version 4 has not"),
+    "mask of no output buffer": (edit_call(lambda c: c["tensors"].update({"kept/y": c["tensors"]["in/x"]})),
+                                 "is the mask of no output buffer"),
+    "argument naming a mask": (output_buffer(argument=True), "names the mask 'kept/out'"),
     "args a dict": (edit_call(lambda c: c.update(args={})), "args"),
     "arg name a list": (edit_call(lambda c: c["args"][0].update(name=["x"])), "name"),
     "arg both tensor and json": (edit_call(lambda c: c["args"][0].update(json=1)), "exactly one"),

@@ -87,7 +87,7 @@ def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None,
     or an operator's output buffers held before it (its `write_only` arguments: torch.empty's
     leftovers) is no input of it, and is not compared."""
     found = []
-    ignored = {f"in/{name}" for name in (a.triton or a.torch_op or {}).get("write_only", ())}
+    ignored = a.output_buffers
     if a.args != b.args:
         names = [x["name"] for x in a.args if x not in b.args]
         found.append(_difference("args", f"non-tensor arguments differ ({', '.join(names) or 'order'})"))

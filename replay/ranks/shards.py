@@ -123,9 +123,8 @@ def _merged(op: str, records: dict[int, CallRecord], expected: CallRecord,
     the shapes a sharded launch is given differ by design), and the keys not put together, with why."""
     tensors: dict[str, torch.Tensor] = {}
     unplaced: dict[str, str] = {}
-    leftovers = {f"in/{name}" for name in (expected.triton or expected.torch_op or {}).get("write_only", ())}
     for key, want in expected.tensors.items():
-        if key in leftovers:  # what an output buffer held before the kernel wrote it: no input, not compared
+        if key in expected.output_buffers:  # what an output buffer held before the kernel wrote it: no input, not compared
             continue
         pieces = [record.tensors[key] for record in records.values() if key in record.tensors]
         if len(pieces) != len(records):

@@ -70,6 +70,14 @@ class HostCopy:
         return self.span.numel() * self.span.element_size()
 
 
+@dataclass
+class HeldBefore:
+    """An output buffer's span as it was before its call, copied on its device."""
+    span: torch.Tensor
+    geometry: Geometry
+    address: int  # where the span was: a call that moved the buffer (resized it) wrote it elsewhere
+
+
 class BlobRef:
     """A read-only tensor stored once, by content: its digest is known once a writer has hashed
     the one copy taken of it (or, for one that waits on the device, found its checksums among the
@@ -136,13 +144,17 @@ class Copier:
         self._devices: set[torch.device] = set()
         self._tracker: PieceTracker | None = None  # the recording's, once a store of this call is staged
         self._staged = 0  # device bytes staged for this copier's call
+        self._before: dict[str, HeldBefore] = {}  # output buffers as they were, over the call
 
     def copy(self, t: torch.Tensor, landed: bool = False, geometry: Geometry | None = None) -> HostCopy:
         """A host copy of `t`'s storage span (`geometry`: `t`'s, where the caller has it already);
         with `landed`, one that carries an event of its own (a blob: other calls, on other
         streams, may be written before the one that took it)."""
         geometry = geometry or geometry_of(t)
-        span = storage_span(t.detach(), geometry)
+        return self.copy_span(storage_span(t.detach(), geometry), geometry, landed)
+
+    def copy_span(self, span: torch.Tensor, geometry: Geometry, landed: bool = False) -> HostCopy:
+        """A host copy of a storage span taken already (copy() says the rest)."""
         if span.device.type != "cuda":
             return HostCopy(span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone(), geometry)
         nbytes = span.numel() * span.element_size()
@@ -196,6 +208,20 @@ class Copier:
         copy.chunked, copy.pieces = True, pieces
         return copy
 
+    def hold_before(self, key: str, t: torch.Tensor, geometry: Geometry) -> bool:
+        """Keep a copy of an output buffer's span on its device over its call, to tell after it
+        which elements the call left unchanged (before()); False where the device has no room."""
+        span = storage_span(t.detach(), geometry)
+        try:
+            self._before[key] = HeldBefore(span.clone(), geometry, span.data_ptr())
+        except torch.cuda.OutOfMemoryError:  # the program's memory comes first: its bytes are stored instead
+            return False
+        return True
+
+    def before(self, key: str) -> HeldBefore | None:
+        """The copy hold_before() kept of `key`, let go of here."""
+        return self._before.pop(key, None)
+
     def _note_staged(self, tracker: PieceTracker, pieces: PieceHistory) -> None:
         assert pieces.staged is not None
         self._tracker = tracker
@@ -207,6 +233,7 @@ class Copier:
         if self._tracker is not None and self._staged:
             self._tracker.handed_over(self._staged)
         self._staged = 0
+        self._before.clear()  # a call abandoned before its outputs: the buffers' copies go
         events = []
         for device in self._devices:
             event = torch.cuda.Event()

@@ -41,6 +41,9 @@ class PendingCall:
     header: dict
     copies: dict[str, HostCopy] = field(default_factory=dict)  # stored in the call file
     blobs: dict[str, tuple[BlobRef, Geometry]] = field(default_factory=dict)  # stored once, by content
+    # output buffers before the call, stored as the elements it left unchanged: key -> geometry, and
+    # their keys after the call and of the mask (replay/snapshot/unwritten.py)
+    befores: dict[str, tuple[Geometry, dict[str, str]]] = field(default_factory=dict)
     ready: Callable[[], None] = lambda: None
 
     @property
@@ -361,11 +364,12 @@ class CallWriter:
                 if copy.pieces is not None:
                     copy.pieces.hashed(None)
             raise
-        geometries = {**{key: copy.geometry for key, copy in call.copies.items()},
+        geometries = {**{key: geometry for key, (geometry, _) in call.befores.items()},
+                      **{key: copy.geometry for key, copy in call.copies.items()},
                       **{key: geometry for key, (_, geometry) in call.blobs.items()}}
         return self.writer.call_part(call.index, call.header,
                                      {key: c.span for key, c in call.copies.items() if not c.chunked},
-                                     geometries, blobs, chunks)
+                                     geometries, blobs, chunks, {key: made for key, (_, made) in call.befores.items()})
 
     def _put_chunks(self, copy: HostCopy) -> str:
         """Store a chunked copy's pieces, hashing only those changed since its memory's last store

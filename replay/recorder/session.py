@@ -10,10 +10,11 @@ stderr and in the manifest.
 """
 from __future__ import annotations
 
-import logging
 import collections
+import contextlib
 import functools
 import inspect
+import logging
 import threading
 import time
 import weakref
@@ -35,7 +36,8 @@ from replay.context import collecting
 from replay.errors import CaptureError
 from replay.settings import SettingError
 from replay.snapshot import SnapshotWriter
-from replay.snapshot.tensors import Geometry
+from replay.snapshot import unwritten
+from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 from replay.snapshot.writer import MANIFEST
 
 log = logging.getLogger(__name__)
@@ -211,8 +213,13 @@ class Recording(GraphRecording):
         copied and hashed once however many calls pass it (a flight recording holds it once for
         all the calls that pass it); large state that calls write in place (`persistent`: a KV
         cache), in content-addressed chunks, so that a call which changed a few pages stores those
-        pages. A fresh output gains nothing from chunks: it is inline."""
+        pages. A fresh output gains nothing from chunks: it is inline. An output buffer (`unread`)
+        is copied on its device over the call and stored after it (_store_before)."""
         t = tensor.value
+        if tensor.unread and copier.hold_before(tensor.key, t, tensor.geometry):
+            return
+        if tensor.key.startswith("out/"):
+            self._store_before(copier, call, tensor)
         if tensor.reusable and t.numel() * t.element_size() >= self.options.blob_threshold:
             call.blobs[tensor.key] = (self.blob(t, copier, tensor.geometry), tensor.geometry)
         elif tensor.persistent and tensor.geometry.span * t.element_size() >= max(self.options.chunk_threshold, 1):
@@ -220,6 +227,29 @@ class Recording(GraphRecording):
             call.copies[tensor.key] = copier.copy_chunked(t, self.pieces, self.ring is None, tensor.geometry)
         else:
             call.copies[tensor.key] = copier.copy(t, geometry=tensor.geometry)
+
+    def _store_before(self, copier: Copier, call: PendingCall, after: staging.Tensor) -> None:
+        """The output buffer `after` is as it was before the call, if hold_before() kept it: stored
+        as the mask of the elements the call left unchanged, made on its device (`kept/`): what
+        torch.empty left in it never crosses to the host (replay/snapshot/unwritten.py). Where
+        the call moved or resized it (an `out=` buffer an operator resized), or the device has no
+        room for the mask, the bytes it held are stored instead."""
+        key = "in/" + after.key.partition("/")[2]
+        held = copier.before(key)
+        if held is None:
+            return
+        span = storage_span(after.value.detach(), after.geometry)
+        mask = None
+        if held.geometry == after.geometry and held.address == span.data_ptr():
+            with contextlib.suppress(torch.cuda.OutOfMemoryError):
+                mask = unwritten.unchanged_mask(held.span, span)
+        if mask is None:
+            call.copies[key] = copier.copy_span(held.span, held.geometry)
+            return
+        kept = staging.Tensor("kept/" + after.key.partition("/")[2], f"the elements {after.what} left as they were",
+                              mask, geometry_of(mask), persistent=True)
+        self._store(copier, call, kept)
+        call.befores[key] = (held.geometry, {"after": after.key, "unchanged": kept.key})
 
     def blob(self, t: torch.Tensor, copier: Copier, geometry: Geometry | None = None) -> BlobRef:
         """The blob of a read-only tensor: the one taken already, while its version is the same;

@@ -32,6 +32,7 @@ class CallSpec:
     state: tuple[str, ...] = ()
     mutates: tuple[str, ...] = ()
     outputs: tuple[str, ...] = ()
+    write_only: tuple[str, ...] = ()  # of `mutates`, those the call writes without reading: output buffers
     # more of the call's description, kept in its file as given (a Triton launch's grid and config)
     header_extra: Mapping[str, Any] | None = field(default=None, compare=False)
 
@@ -46,6 +47,7 @@ class Tensor:
     geometry: Geometry
     reusable: bool = False  # an input the call only reads: large ones are stored once, as blobs
     persistent: bool = False  # state, or an argument calls write in place: large ones go in chunks
+    unread: bool = False  # an output buffer: what it held before is no input but where the call leaves it be
 
 
 class Stage(Protocol):
@@ -69,7 +71,8 @@ def arguments(spec: CallSpec, bound: Mapping[str, Any], stage: Stage) -> list[di
         role = "state" if name in spec.state else "in"
         stage(_tensor(spec, f"{role}/{name}", f"argument '{name}'", value,
                       reusable=role == "in" and name not in spec.mutates,
-                      persistent=role == "state" or name in spec.mutates))
+                      persistent=role == "state" or name in spec.mutates,
+                      unread=role == "in" and name in spec.write_only))
         described.append({"name": name, "tensor": f"{role}/{name}"})
     return described
 
@@ -122,9 +125,9 @@ def json_value(spec: CallSpec, what: str, value: Any) -> Any:
 
 
 def _tensor(spec: CallSpec, key: str, what: str, value: torch.Tensor, reusable: bool = False,
-            persistent: bool = False) -> Tensor:
+            persistent: bool = False, unread: bool = False) -> Tensor:
     try:
         geometry = geometry_of(value)
     except UnsupportedTensor as exc:
         raise CaptureError(f"op '{spec.op}': {what}: {exc}; call not recorded") from None
-    return Tensor(key, what, value, geometry, reusable, persistent)
+    return Tensor(key, what, value, geometry, reusable, persistent, unread)

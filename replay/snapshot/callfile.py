@@ -21,7 +21,7 @@ from replay.snapshot import schema
 
 META_KEY = "replay.call"
 BLOB_KEY = "data"
-ROLES = ("in", "out", "state", "tag")
+ROLES = ("in", "out", "state", "tag", "kept")
 
 
 # safetensors' dtype names, in the order its writer ranks them: tensors are laid out by rank,

@@ -7,10 +7,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 4  # the newest this tool reads, and what it writes
+FORMAT_VERSION = 5  # the newest this tool reads, and what it writes
 # Version 1: a file a call. Version 2: large tensors in chunks, each chunk a file of its own.
 # Version 3: a tensor's new chunks packed into one file. Version 4: many calls to a file (segments).
-PACKED_VERSION, SEGMENTED_VERSION = 3, 4
+# Version 5: an output buffer before the call as the elements the call left unchanged (unwritten.py).
+PACKED_VERSION, SEGMENTED_VERSION, UNWRITTEN_VERSION = 3, 4, 5
 
 
 def git_state(directory: Path) -> dict[str, Any] | None:

@@ -12,11 +12,11 @@ from typing import Any, Iterator
 import torch
 
 from replay.errors import SnapshotError
-from replay.snapshot import callfile, jsonargs, schema
+from replay.snapshot import callfile, jsonargs, schema, unwritten
 from replay.snapshot.budget import CallBudget, read_limit_from_env
 from replay.snapshot.confined import ConfinedDir, one_line
 from replay.snapshot.files import sha256_bytes
-from replay.snapshot.manifest import FORMAT_VERSION, PACKED_VERSION
+from replay.snapshot.manifest import FORMAT_VERSION, PACKED_VERSION, UNWRITTEN_VERSION
 from replay.snapshot.packs import PackIndex, read_pack_index, read_piece
 from replay.snapshot.segments import SegmentReader
 from replay.snapshot.tensors import DTYPES, Geometry, rebuild
@@ -72,6 +72,13 @@ class CallRecord:
         """Tensors of one role ('in', 'out', 'state', 'tag'), by name, in recorded order."""
         prefix = role + "/"
         return {k[len(prefix):]: t for k, t in self.tensors.items() if k.startswith(prefix)}
+
+    @property
+    def output_buffers(self) -> frozenset[str]:
+        """The keys of the `in/` tensors that are output buffers (a Triton launch's or an operator's
+        `write_only` arguments): what they held before the call (torch.empty's leftovers) is no
+        input of it."""
+        return frozenset(f"in/{name}" for name in (self.triton or self.torch_op or {}).get("write_only", ()))
 
     def header(self) -> dict[str, Any]:
         """The call's description as a writer takes it (SnapshotWriter.write_tensors): all but its
@@ -262,6 +269,26 @@ class Snapshot:
                                 f"number of {geo['dtype']} values")
         return joined.view(DTYPES[geo["dtype"]])
 
+    def _before(self, path: Path, key: str, geo: dict[str, Any], stored: dict[str, torch.Tensor],
+                budget: CallBudget) -> torch.Tensor:
+        """An output buffer's span before the call (format 5): its span after the call where the
+        call left an element unchanged, a value that differs elsewhere (replay/snapshot/unwritten.py)."""
+        if self.manifest["format_version"] < UNWRITTEN_VERSION:
+            raise SnapshotError(f"{path}: tensor {key!r} is made from the call's output (\"before\"), which "
+                                f"format version {self.manifest['format_version']} has not")
+        after_key, mask_key = geo["before"]["after"], geo["before"]["unchanged"]
+        after, mask = stored.get(after_key), stored.get(mask_key)
+        if after is None or mask is None:
+            missing = after_key if after is None else mask_key
+            raise SnapshotError(f"{path}: tensor {key!r} is made from {missing!r}, which is not stored")
+        if after.dtype != DTYPES[geo["dtype"]] or after.numel() != Geometry.from_json(geo).span:
+            raise SnapshotError(f"{path}: tensor {key!r}: {after_key!r} is not a span of its dtype and length")
+        if mask.dtype != torch.uint8 or mask.numel() != unwritten.mask_bytes(after.numel()):
+            raise SnapshotError(f"{path}: tensor {key!r}: its mask {mask_key!r} is not "
+                                f"{unwritten.mask_bytes(after.numel())} bytes (uint8) for {after.numel()} elements")
+        budget.spend(_nbytes(after), f"tensor {key!r}: made from {after_key!r}, it brings it to")
+        return unwritten.before_from(after, mask)
+
     def _packed(self, pack: int, digests: list[str], budget: CallBudget) -> list[torch.Tensor]:
         """The pieces `digests` from pack `pack` (format 3), each digest checked (shared: callers
         must not modify them), each counted once in `budget` as bytes the call stores."""
@@ -329,10 +356,12 @@ class Snapshot:
         path = self.path / entry.file
         text, spans, own_bytes = self._read_call(entry)
         header = self._header(entry, text)
-        tensors: dict[str, torch.Tensor] = {}
         budget = CallBudget(path, own_bytes, self.read_limit)
+        stored: dict[str, torch.Tensor] = {}  # spans, as stored
         for key, geo in header["tensors"].items():
             span: torch.Tensor | None  # None: described but not stored
+            if "before" in geo:
+                continue  # made from others' spans, below
             if "blob" in geo:
                 span = self._blob(geo["blob"], budget)
                 budget.spend(_nbytes(span), f"tensor {key!r}: its copy of blob {geo['blob'][:12]} brings it to")
@@ -343,18 +372,26 @@ class Snapshot:
                 span = spans.get(key)
             if span is None:
                 raise SnapshotError(f"{path}: tensor {key!r} is described but not stored")
+            stored[key] = span
+        masks = {geo["before"]["unchanged"] for geo in header["tensors"].values() if "before" in geo}
+        tensors: dict[str, torch.Tensor] = {}
+        for key, geo in header["tensors"].items():
+            span = self._before(path, key, geo, stored, budget) if "before" in geo else stored[key]
+            if key in masks:
+                continue  # a mask is read into the tensor it describes, not a tensor of the call
             try:
                 tensors[key] = rebuild(span, Geometry.from_json(geo))
             except ValueError as exc:
                 raise SnapshotError(f"{path}: tensor {key!r}: {one_line(exc)}") from None
             budget.view(_nbytes(tensors[key]), key)
+        described = {k: g for k, g in header["tensors"].items() if k not in masks}
         return CallRecord(index=entry.index, op=header["op"], variant=header["variant"],
                           provider=header.get("provider"), args=header["args"],
                           tensors=tensors, launch=header.get("launch", []),
                           meta=header.get("meta", {}), returns_json=header.get("returns_json", {}),
-                          blobs={k: g["blob"] for k, g in header["tensors"].items() if "blob" in g},
-                          chunked=frozenset(k for k, g in header["tensors"].items() if "chunks" in g),
-                          recorded_offsets={k: g["storage_offset"] for k, g in header["tensors"].items()},
+                          blobs={k: g["blob"] for k, g in described.items() if "blob" in g},
+                          chunked=frozenset(k for k, g in described.items() if "chunks" in g),
+                          recorded_offsets={k: g["storage_offset"] for k, g in described.items()},
                           triton=header.get("triton"), torch_op=header.get("torch_op"),
                           collective=header.get("collective"))
 
@@ -400,4 +437,27 @@ def _check_header(path: Path, header: dict[str, Any]) -> None:
             raise SnapshotError(f"{path}: tensor key {key!r} has no role ({', '.join(callfile.ROLES)})")
         if "blob" in geo and "chunks" in geo:
             raise SnapshotError(f"{path}: tensor {key!r} names both a blob and chunks")
+    _check_befores(path, header)
+
+
+def _check_befores(path: Path, header: dict[str, Any]) -> None:
+    """Format 5's output buffers: `in/<name>` made from `out/<name>` and the mask `kept/<name>`
+    alone; a mask describes one of them and is no argument."""
+    masks = set()
+    for key, geo in header["tensors"].items():
+        if "before" not in geo:
+            continue
+        role, _, name = key.partition("/")
+        if role != "in" or geo["before"] != {"after": f"out/{name}", "unchanged": f"kept/{name}"}:
+            raise SnapshotError(f"{path}: tensor {key!r}: \"before\" must be made from 'out/{name}' and "
+                                f"'kept/{name}', and only for an 'in/' tensor")
+        if "blob" in geo or "chunks" in geo:
+            raise SnapshotError(f"{path}: tensor {key!r} names both stored bytes and \"before\"")
+        masks.add(f"kept/{name}")
+    stray = [key for key in header["tensors"] if key.startswith("kept/") and key not in masks]
+    if stray:
+        raise SnapshotError(f"{path}: tensor {stray[0]!r} is the mask of no output buffer")
+    named = [arg["tensor"] for arg in header["args"] if arg.get("tensor", "").startswith("kept/")]
+    if named:
+        raise SnapshotError(f"{path}: an argument names the mask {named[0]!r}, which is no tensor of the call")
 

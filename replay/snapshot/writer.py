@@ -282,13 +282,16 @@ class SnapshotWriter:
     @staticmethod
     def call_part(index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
                   geometries: dict[str, Geometry], blobs: dict[str, str],
-                  chunks: dict[str, str] | None = None) -> CallPart:
+                  chunks: dict[str, str] | None = None, befores: dict[str, dict[str, str]] | None = None) -> CallPart:
         """Call `index` made ready for a segment: `spans` holds the tensors stored in the segment;
-        `blobs` maps keys to blob digests and `chunks` to the digests of their chunk lists (put_chunks)."""
-        chunks = chunks or {}
+        `blobs` maps keys to blob digests, `chunks` to the digests of their chunk lists (put_chunks),
+        and `befores` an output buffer's key before the call to what it is made from (its key
+        after, and its mask of unchanged elements: replay/snapshot/unwritten.py)."""
+        chunks, befores = chunks or {}, befores or {}
         header = dict(header, index=index, tensors={
             key: dict(g.to_json(), **({"blob": blobs[key]} if key in blobs else {}),
-                      **({"chunks": chunks[key]} if key in chunks else {}))
+                      **({"chunks": chunks[key]} if key in chunks else {}),
+                      **({"before": befores[key]} if key in befores else {}))
             for key, g in geometries.items()
         })
         return CallPart(index, header["op"], header["variant"], json.dumps(header, allow_nan=False), spans,

@@ -70,8 +70,8 @@ class TorchOpRecorder(TorchDispatchMode):
             return None if schema.returns_alias else returned[0]  # an in-place op returns what it wrote
 
         mutates = expanded(schema.mutates, lists)  # a list's tensors, when it writes one
-        spec = CallSpec(schema.name, VARIANT, schema.provider, mutates=mutates,
-                        header_extra={"torch_op": {"typed": kinds, "lists": lists,
-                                                   "write_only": list(expanded(schema.write_only, lists))}})
+        write_only = expanded(schema.write_only, lists)
+        spec = CallSpec(schema.name, VARIANT, schema.provider, mutates=mutates, write_only=write_only,
+                        header_extra={"torch_op": {"typed": kinds, "lists": lists, "write_only": list(write_only)}})
         self.recording.record(spec, run, keyword_only(values), (), values)
         return returned[0]

@@ -79,6 +79,8 @@ def _in_float64(run: Callable[..., Any], mutated: tuple[str, ...]) -> Callable[.
         wide = {name: _widened(value) for name, value in given.items()}
         result = run(**wide)
         for name in mutated:
+            if given[name].shape != wide[name].shape:  # an out= buffer the operator resized
+                given[name].resize_(wide[name].shape)
             given[name].copy_(wide[name])
         return result
     return reference

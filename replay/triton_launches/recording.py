@@ -115,7 +115,7 @@ class LaunchRecorder:
         tensors = [n for n, v in params.items() if isinstance(v, torch.Tensor)]
         spec = CallSpec(info.name, VARIANT, info.module, state=tuple(n for n in tensors if n in self.state_names),
                         mutates=tuple(n for n in tensors if n in info.written),
-                        header_extra={"triton": described})
+                        write_only=tuple(n for n in tensors if n in info.write_only), header_extra={"triton": described})
         self.recording.record(spec, launch, keyword_only(params), (), params)
         return launched.get("result")
 

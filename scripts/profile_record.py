@@ -1,0 +1,155 @@
+"""Where a recording's steady-state step goes: Liger-Kernel's llama block (as scripts/bench_launches.py
+runs it) recorded step after step, with the Python stacks of every thread sampled meanwhile.
+
+    python scripts/profile_record.py                          # on a GPU: 2048 tokens, hidden 4096, bf16
+    python scripts/profile_record.py --steps 12 --interval 0.5
+
+Printed: bare and recorded step times, how many stores of each kind a step makes (counted by
+wrapping the Copier's methods), and, over the later steps, the share of samples in which each
+function was on a thread's stack (inclusive) and at its top (self), by kind of thread (the
+threads of a kind summed: two writers busy all the time show 2.0). The program's
+thread and torch's autograd thread (where backward's launches are recorded) are the ones that
+cost the program; the writers' and hashers' threads cost it only through the interpreter lock.
+A sample is taken when the sampler gets the lock: a thread in a long C call without releasing it
+is seen late. A diagnosis, not a benchmark: figures for docs/PERFORMANCE.md come from
+bench_launches.py.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_launches  # noqa: E402  (the block and its inputs, loaded the same way)
+
+STORES = ("copy", "copy_blob", "copy_chunked")
+
+
+class Sampler:
+    """Every `interval` seconds while on, each thread's stack: functions inclusive and at the top."""
+
+    def __init__(self, interval: float):
+        self.interval = interval
+        self.samples = 0
+        self.inclusive: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.top: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.on = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop:
+            time.sleep(self.interval)
+            if not self.on.is_set():
+                continue
+            names = {t.ident: t.name for t in threading.enumerate()}
+            self.samples += 1
+            for ident, frame in sys._current_frames().items():
+                if ident != me:
+                    self._count(_thread_kind(names.get(ident, "?")), frame)
+
+    def _count(self, thread: str, frame: FrameType) -> None:
+        self.top[thread, _where(frame, line=True)] += 1
+        seen = set()
+        at: FrameType | None = frame
+        while at is not None:
+            seen.add(_where(at))
+            at = at.f_back
+        for where in seen:
+            self.inclusive[thread, where] += 1
+
+    def stop(self) -> None:
+        self._stop = True
+        self._thread.join()
+
+
+def _thread_kind(name: str) -> str:
+    """A thread's name without its number: writers and hashers each counted as one kind."""
+    return name.rstrip("0123456789_-") or name
+
+
+def _where(frame: FrameType, line: bool = False) -> str:
+    where = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+    return f"{where}:{frame.f_lineno}" if line else where
+
+
+def count_stores() -> collections.Counter[str]:
+    """How many stores of each kind the recording makes, counted from now."""
+    from replay.recorder import copies
+
+    counted: collections.Counter[str] = collections.Counter()
+    for name in STORES:
+        original = getattr(copies.Copier, name)
+
+        def counting(self: Any, *args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            counted[_name] += 1
+            return _original(self, *args, **kwargs)
+        setattr(copies.Copier, name, counting)
+    return counted
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", nargs=5, type=int, metavar=("TOKENS", "HIDDEN", "HEADS", "FFN", "VOCAB"),
+                        default=[2048, 4096, 32, 11008, 32000])
+    parser.add_argument("--steps", type=int, default=12, help="recorded steps; the first two are not sampled")
+    parser.add_argument("--interval", type=float, default=0.5, help="milliseconds between samples")
+    parser.add_argument("--top", type=int, default=25, help="functions shown a table")
+    args = parser.parse_args()
+
+    import torch
+
+    import replay  # before Liger imports Triton: without a GPU, the interpreter
+
+    block = bench_launches.load_block(args.shape)
+    sync = torch.cuda.synchronize if block.DEVICE == "cuda" else (lambda: None)
+    gen = torch.Generator().manual_seed(0)
+    weights, (cos, sin) = block.weights(gen), block.rope_tables()
+    x = torch.randn(1, block.TOKENS, block.HIDDEN, generator=gen).to(block.DEVICE, block.DTYPE)
+    target = torch.randint(0, block.VOCAB, (block.TOKENS,), generator=gen).to(block.DEVICE)
+
+    def step() -> float:
+        sync()
+        started = time.perf_counter()
+        block.step(weights, x, target, cos, sin)
+        sync()
+        return (time.perf_counter() - started) * 1e3
+
+    step()  # compiles every kernel
+    print("bare ms:", " ".join(f"{step():.1f}" for _ in range(5)))
+    counted = count_stores()
+    sampler = Sampler(args.interval / 1e3)
+    times = []
+    with replay.recording(Path(tempfile.mkdtemp()) / "profiled") as recording:
+        for n in range(args.steps):
+            if n == 2:  # after the first step's new bytes are written: the steady state
+                counted.clear()
+                sampler.on.set()
+            times.append(step())
+            if n == 0:
+                recording.flush()
+        sampler.on.clear()
+    sampler.stop()
+    sampled = max(1, args.steps - 2)
+    print("recorded ms:", " ".join(f"{t:.1f}" for t in times))
+    print("stores a step:", {name: round(counted[name] / sampled, 1) for name in STORES})
+    print(f"{sampler.samples} samples")
+    for title, table in (("inclusive", sampler.inclusive), ("self", sampler.top)):
+        for thread in sorted({thread for thread, _ in table}):
+            rows = sorted(((n, where) for (t, where), n in table.items() if t == thread), reverse=True)
+            print(f"\n{thread}, {title} (share of samples)")
+            for n, where in rows[:args.top]:
+                print(f"  {n / max(1, sampler.samples):6.3f}  {where}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+"""An output buffer (a parameter a kernel writes and never reads) is recorded as the elements the
+launch left unchanged (format 5, replay/snapshot/unwritten.py): what torch.empty left in it never
+reaches the snapshot, a replay gets it back where the kernel did not write, and a kernel that now
+leaves an element unwritten shows there."""
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import given, settings, strategies as st
+
+import replay
+from replay.cli import main
+from replay.snapshot import unwritten
+from replay.snapshot.reader import Snapshot
+
+KERNELS = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def head(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) * 2, mask=mask)
+'''
+LEFTOVER = 1234.5678  # what the buffer held before: bytes no kernel here writes
+DTYPES = [torch.float32, torch.bfloat16, torch.int8, torch.float64, torch.bool]
+
+
+@pytest.fixture
+def kernels(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A module of the user's own (`buffer_kernels`), importable while the test records."""
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "clean" / "buffer_kernels.py").write_text(KERNELS)
+    monkeypatch.syspath_prepend(str(tmp_path / "clean"))
+    import buffer_kernels
+    yield buffer_kernels
+    sys.modules.pop("buffer_kernels", None)
+
+
+def replayed(snapshot: Path, code: Path) -> tuple[int, dict]:
+    result = CliRunner().invoke(main, ["run", str(snapshot), "--code", str(code), "--json", "-"])
+    return result.exit_code, json.loads(result.stdout)
+
+
+def test_a_buffer_the_launch_fills_is_stored_without_what_it_held(tmp_path: Path, kernels, device: str) -> None:
+    x = torch.arange(12.0, device=device)
+    out = torch.full((12,), LEFTOVER, device=device)
+    with replay.recording(tmp_path / "snap"):
+        kernels.head[(1,)](x, out, 12, BLOCK=16)
+    (call,) = Snapshot(tmp_path / "snap")
+    assert call.triton["write_only"] == ["out_ptr"] and set(call.tensors) == {"in/x_ptr", "in/out_ptr", "out/out_ptr"}
+    assert call.tensors["in/out_ptr"].isnan().all()  # every element written: none of the old bytes kept
+    leftover = struct.pack("<f", LEFTOVER)
+    assert not any(leftover in f.read_bytes() for f in (tmp_path / "snap").rglob("*") if f.is_file())
+    assert replayed(tmp_path / "snap", tmp_path / "clean")[0] == 0
+
+
+def test_what_the_launch_left_unwritten_replays_and_an_element_it_no_longer_writes_shows(
+        tmp_path: Path, kernels, device: str) -> None:
+    x = torch.arange(12.0, device=device)
+    out = torch.full((16,), LEFTOVER, device=device)
+    with replay.recording(tmp_path / "snap"):
+        kernels.head[(1,)](x, out, 12, BLOCK=16)  # elements 12-15 left as they were
+    (call,) = Snapshot(tmp_path / "snap")
+    before = call.tensors["in/out_ptr"]
+    assert before[:12].isnan().all() and (before[12:] == LEFTOVER).all()
+    assert replayed(tmp_path / "snap", tmp_path / "clean")[0] == 0
+    (tmp_path / "edited").mkdir()
+    (tmp_path / "edited" / "buffer_kernels.py").write_text(KERNELS.replace("mask = offs < n", "mask = offs < n - 1"))
+    exit_code, report = replayed(tmp_path / "snap", tmp_path / "edited")
+    assert exit_code == 1
+    assert "'out_ptr' differs in 1/16 elements; first at [11]: nan vs 22.0" in json.dumps(report)
+
+
+def test_an_out_buffer_of_an_operator_is_stored_the_same_way(tmp_path: Path) -> None:
+    x, buffer = torch.arange(4.0), torch.full((6,), LEFTOVER)
+    with replay.recording(tmp_path / "snap", torch_ops=True, triton=False):
+        torch.add(x, 1, out=buffer[:4])
+    (call,) = Snapshot(tmp_path / "snap")
+    before = call.tensors["in/out"]
+    assert call.torch_op["write_only"] == ["out"] and before.isnan().all() and "kept/out" not in call.tensors
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "snap")])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("size", [0, 1, 7])
+@pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+def test_an_out_buffer_the_operator_resizes_is_stored_as_the_bytes_it_held(tmp_path: Path, size: int) -> None:
+    with replay.recording(tmp_path / "snap", torch_ops=True, triton=False):
+        torch.add(torch.arange(4.0), 1, out=torch.full((size,), LEFTOVER))
+    (call,) = Snapshot(tmp_path / "snap")
+    assert torch.equal(call.tensors["in/out"], torch.full((size,), LEFTOVER))
+    assert call.tensors["out/out"].tolist() == [1.0, 2.0, 3.0, 4.0] and not Snapshot(tmp_path / "snap").problems
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "snap")])
+    assert result.exit_code == 0, result.output
+
+
+def test_golden_data_compares_inputs_but_not_what_an_output_buffer_held(tmp_path: Path) -> None:
+    from replay.engine.session import _same_inputs
+    from replay.snapshot.reader import CallRecord
+
+    def record(x: float, leftover: float, swapped: bool = False) -> CallRecord:
+        tensors = {"in/x_ptr": torch.full((4,), x), "in/out_ptr": torch.full((4,), leftover)}
+        args = [{"name": "x_ptr", "tensor": "in/x_ptr"}, {"name": "out_ptr", "tensor": "in/out_ptr"}]
+        return CallRecord(0, "k", "triton", "m", args, dict(reversed(tensors.items())) if swapped else tensors,
+                          triton={"write_only": ["out_ptr"]})
+    assert _same_inputs(record(1.0, LEFTOVER), record(1.0, 0.0, swapped=True))  # leftovers and key order aside
+    assert not _same_inputs(record(1.0, LEFTOVER), record(2.0, LEFTOVER))
+
+
+@settings(max_examples=80, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), size=st.integers(0, 70), seed=st.integers(0, 2 ** 16))
+def test_the_mask_marks_exactly_the_unchanged_elements_and_every_changed_one_differs_after(dtype, size, seed) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    width = torch.empty(0, dtype=dtype).element_size()
+    values = torch.tensor([0, 1] if dtype == torch.bool else [0, 1, 0xFE, 0xFF], dtype=torch.uint8)
+    raw_before = values[torch.randint(0, len(values), (size, width), generator=gen)]  # FILL bytes among them
+    before = raw_before.view(-1).view(dtype)
+    after = before.clone()
+    changed = torch.rand(size, generator=gen) < 0.5
+    after.view(torch.uint8).view(size, width)[changed] ^= 1  # every byte of a changed element flips its low bit
+    mask = unwritten.unchanged_mask(before, after)
+    assert mask.dtype == torch.uint8 and mask.numel() == unwritten.mask_bytes(size)
+    bits = [(mask[i // 8].item() >> (i % 8)) & 1 for i in range(size)]
+    assert bits == (~changed).int().tolist()
+    made = unwritten.before_from(after, mask)
+    raw_made = made.view(torch.uint8).view(size, width)
+    assert torch.equal(raw_made[~changed], raw_before[~changed])
+    if dtype == torch.bool:
+        assert torch.equal(made[changed], ~after[changed])
+    else:  # FILL bytes, but zero bytes where the element after the call is FILL bytes itself
+        after_was_fill = (after.view(torch.uint8).view(size, width) == unwritten.FILL).all(dim=1)
+        assert (raw_made[changed & ~after_was_fill] == unwritten.FILL).all()
+        assert (raw_made[changed & after_was_fill] == 0).all()
+    assert not (made[changed] == after[changed]).any()  # each differs as the dtype compares it
