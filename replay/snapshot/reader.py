@@ -433,8 +433,8 @@ def _check_header(path: Path, header: dict[str, Any]) -> None:
         except ValueError as exc:
             raise SnapshotError(f"{path}: argument {name!r}: {one_line(exc)}") from None
     for key, geo in header["tensors"].items():
-        if key.partition("/")[0] not in callfile.ROLES:
-            raise SnapshotError(f"{path}: tensor key {key!r} has no role ({', '.join(callfile.ROLES)})")
+        if key.partition("/")[0] not in callfile.KEY_ROLES:
+            raise SnapshotError(f"{path}: tensor key {key!r} has no role ({', '.join(callfile.KEY_ROLES)})")
         if "blob" in geo and "chunks" in geo:
             raise SnapshotError(f"{path}: tensor {key!r} names both a blob and chunks")
     _check_befores(path, header)
