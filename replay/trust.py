@@ -18,6 +18,7 @@ from sys.path, so a trusted name cannot be found in whatever directory replay ru
 """
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -65,17 +66,45 @@ class ProviderTrust:
                 f"package that declares it in the '{ENTRY_POINT_GROUP}' entry-point group")
 
 
-# a registered op, or a Triton kernel (a recording of a program that never imported replay names those)
-_DECLARES_OPS = re.compile(r"\breplay\.(op|capture)\(|\btriton\.(jit|autotune|heuristics)\b")
+_DECLARES_OPS = re.compile(r"\breplay\.(op|capture)\(")
+# what makes a Triton kernel of a function: a recording of a program that never imported replay names those
+_TRITON_DECORATORS = frozenset({"jit", "autotune", "heuristics"})
 
 
 def declares_ops(path: Path) -> bool:
-    """Whether `path` is a loose module whose text declares ops (it calls replay.op or replay.capture)
-    or Triton kernels (triton.jit, triton.autotune, triton.heuristics)."""
+    """Whether `path` is a loose module that declares ops (its text calls replay.op or replay.capture)
+    or Triton kernels (a function decorated with triton.jit, triton.autotune or triton.heuristics,
+    in a module that imports triton: read from its syntax, not found in a comment or a string)."""
     try:
-        return path.is_file() and _DECLARES_OPS.search(path.read_text(errors="replace")) is not None
+        if not path.is_file():
+            return False
+        text = path.read_text(errors="replace")
     except OSError:
         return False
+    return _DECLARES_OPS.search(text) is not None or _declares_triton_kernels(text)
+
+
+def _declares_triton_kernels(text: str) -> bool:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return False
+    imports_triton = any(
+        (isinstance(node, ast.Import) and any(alias.name.split(".")[0] == "triton" for alias in node.names))
+        or (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "triton")
+        for node in ast.walk(tree))
+    return imports_triton and any(
+        _decorator_name(decorator) in _TRITON_DECORATORS
+        for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for decorator in node.decorator_list)
+
+
+def _decorator_name(decorator: ast.expr) -> str:
+    """`jit` of `@triton.jit`, `@jit` or `@triton.autotune(...)`'s `autotune`: the last name called or used."""
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    return target.id if isinstance(target, ast.Name) else ""
 
 
 def _advice(top: str) -> str:
