@@ -81,6 +81,18 @@ def load_block(shape: list[int]) -> Any:
     return module
 
 
+def step_inputs(block: Any) -> tuple[Any, Any, Any, Any, Any]:
+    """The block's weights, its batch, targets and RoPE tables: the same every run (seed 0), in the
+    order block.step takes them."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    weights, (cos, sin) = block.weights(gen), block.rope_tables()
+    x = torch.randn(1, block.TOKENS, block.HIDDEN, generator=gen).to(block.DEVICE, block.DTYPE)
+    target_ids = torch.randint(0, block.VOCAB, (block.TOKENS,), generator=gen).to(block.DEVICE)
+    return weights, x, target_ids, cos, sin
+
+
 def prepare(mode: str, target: Path) -> None:
     """What must be on before the warm-up step compiles the kernels: tritonparse attaches its launch
     metadata (tensor blobs included) to a kernel when it compiles, so it starts here, and its files
@@ -112,10 +124,7 @@ def run_mode(mode: str, shape: list[int], steps: int, target: Path) -> dict[str,
     block = load_block(shape)
     cuda = block.DEVICE == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    gen = torch.Generator().manual_seed(0)
-    weights, (cos, sin) = block.weights(gen), block.rope_tables()
-    x = torch.randn(1, block.TOKENS, block.HIDDEN, generator=gen).to(block.DEVICE, block.DTYPE)
-    target_ids = torch.randint(0, block.VOCAB, (block.TOKENS,), generator=gen).to(block.DEVICE)
+    weights, x, target_ids, cos, sin = step_inputs(block)
     prepare(mode, target)
     block.step(weights, x, target_ids, cos, sin)  # compiles every kernel, outside any recording
     sync()

@@ -112,15 +112,12 @@ def main() -> None:
 
     block = bench_launches.load_block(args.shape)
     sync = torch.cuda.synchronize if block.DEVICE == "cuda" else (lambda: None)
-    gen = torch.Generator().manual_seed(0)
-    weights, (cos, sin) = block.weights(gen), block.rope_tables()
-    x = torch.randn(1, block.TOKENS, block.HIDDEN, generator=gen).to(block.DEVICE, block.DTYPE)
-    target = torch.randint(0, block.VOCAB, (block.TOKENS,), generator=gen).to(block.DEVICE)
+    inputs = bench_launches.step_inputs(block)
 
     def step() -> float:
         sync()
         started = time.perf_counter()
-        block.step(weights, x, target, cos, sin)
+        block.step(*inputs)
         sync()
         return (time.perf_counter() - started) * 1e3
 

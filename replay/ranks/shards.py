@@ -123,8 +123,9 @@ def _merged(op: str, records: dict[int, CallRecord], expected: CallRecord,
     the shapes a sharded launch is given differ by design), and the keys not put together, with why."""
     tensors: dict[str, torch.Tensor] = {}
     unplaced: dict[str, str] = {}
+    leftovers = expected.output_buffers  # what they held before the kernel wrote them: no input, not compared
     for key, want in expected.tensors.items():
-        if key in expected.output_buffers:  # what an output buffer held before the kernel wrote it: no input, not compared
+        if key in leftovers:
             continue
         pieces = [record.tensors[key] for record in records.values() if key in record.tensors]
         if len(pieces) != len(records):

@@ -234,7 +234,8 @@ class Recording(GraphRecording):
         torch.empty left in it never crosses to the host (replay/snapshot/unwritten.py). Where
         the call moved or resized it (an `out=` buffer an operator resized), or the device has no
         room for the mask, the bytes it held are stored instead."""
-        key = "in/" + after.key.partition("/")[2]
+        name = after.key.partition("/")[2]
+        key = f"in/{name}"
         held = copier.before(key)
         if held is None:
             return
@@ -246,8 +247,8 @@ class Recording(GraphRecording):
         if mask is None:
             call.copies[key] = copier.copy_span(held.span, held.geometry)
             return
-        kept = staging.Tensor("kept/" + after.key.partition("/")[2], f"the elements {after.what} left as they were",
-                              mask, geometry_of(mask), persistent=True)
+        kept = staging.Tensor(f"kept/{name}", f"the elements {after.what} left as they were", mask, geometry_of(mask),
+                              persistent=True)
         self._store(copier, call, kept)
         call.befores[key] = (held.geometry, {"after": after.key, "unchanged": kept.key})
 

@@ -376,9 +376,9 @@ class Snapshot:
         masks = {geo["before"]["unchanged"] for geo in header["tensors"].values() if "before" in geo}
         tensors: dict[str, torch.Tensor] = {}
         for key, geo in header["tensors"].items():
-            span = self._before(path, key, geo, stored, budget) if "before" in geo else stored[key]
             if key in masks:
                 continue  # a mask is read into the tensor it describes, not a tensor of the call
+            span = self._before(path, key, geo, stored, budget) if "before" in geo else stored[key]
             try:
                 tensors[key] = rebuild(span, Geometry.from_json(geo))
             except ValueError as exc:
