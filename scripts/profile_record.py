@@ -3,16 +3,20 @@ runs it) recorded step after step, with the Python stacks of every thread sample
 
     python scripts/profile_record.py                          # on a GPU: 2048 tokens, hidden 4096, bf16
     python scripts/profile_record.py --steps 12 --interval 0.5
+    python scripts/profile_record.py --timers                 # the recorder's steps timed instead
 
 Printed: bare and recorded step times, how many stores of each kind a step makes (counted by
-wrapping the Copier's methods), and, over the later steps, the share of samples in which each
-function was on a thread's stack (inclusive) and at its top (self), by kind of thread (the
-threads of a kind summed: two writers busy all the time show 2.0). The program's
-thread and torch's autograd thread (where backward's launches are recorded) are the ones that
-cost the program; the writers' and hashers' threads cost it only through the interpreter lock.
-A sample is taken when the sampler gets the lock: a thread in a long C call without releasing it
-is seen late. A diagnosis, not a benchmark: figures for docs/PERFORMANCE.md come from
-bench_launches.py.
+wrapping the Copier's methods), the Triton kernels compiled after the first recorded step (a
+steady state compiles nothing: each compile costs a step tens of milliseconds), and, over the
+later steps, the share of samples in which each function was on a thread's stack (inclusive) and
+at its top (self), by kind of thread (the threads of a kind summed: two writers busy all the time
+show 2.0). The program's thread and torch's autograd thread (where backward's launches are
+recorded) are the ones that cost the program; the writers' and hashers' threads cost it only
+through the interpreter lock. A sample is taken when the sampler gets the lock: a thread in a
+long C call without releasing it is seen late. With `--timers`, instead of sampling, the
+recorder's own steps are timed where they run (TIMED: wall time inclusive, per call and a step,
+summed over threads), which says what a launch's recording costs the program piece by piece.
+A diagnosis, not a benchmark: figures for docs/PERFORMANCE.md come from bench_launches.py.
 """
 from __future__ import annotations
 
@@ -30,6 +34,31 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_launches  # noqa: E402  (the block and its inputs, loaded the same way)
 
 STORES = ("copy", "copy_blob", "copy_chunked")
+# (module, attribute path) of the recorder's steps timed by --timers, outermost first
+TIMED = (
+    ("replay.triton_launches.recording", "LaunchRecorder.launch"),
+    ("replay.triton_launches.recording", "LaunchRecorder._describe"),
+    ("replay.triton_launches.recording", "keyword_only"),
+    ("replay.recorder.session", "Recording.record"),
+    ("inspect", "Signature.bind"),
+    ("replay.recorder.staging", "arguments"),
+    ("replay.recorder.staging", "outputs"),
+    ("replay.recorder.session", "Recording._store"),
+    ("replay.recorder.session", "Recording._store_before"),
+    ("replay.recorder.session", "Recording.blob"),
+    ("replay.recorder.session", "Recording._hand_over"),
+    ("replay.recorder.copies", "Copier.copy_span"),
+    ("replay.recorder.copies", "Copier.copy_chunked"),
+    ("replay.recorder.copies", "Copier.copy_blob"),
+    ("replay.recorder.copies", "Copier.hold_before"),
+    ("replay.recorder.copies", "Copier.mark"),
+    ("replay.recorder.chunk_changes", "PieceTracker._add"),
+    ("replay.recorder.chunk_changes", "PieceTracker._reserve"),
+    ("replay.recorder.piece_batch", "PieceBatch.flush"),
+    ("replay.recorder.piece_batch", "Checksums.host"),
+    ("replay.snapshot.unwritten", "unchanged_mask"),
+    ("replay.recorder.pipeline", "CallWriter.submit"),
+)
 
 
 class Sampler:
@@ -97,6 +126,43 @@ def count_stores() -> collections.Counter[str]:
     return counted
 
 
+def time_steps() -> dict[str, list[float]]:
+    """From now on, each of TIMED's functions timed where it runs: name -> [calls, seconds]."""
+    import importlib
+
+    timed: dict[str, list[float]] = {}
+    for module_name, path in TIMED:
+        owner: Any = importlib.import_module(module_name)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        totals = timed[path] = [0, 0.0]
+
+        def timing(*args: Any, _original: Any = original, _totals: list[float] = totals, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return _original(*args, **kwargs)
+            finally:
+                _totals[0] += 1
+                _totals[1] += time.perf_counter() - started
+        setattr(owner, name, timing)
+    return timed
+
+
+def count_compiles(step: list[int]) -> collections.Counter[tuple[int, str]]:
+    """Triton kernels compiled from now on, by the step (`step[0]`, read when each one is) and the
+    kernel's specialisation as Triton writes it."""
+    import triton
+
+    compiled: collections.Counter[tuple[int, str]] = collections.Counter()
+
+    def note(**kwargs: Any) -> None:  # Triton's hook: its return value is ignored after a compile
+        compiled[step[0], str(kwargs.get("repr"))] += 1
+    triton.knobs.runtime.jit_post_compile_hook = note
+    return compiled
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", nargs=5, type=int, metavar=("TOKENS", "HIDDEN", "HEADS", "FFN", "VOCAB"),
@@ -104,6 +170,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="recorded steps; the first two are not sampled")
     parser.add_argument("--interval", type=float, default=0.5, help="milliseconds between samples")
     parser.add_argument("--top", type=int, default=25, help="functions shown a table")
+    parser.add_argument("--timers", action="store_true", help="time the recorder's steps (TIMED) instead of sampling")
     args = parser.parse_args()
 
     import torch
@@ -124,13 +191,20 @@ def main() -> None:
     step()  # compiles every kernel
     print("bare ms:", " ".join(f"{step():.1f}" for _ in range(5)))
     counted = count_stores()
+    at_step = [0]
+    compiled = count_compiles(at_step)
+    timed = time_steps() if args.timers else {}
     sampler = Sampler(args.interval / 1e3)
     times = []
     with replay.recording(Path(tempfile.mkdtemp()) / "profiled") as recording:
         for n in range(args.steps):
+            at_step[0] = n
             if n == 2:  # after the first step's new bytes are written: the steady state
                 counted.clear()
-                sampler.on.set()
+                for totals in timed.values():
+                    totals[:] = [0, 0.0]
+                if not args.timers:
+                    sampler.on.set()
             times.append(step())
             if n == 0:
                 recording.flush()
@@ -139,6 +213,17 @@ def main() -> None:
     sampled = max(1, args.steps - 2)
     print("recorded ms:", " ".join(f"{t:.1f}" for t in times))
     print("stores a step:", {name: round(counted[name] / sampled, 1) for name in STORES})
+    later = sorted((n, where, count) for (n, where), count in compiled.items() if n > 0)
+    print(f"Triton kernels compiled after the first recorded step: {sum(count for *_, count in later)}")
+    for n, where, count in later[:args.top]:
+        print(f"  step {n}: {count} x {where[:300]}")
+    if args.timers:
+        print("recorder steps (inclusive: a step's time holds the steps it calls; summed over threads)")
+        print(f"  {'calls a step':>12} {'us a call':>10} {'ms a step':>10}  step")
+        for path, (calls, seconds) in timed.items():
+            each, a_step = seconds / max(calls, 1) * 1e6, seconds / sampled * 1e3
+            print(f"  {calls / sampled:12.1f} {each:10.1f} {a_step:10.2f}  {path}")
+        return
     print(f"{sampler.samples} samples")
     for title, table in (("inclusive", sampler.inclusive), ("self", sampler.top)):
         for thread in sorted({thread for thread, _ in table}):

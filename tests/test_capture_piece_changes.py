@@ -10,11 +10,12 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 import replay
-from replay.recorder import chunk_changes, copies, piece_sums
+from replay.recorder import chunk_changes, copies, piece_batch, piece_sums
 from replay.snapshot import Snapshot, hashing, writer
 
 PIECE = writer.CHUNK_BYTES
@@ -42,13 +43,73 @@ def test_checksums_flag_exactly_the_pieces_that_differ_and_stage_them(device: st
         assert not torch.equal(sums, before)
 
 
-def test_bytes_not_readable_as_words_are_not_tracked(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+def test_bytes_not_read_as_aligned_words_are_not_tracked(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
     tracker = chunk_changes.PieceTracker()
-    odd = torch.zeros(PIECE + 2, dtype=torch.uint8, device=device)
-    assert tracker.observe(odd, stage=True) is None
-    assert tracker.observe(torch.zeros(PIECE + 4, dtype=torch.uint8, device=device)[1:-3], stage=True) is None
-    assert tracker.observe(torch.zeros(PIECE + 4, dtype=torch.uint8, device=device), stage=True) is not None
+    batch = copies.piece_batch(torch.device(device), copies.SHARED_POOL)
+    assert tracker.observe(torch.zeros(PIECE + 4, dtype=torch.uint8, device=device), True, batch) is None  # length
+    assert tracker.observe(torch.zeros(PIECE + 32, dtype=torch.uint8, device=device)[4:-12], True, batch) is None
+    assert tracker.observe(torch.zeros(PIECE + 16, dtype=torch.uint8, device=device), True, batch) is not None
+
+
+def test_one_launch_checksums_every_store_of_a_batch_as_each_alone(monkeypatch: pytest.MonkeyPatch,
+                                                                     device: str) -> None:
+    # a call's stores share a launch: each gets the checksums and flags it would get alone, and a
+    # store of memory stored earlier in the same batch compares with that earlier store
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    gen = torch.Generator().manual_seed(1)
+    spans = [torch.randint(0, 256, (n,), generator=gen, dtype=torch.uint8).to(device)
+             for n in (3 * PIECE, 16, 9 * PIECE + 4096)]
+    tracker = chunk_changes.PieceTracker()
+    batch = copies.piece_batch(torch.device(device), copies.SHARED_POOL)
+    histories = [tracker.observe(span, True, batch) for span in spans]
+    twice = tracker.observe(spans[0], True, batch)  # its last store is in the batch: that one is launched first
+    batch.flush()  # as before a call runs
+    for span, history in zip(spans, histories):
+        assert history is not None and history.changed is None  # nothing before: every piece new, staged
+        alone, _ = piece_sums.piece_sums(span, None, stage=False)
+        assert np.array_equal(history.sums, alone[:, :2].cpu().numpy())
+        assert torch.equal(history.staged.view(torch.uint8)[:span.numel()], span)
+    assert twice is not None and twice.changed.tolist() == [0] * 3 and twice.previous is histories[0]
+    spans[2][5 * PIECE + 7] ^= 1  # as the call does
+    again = tracker.observe(spans[2], True, batch)
+    batch.flush()  # as before the call goes to the writers
+    assert again is not None and again.changed.tolist() == [0] * 5 + [1] + [0] * 4
+    piece = slice(5 * PIECE, 6 * PIECE)
+    assert torch.equal(again.staged.view(torch.uint8)[piece], spans[2][piece])  # the changed piece, staged
+    assert again.previous is histories[2]
+
+
+def test_a_store_made_for_the_call_and_freed_before_the_launch_is_summed_as_it_was(monkeypatch: pytest.MonkeyPatch,
+                                                                                    device: str) -> None:
+    # an output buffer's mask lives only until its store is added: its memory must not be another's
+    # by the time the call's launch reads it
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    gen = torch.Generator().manual_seed(2)
+    mask = torch.randint(0, 256, (4 * PIECE,), generator=gen, dtype=torch.uint8).to(device)
+    expected = piece_sums.piece_sums(mask.clone(), None, stage=False)[0][:, :2].cpu().numpy()
+    tracker = chunk_changes.PieceTracker()
+    batch = copies.piece_batch(torch.device(device), copies.SHARED_POOL)
+    history = tracker.observe(mask, False, batch)
+    del mask
+    gc.collect()
+    others = [torch.full((4 * PIECE,), 7, dtype=torch.uint8, device=device) for _ in range(8)]
+    batch.flush()
+    assert history is not None and np.array_equal(history.sums, expected) and others
+
+
+def test_a_store_whose_last_is_another_calls_not_yet_launched_compares_with_nothing(
+        monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    # two threads' calls on one memory: the first's stores wait for its launch, the second's may not
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    span = torch.zeros(2 * PIECE, dtype=torch.uint8, device=device)
+    tracker = chunk_changes.PieceTracker()
+    first, second = (copies.piece_batch(torch.device(device), copies.SHARED_POOL) for _ in range(2))
+    tracker.observe(span, True, first)
+    history = tracker.observe(span, True, second)
+    second.flush()
+    first.flush()
+    assert history is not None and history.changed is None and history.sums.shape == (2, 2)
 
 
 def record_decode(path: Path, device: str, steps: int = 6) -> torch.Tensor:
@@ -175,11 +236,11 @@ def test_past_the_device_staging_budget_a_store_comes_over_whole(tmp_path: Path,
 def test_a_staged_store_whose_earlier_store_failed_is_refused_not_filled_with_garbage() -> None:
     span = torch.zeros(2 * PIECE, dtype=torch.uint8)
     released: list[int] = []
-    sums = torch.tensor([[1, 2], [3, 4]])
-    first = chunk_changes.PieceHistory(None, None, sums, chunk_changes.KnownContent())
+    rows = piece_batch.Checksums.known(np.array([[1, 2, 1], [3, 4, 1]]))
+    first = chunk_changes.PieceHistory(None, piece_batch.Place(rows, 0, 2), False, chunk_changes.KnownContent())
     first.hashed(None)  # its writer failed
-    history = chunk_changes.PieceHistory(first, torch.tensor([0, 1], dtype=torch.uint8), sums,
-                                         chunk_changes.KnownContent(),
+    rows = piece_batch.Checksums.known(np.array([[1, 2, 0], [3, 4, 1]]))
+    history = chunk_changes.PieceHistory(first, piece_batch.Place(rows, 0, 2), True, chunk_changes.KnownContent(),
                                          torch.zeros(2 * PIECE // 4, dtype=torch.int32), span.numel(),
                                          _let_go=released.append)
     with pytest.raises(OSError, match="never written"):
@@ -204,13 +265,10 @@ def test_where_the_device_has_no_room_to_stage_a_store_comes_over_whole(tmp_path
     monkeypatch.setattr(chunk_changes, "DEVICES", ())
     record_decode(tmp_path / "untracked", device)
     monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
-    real = piece_sums.piece_sums
 
-    def no_room(raw, last, stage):
-        if stage:
-            raise torch.OutOfMemoryError("CUDA out of memory (as the test says)")
-        return real(raw, last, stage)
-    monkeypatch.setattr(piece_sums, "piece_sums", no_room)
+    def no_room(nbytes, device):
+        raise torch.OutOfMemoryError("CUDA out of memory (as the test says)")
+    monkeypatch.setattr(chunk_changes, "staging_buffer", no_room)
     fetched = fetched_pieces(monkeypatch)
     record_decode(tmp_path / "tracked", device)  # its staged bytes are back to 0 after: asserted there
     assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked") and fetched == []

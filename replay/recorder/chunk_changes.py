@@ -5,8 +5,9 @@ A KV cache that a decode step writes 64 KiB of is stored in content-addressed pi
 copying all of it to the host and hashing it there at every call costs far more than the step.
 So, where the tensor lives on a GPU, one kernel (piece_sums.py) checksums each piece, compares
 the checksums with those of the last store from the same memory, and copies the pieces that
-differ into a device buffer, all on the program's stream with no synchronisation. The flags
-travel to the host with the call's copies; a writer thread then brings only the flagged pieces
+differ into a device buffer, all on the program's stream with no synchronisation; one launch
+serves every store a call makes at once (piece_batch.py). The flags travel to the host in one
+copy a launch; a writer thread then brings only the flagged pieces
 over (one gather and one copy, on a stream of its own), hashes them, and takes the others'
 sha256 from that last store. Correctness rests on the checksums alone, not on the memory being
 the same tensor: equal checksums mean equal bytes but for odds far below any hardware fault's
@@ -39,7 +40,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from replay.context import recorder_kernel
+from replay.recorder.piece_batch import PieceBatch, Place
 from replay.snapshot.writer import CHUNK_BYTES
 
 DEVICES = ("cuda",)  # where pieces are checksummed; tests add "cpu" to run the same logic there
@@ -108,14 +109,15 @@ class KnownContent:
 
 @dataclass
 class PieceHistory:
-    """One store of a tracked tensor: which of its pieces differ from the store before it from the
-    same memory (`changed`, on the host once the call's copies landed; None: all may), every
-    piece's checksums (`sums`, likewise), where the changed pieces wait on the device (`staged`,
-    when they were not copied to the host whole), and, once the writer has hashed them, every
-    piece's sha256. `recorded` is what the recording stored, by checksums."""
+    """One store of a tracked tensor: where its checksums are (`place`: every piece's two checksums
+    and whether it differs from the store before it from the same memory, on the host once their
+    launch's copy landed; `compared` False: there was no store before, all may differ), where the
+    changed pieces wait on the device (`staged`, when they were not copied to the host whole), and,
+    once the writer has hashed them, every piece's sha256. `recorded` is what the recording stored,
+    by checksums."""
     previous: PieceHistory | None
-    changed: torch.Tensor | None
-    sums: torch.Tensor
+    place: Place
+    compared: bool
     recorded: KnownContent
     staged: torch.Tensor | None = None  # whole pieces of int32 words, the changed ones written
     nbytes: int = 0  # the tensor's bytes (the last piece of `staged` is padded)
@@ -130,6 +132,16 @@ class PieceHistory:
                            self._let_go)
         if self.staged is not None:  # a store dropped unwritten (its call abandoned) gives its bytes back too
             weakref.finalize(self, self._hold.give_back)
+
+    @property
+    def sums(self) -> np.ndarray:
+        """Each piece's two checksums ([pieces, 2] int64), waiting for their launch's copy."""
+        return self.place.rows()[:, :2]
+
+    @property
+    def changed(self) -> np.ndarray | None:
+        """Whether each piece differs from the store before (None: there was none to compare with)."""
+        return self.place.rows()[:, 2] if self.compared else None
 
     def known(self) -> list[str | None] | None:
         """The sha256 of each piece that did not change since the store before (None where it did,
@@ -159,7 +171,7 @@ class PieceHistory:
         """What names this store's bytes, from the checksums on the host: equal keys, equal bytes
         (but for the checksums' odds, piece_sums.py)."""
         if self._key is None:
-            digest = hashlib.blake2b(self.sums.numpy().tobytes(), digest_size=16).digest()
+            digest = hashlib.blake2b(np.ascontiguousarray(self.sums).tobytes(), digest_size=16).digest()
             self._key = digest + self.nbytes.to_bytes(8, "little")
         return self._key
 
@@ -260,7 +272,8 @@ class PieceHistory:
         if digests is not None:
             if new is None:
                 every = range(len(digests))
-                new = self.changed.nonzero().flatten().tolist() if self.changed is not None else list(every)
+                changed = self.changed
+                new = np.flatnonzero(changed).tolist() if changed is not None else list(every)
             if new:
                 self.recorded.remember_pieces([(key, digests[n]) for n, key in self._keys(new)])
             if chunk_list is not None:
@@ -295,6 +308,11 @@ def _words(span: torch.Tensor) -> torch.Tensor | None:
     return raw if piece_sums.trackable(raw) else None
 
 
+def staging_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
+    """Device memory for the changed pieces of a store of `nbytes` (whole pieces), as int32 words."""
+    return torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+
+
 def _runs(pieces: list[int]) -> list[tuple[int, int]]:
     """Ascending piece numbers as runs of consecutive ones, [start, end)."""
     runs: list[tuple[int, int]] = []
@@ -311,7 +329,7 @@ class PieceTracker:
     the recording stored by checksums, and the device memory held by staged pieces not yet fetched."""
 
     def __init__(self, wait_for_room: bool = True) -> None:
-        self._last: dict[tuple[torch.device, int, int], tuple[torch.Tensor, PieceHistory]] = {}
+        self._last: dict[tuple[torch.device, int, int], tuple[Place, PieceHistory]] = {}
         self.recorded = KnownContent()
         self.wait_for_room = wait_for_room
         self._staged_bytes = 0
@@ -320,11 +338,12 @@ class PieceTracker:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
 
-    def observe(self, span: torch.Tensor, stage: bool) -> PieceHistory | None:
-        """A store of `span` (a contiguous storage span) now, on its stream: None where it is not
-        tracked. With `stage`, the changed pieces are copied on the device (PieceHistory.staged)
-        unless that would pass DEVICE_STAGING_BYTES (waiting a while for the writers first, in a
-        blocking recording) or the device has no room; the caller copies the span to the host if not."""
+    def observe(self, span: torch.Tensor, stage: bool, batch: PieceBatch) -> PieceHistory | None:
+        """A store of `span` (a contiguous storage span) now, checksummed in `batch`'s launch: None
+        where it is not tracked. With `stage`, the changed pieces are copied on the device
+        (PieceHistory.staged) unless that would pass DEVICE_STAGING_BYTES (waiting a while for the
+        writers first, in a blocking recording) or the device has no room; the caller copies the
+        span to the host if not."""
         raw = _words(span)
         if raw is None:
             return None
@@ -332,51 +351,45 @@ class PieceTracker:
         last = self._last.get(key)
         if last is not None and last[1].failed:  # its pieces were never written: compare with nothing
             last = None
-        history, sums = self._checksum(raw, last, stage, staged_only=False)
-        assert history is not None and sums is not None
-        self._last[key] = (sums, history)
+        history = self._add(batch, raw, last, stage, staged_only=False)
+        assert history is not None
+        self._last[key] = (history.place, history)
         return history
 
-    def observe_blob(self, span: torch.Tensor) -> PieceHistory | None:
-        """A store of a read-only span to be kept as a blob, now, on its stream: checksummed and
+    def observe_blob(self, span: torch.Tensor, batch: PieceBatch) -> PieceHistory | None:
+        """A store of a read-only span to be kept as a blob, checksummed in `batch`'s launch and
         copied whole aside on the device (PieceHistory.staged), to come over only if the recording
         never stored those bytes. None where it is not tracked, or there is no room to stage it:
         the caller copies the span to the host."""
         raw = _words(span)
         if raw is None or raw.numel() < DEVICE_BLOB_BYTES:
             return None
-        return self._checksum(raw, None, True, staged_only=True)[0]
+        return self._add(batch, raw, None, True, staged_only=True)
 
-    def _checksum(self, raw: torch.Tensor, last: tuple[torch.Tensor, PieceHistory] | None, stage: bool,
-                  staged_only: bool) -> tuple[PieceHistory | None, torch.Tensor | None]:
-        """One piece_sums launch over `raw` and its history, with the device checksums; with
-        `staged_only`, nothing (not even the launch) where the store cannot be staged."""
-        from replay.recorder import piece_sums
+    def _add(self, batch: PieceBatch, raw: torch.Tensor, last: tuple[Place, PieceHistory] | None, stage: bool,
+             staged_only: bool) -> PieceHistory | None:
+        """`raw` and its history added to `batch`, its changed pieces staged where there is room;
+        with `staged_only`, nothing where the store cannot be staged."""
+        if last is not None and not batch.comparable(last[0]):
+            last = None
         padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES
         stage = stage and self._reserve(padded)
-        if staged_only and not stage:
-            return None, None
-        last_sums = last[0] if last is not None else None
+        staged = None
+        if stage:
+            try:
+                staged = staging_buffer(padded, raw.device)
+            except torch.cuda.OutOfMemoryError:  # no room to stage: the program's memory comes first
+                self._unreserve(padded)
+        if staged_only and staged is None:
+            return None
         try:
-            with recorder_kernel():  # the recorder's own launch: no call of the program
-                try:
-                    sums, staged = piece_sums.piece_sums(raw, last_sums, stage)
-                except torch.cuda.OutOfMemoryError:  # no room to stage: the program's memory comes first
-                    if not stage:
-                        raise
-                    self._unreserve(padded)
-                    stage = False
-                    if staged_only:
-                        return None, None
-                    sums, staged = piece_sums.piece_sums(raw, last_sums, stage)
-            # travel with the call's copies, whose event covers them (pinned by torch's caching host allocator)
-            host = sums.to("cpu", non_blocking=True)
+            place = batch.add(raw, last[0] if last is not None else None, staged)
         except BaseException:
-            if stage:
+            if staged is not None:
                 self._unreserve(padded)
             raise
-        return PieceHistory(last[1] if last is not None else None, host[:, 2] if last is not None else None,
-                            host[:, :2], self.recorded, staged, raw.numel(), _let_go=self._let_go), sums
+        return PieceHistory(last[1] if last is not None else None, place, last is not None, self.recorded, staged,
+                            raw.numel(), _let_go=self._let_go)
 
     def _reserve(self, padded: int) -> bool:
         """Room for `padded` staged bytes, counted as in the making: past the budget, wait for the

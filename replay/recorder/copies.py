@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
 from replay.recorder.chunk_changes import PieceHistory, PieceTracker
+from replay.recorder.piece_batch import PieceBatch
 from replay.snapshot import SnapshotWriter
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 
@@ -51,6 +52,10 @@ class PinnedPool:
 SHARED_POOL = PinnedPool()
 
 
+class Landing(Protocol):
+    def synchronize(self) -> None: ...
+
+
 @dataclass
 class HostCopy:
     """A tensor's storage span on the host, or on its way there."""
@@ -59,7 +64,7 @@ class HostCopy:
     buffer: torch.Tensor | None = None  # the pooled pinned buffer `span` lives in, to give back
     chunked: bool = False  # stored as content-addressed pieces (a large tensor that changes)
     pieces: PieceHistory | None = None  # which pieces changed since the last store of its memory
-    landed: torch.cuda.Event | None = None  # where a copy is read by other calls than its own
+    landed: Landing | None = None  # where a copy is read by other calls than its own: an event, or checksums' launch
     on_device: bool = False  # its changed pieces (a blob's: all) wait on the device (pieces.staged); `span` empty
 
     @property
@@ -135,6 +140,14 @@ def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool) -
     return digest
 
 
+def piece_batch(device: torch.device, pool: PinnedPool) -> PieceBatch:
+    """A batch of tracked stores on `device`, its table and checksums in host memory the device
+    reaches in place: the pool's pinned buffers on a GPU, plain tensors for Triton's interpreter."""
+    if device.type == "cuda":
+        return PieceBatch(device, pool.take, pool.give)
+    return PieceBatch(device, lambda nbytes: torch.empty(nbytes, dtype=torch.uint8), lambda buffer: None)
+
+
 class Copier:
     """Takes host copies of tensors, stream-ordered on a GPU, and remembers what must be waited
     for before they can be read."""
@@ -143,6 +156,7 @@ class Copier:
         self.pool = pool
         self._devices: set[torch.device] = set()
         self._tracker: PieceTracker | None = None  # the recording's, once a store of this call is staged
+        self._batches: dict[torch.device, PieceBatch] = {}  # tracked stores waiting for their checksums' launch
         self._staged = 0  # device bytes staged for this copier's call
         self._before: dict[str, HeldBefore] = {}  # output buffers as they were, over the call
 
@@ -175,15 +189,12 @@ class Copier:
         only if the recording never stored those bytes; else a host copy, as copy() takes."""
         geometry = geometry or geometry_of(t)
         span = storage_span(t.detach(), geometry)
-        pieces = tracker.observe_blob(span) if tracker is not None else None
+        pieces = tracker.observe_blob(span, self._batch(span.device)) if tracker is not None else None
         if tracker is None or pieces is None:
             return self.copy(t, landed=True, geometry=geometry)
         self._note_staged(tracker, pieces)  # before anything else may raise: the call's mark() counts it
-        event = None
-        if span.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(span.device))
-        return HostCopy(torch.empty(0, dtype=span.dtype), geometry, pieces=pieces, landed=event, on_device=True)
+        return HostCopy(torch.empty(0, dtype=span.dtype), geometry, pieces=pieces, landed=pieces.place.checksums,
+                        on_device=True)
 
     def copy_chunked(self, t: torch.Tensor, tracker: PieceTracker, stage: bool,
                      geometry: Geometry | None = None) -> HostCopy:
@@ -193,7 +204,7 @@ class Copier:
         span comes to the host now, as copy() does)."""
         geometry = geometry or geometry_of(t)
         span = storage_span(t.detach(), geometry)
-        pieces = tracker.observe(span, stage)
+        pieces = tracker.observe(span, stage, self._batch(span.device))
         if pieces is not None and pieces.staged is not None:
             self._note_staged(tracker, pieces)
             if span.device.type == "cuda":
@@ -222,6 +233,25 @@ class Copier:
         """The copy hold_before() kept of `key`, let go of here."""
         return self._before.pop(key, None)
 
+    def _batch(self, device: torch.device) -> PieceBatch:
+        batch = self._batches.get(device)
+        if batch is None:
+            batch = self._batches[device] = piece_batch(device, self.pool)
+        return batch
+
+    def flush(self) -> None:
+        """Launch the checksums of the tracked stores made since the last flush (before the call
+        runs: it may change what they read); mark() does it for the stores after it."""
+        for batch in self._batches.values():
+            batch.flush()
+
+    def _count_handed_over(self) -> None:
+        """The call's staged stores go to the writers (or are dropped): no longer in the making."""
+        if self._tracker is not None and self._staged:
+            self._tracker.handed_over(self._staged)
+        self._staged = 0
+        self._before.clear()  # a call abandoned before its outputs: the buffers' copies go
+
     def _note_staged(self, tracker: PieceTracker, pieces: PieceHistory) -> None:
         assert pieces.staged is not None
         self._tracker = tracker
@@ -230,10 +260,12 @@ class Copier:
     def mark(self) -> Callable[[], None]:
         """After the last copy of a call, as it goes to the writers (or is dropped): a function that
         waits until every copy has landed."""
-        if self._tracker is not None and self._staged:
-            self._tracker.handed_over(self._staged)
-        self._staged = 0
-        self._before.clear()  # a call abandoned before its outputs: the buffers' copies go
+        try:
+            self.flush()
+        except Exception:  # never the program's error: the stores' checksums carry it to their writer
+            pass
+        finally:
+            self._count_handed_over()
         events = []
         for device in self._devices:
             event = torch.cuda.Event()

@@ -1,16 +1,18 @@
-"""One kernel per store of a large tensor: each 64 KiB piece's checksums, whether the piece changed
-since the last store from the same memory, and (when asked) a device-side copy of the pieces that
-did, so that only those cross to the host later, off the program's stream.
+"""One kernel per batch of stores of large tensors (a call's, before it and after it): each 64 KiB
+piece's checksums, whether the piece changed since the last store from the same memory, and
+(when asked) a device-side copy of the pieces that did, so that only those cross to the host
+later, off the program's stream.
 
 A checksum is two sums of the piece's 32-bit words under random 64-bit weights (fixed seed),
 wrapping modulo 2^64. A change of one word by d is missed only where d times both its weights
 vanishes modulo 2^64: with the weights' low bits random, odds about 2^-(128 - 2k) where 2^k
 divides d (2^-66 at worst, a float's sign bit), and less for changes of many words; negligible
-beside any hardware fault. A program sums a few pieces, reading each once (and once more, to
-copy it, only if it changed); the weights, 256 KiB, stay in L2 and are read once for all the
-program's pieces (with a piece a program, reading the weights cost more than reading the
-bytes). On the CPU the kernel runs in Triton's interpreter (tests only: there sha256 costs the
-same).
+beside any hardware fault. A program sums a few pieces of one store, reading each once (and once
+more, to copy it, only if it changed); the weights, 256 KiB, stay in L2 and are read once for all
+the program's pieces (with a piece a program, reading the weights cost more than reading the
+bytes). The stores of a batch are rows of a small table (their addresses, as gather_copy.py
+reads its rows), so a call costs the program one launch and one table, not one launch a store.
+On the CPU the kernel runs in Triton's interpreter (tests only: there sha256 costs the same).
 """
 from __future__ import annotations
 
@@ -18,10 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
+from replay.recorder.piece_batch import ROW
 from replay.snapshot.writer import CHUNK_BYTES
 
 WORDS = CHUNK_BYTES // 4  # 32-bit words a piece
-ROW = 3  # int64 values a piece: its two checksums, then whether it changed (one copy brings all to the host)
 _BLOCK = 512
 _GROUP = 4  # pieces a program sums: the weights, read from L2, are read once for all of them
 _WEIGHTS: dict[torch.device, torch.Tensor] = {}
@@ -37,12 +39,31 @@ def _weights(device: torch.device) -> torch.Tensor:
     return weights
 
 
-@triton.jit
-def _piece_sums_kernel(words_ptr, nwords, pieces, weights_ptr, last_ptr, sums_ptr, staged_ptr,
-                       WORDS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, ROW: tl.constexpr,
-                       COMPARE: tl.constexpr, STAGE: tl.constexpr):
-    # GROUP pieces a program: each block of weights read from cache serves them all
-    piece = tl.program_id(0).to(tl.int64) * GROUP + tl.arange(0, GROUP)
+# a store's row, int64: its words' address, their count, its first program, where its checksums go on
+# the device and on the host (0: not there), its last store's checksums (0: none), its staged buffer (0: none)
+COLUMNS = 7
+WORDS_AT, NWORDS, FIRST, SUMS, HOST_SUMS, LAST, STAGED = range(COLUMNS)
+
+
+@triton.jit(do_not_specialize=["table"])
+def _piece_sums_kernel(table, stores, weights_ptr, WORDS: tl.constexpr, BLOCK: tl.constexpr,
+                       GROUP: tl.constexpr, ROW: tl.constexpr, COLUMNS: tl.constexpr):
+    table_ptr = table.to(tl.int64).to(tl.pointer_type(tl.int64))  # in pinned host memory on a GPU: read in place
+    # a row's columns, in COLUMNS' order: 0 words, 1 their count, 2 first program, 3 sums, 4 host sums, 5 last, 6 staged
+    program = tl.program_id(0)
+    store = 0  # the rows ascend by first program: this program's store is the last row starting at or before it
+    for row in range(1, stores):
+        store += (tl.load(table_ptr + row * COLUMNS + 2) <= program).to(tl.int32)
+    row_ptr = table_ptr + store * COLUMNS
+    # every store's words start 16-byte aligned and are a multiple of 16 bytes (trackable): vector loads
+    words_ptr = tl.multiple_of(tl.load(row_ptr).to(tl.pointer_type(tl.int32)), 16)
+    nwords = tl.multiple_of(tl.load(row_ptr + 1), 4)
+    sums_ptr = tl.load(row_ptr + 3).to(tl.pointer_type(tl.int64))
+    host = tl.load(row_ptr + 4)
+    last = tl.load(row_ptr + 5)
+    staged = tl.load(row_ptr + 6)
+    pieces = (nwords + WORDS - 1) // WORDS
+    piece = (program - tl.load(row_ptr + 2)).to(tl.int64) * GROUP + tl.arange(0, GROUP)
     real = piece < pieces
     base = piece * WORDS
     first = tl.zeros([GROUP, BLOCK], dtype=tl.int64)
@@ -57,14 +78,21 @@ def _piece_sums_kernel(words_ptr, nwords, pieces, weights_ptr, last_ptr, sums_pt
     sum_second = tl.sum(second, axis=1)
     tl.store(sums_ptr + ROW * piece, sum_first, mask=real)
     tl.store(sums_ptr + ROW * piece + 1, sum_second, mask=real)
-    if COMPARE:
+    if last != 0:
+        last_ptr = last.to(tl.pointer_type(tl.int64))
         changed = ((sum_first != tl.load(last_ptr + ROW * piece, mask=real, other=0))
                    | (sum_second != tl.load(last_ptr + ROW * piece + 1, mask=real, other=0)))
     else:
         changed = real  # nothing to compare with: every piece is new
     changed = changed & real
     tl.store(sums_ptr + ROW * piece + 2, changed.to(tl.int64), mask=real)
-    if STAGE:
+    if host != 0:  # the host's copy, written where the writer reads it: no copy to launch, no allocation
+        host_ptr = host.to(tl.pointer_type(tl.int64))
+        tl.store(host_ptr + ROW * piece, sum_first, mask=real)
+        tl.store(host_ptr + ROW * piece + 1, sum_second, mask=real)
+        tl.store(host_ptr + ROW * piece + 2, changed.to(tl.int64), mask=real)
+    if staged != 0:
+        staged_ptr = tl.multiple_of(staged.to(tl.pointer_type(tl.int32)), 16)
         for start in range(0, WORDS, BLOCK):
             at = base[:, None] + (start + tl.arange(0, BLOCK))[None, :]
             moved = changed[:, None] & (at < nwords)  # only the changed pieces are read again
@@ -72,21 +100,39 @@ def _piece_sums_kernel(words_ptr, nwords, pieces, weights_ptr, last_ptr, sums_pt
 
 
 def trackable(raw: torch.Tensor) -> bool:
-    """Whether a run of bytes (uint8, 1-D) can be read as 32-bit words."""
-    return raw.numel() % 4 == 0 and raw.storage_offset() % 4 == 0 and raw.numel() > 0
+    """Whether a run of bytes (uint8, 1-D) can be checksummed: 16-byte aligned, a multiple of 16
+    bytes long (read as 32-bit words, four at a time)."""
+    return raw.numel() % 16 == 0 and raw.data_ptr() % 16 == 0 and raw.numel() > 0
+
+
+def programs_of(pieces: int) -> int:
+    """The kernel's programs for a store of `pieces` pieces."""
+    return -(-pieces // _GROUP)
+
+
+def launch(table: int, stores: int, programs: int, device: torch.device) -> None:
+    """Checksum the `stores` stores whose rows (COLUMNS int64 each, each store's first program after
+    the one before's) are at address `table` (pinned host memory, or the device's), `programs`
+    programs in all, on `device`'s current stream: each piece's two checksums, whether it differs
+    from its last store's (every piece does where there is none), stored as a [pieces, ROW] int64
+    table on the device and on the host where the row says, and, where it has a staged buffer,
+    the changed pieces copied into it where they lie."""
+    _piece_sums_kernel[(programs,)](table, stores, _weights(device), WORDS=WORDS, BLOCK=_BLOCK, GROUP=_GROUP,
+                                    ROW=ROW, COLUMNS=COLUMNS, num_warps=8)
 
 
 def piece_sums(raw: torch.Tensor, last: torch.Tensor | None, stage: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """For a run of bytes (uint8, 1-D, trackable), on its stream: a [pieces, ROW] int64 table of
-    each piece's two checksums and whether it differs from `last` (an earlier such table; every
-    piece differs when `last` is None), and, with `stage`, a device buffer of whole pieces (int32
-    words) holding the changed ones where they lie in `raw` (the others left unwritten)."""
-    words = raw.view(torch.int32)
-    pieces = -(-words.numel() // WORDS)
+    """One store alone, on its stream: a [pieces, ROW] int64 table of each piece's checksums and
+    whether it differs from `last` (an earlier such table; every piece differs when it is None), and,
+    with `stage`, a device buffer of whole pieces (int32 words) holding the changed ones where they
+    lie in `raw` (the others left unwritten)."""
+    pieces = -(-raw.numel() // CHUNK_BYTES)
     sums = torch.empty(pieces, ROW, dtype=torch.int64, device=raw.device)
     staged = torch.empty(pieces * WORDS, dtype=torch.int32, device=raw.device) if stage else None
-    _piece_sums_kernel[(-(-pieces // _GROUP),)](
-        words, words.numel(), pieces, _weights(raw.device), last if last is not None else sums, sums,
-        staged if staged is not None else words, WORDS=WORDS, BLOCK=_BLOCK, GROUP=_GROUP, ROW=ROW,
-        COMPARE=last is not None, STAGE=stage, num_warps=8)
+    row = [0] * COLUMNS
+    row[WORDS_AT], row[NWORDS], row[SUMS] = raw.data_ptr(), raw.numel() // 4, sums.data_ptr()
+    row[LAST] = last.data_ptr() if last is not None else 0
+    row[STAGED] = staged.data_ptr() if staged is not None else 0
+    table = torch.tensor([row], dtype=torch.int64).to(raw.device)
+    launch(table.data_ptr(), 1, programs_of(pieces), raw.device)
     return sums, staged

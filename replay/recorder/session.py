@@ -302,6 +302,7 @@ class Recording(GraphRecording):
         try:
             with self.clocks.paused():
                 described = staging.arguments(spec, bound.arguments, store)
+                copier.flush()  # the inputs' checksums, launched before the call may change them
         except CaptureError as exc:
             self._abandon(call, copier)
             self.report(str(exc), stop=False)

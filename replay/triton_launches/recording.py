@@ -11,6 +11,7 @@ once per snapshot, by its hash.
 """
 from __future__ import annotations
 
+import inspect
 import threading
 from typing import Any, Callable
 
@@ -34,6 +35,7 @@ class LaunchRecorder:
         self.selection = Selection(options)
         self.state_names = frozenset(options.state_names)
         self._sources: set[str] = set()  # source hashes stored in this snapshot
+        self._signatures: dict[tuple[str, ...], inspect.Signature] = {}  # by parameter names: made once a kernel
         self._lock = threading.Lock()
 
     def launch(self, kernel: Any, original: Callable[..., Any], args: tuple, grid: Any, kwargs: dict,
@@ -116,7 +118,11 @@ class LaunchRecorder:
         spec = CallSpec(info.name, VARIANT, info.module, state=tuple(n for n in tensors if n in self.state_names),
                         mutates=tuple(n for n in tensors if n in info.written),
                         write_only=tuple(n for n in tensors if n in info.write_only), header_extra={"triton": described})
-        self.recording.record(spec, launch, keyword_only(params), (), params)
+        names = tuple(params)
+        signature = self._signatures.get(names)
+        if signature is None:
+            signature = self._signatures[names] = keyword_only(names)
+        self.recording.record(spec, launch, signature, (), params)
         return launched.get("result")
 
     def _describe(self, info: kernels.KernelInfo, params: dict[str, Any], options: dict[str, Any],

@@ -1,0 +1,171 @@
+"""A call's tracked stores on one device, checksummed by one launch: rows of the table that
+piece_sums.py's kernel reads where the host wrote them, checksums it writes where the host reads
+them (pinned memory, which a GPU reads and writes in place), one event.
+
+A call's stores before it runs are one batch, launched before its kernel is (the kernel may
+change what they read); its stores after it are another, launched before the call goes to the
+writers. Each store learns where its checksums will be (a Place: the launch and its first row);
+the writer that stores it reads them on the host once the launch's copy has landed, and the first
+to do so gives the pinned buffer back to the pool. A store whose last store of the same memory is
+in the batch not yet launched (one tensor passed twice) has the batch launched first, so that it
+compares with checksums that exist. One launch a call rather than one a store: on the H100 a
+store with a launch and a copy of its own cost the program's thread 187 us, a row 49 us, and a
+call's launch 180 us (docs/PERFORMANCE.md, "One checksum launch a call").
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from replay.context import recorder_kernel
+from replay.snapshot.writer import CHUNK_BYTES
+
+ROW = 3  # int64 values a piece: its two checksums, then whether it changed (one copy brings all to the host)
+_INT64 = 8  # bytes
+
+
+class Checksums:
+    """One launch's checksums and change flags, [pieces, ROW] int64: on the device, where later
+    stores of the same memory compare with them, and on the host once landed."""
+
+    def __init__(self) -> None:
+        self.on_device: torch.Tensor | None = None
+        self._host: np.ndarray | None = None
+        self._copy: torch.Tensor | None = None  # the view of `_buffer` the kernel writes them in
+        self._buffer: torch.Tensor | None = None  # the pooled buffer it is a view of
+        self._give: Callable[[torch.Tensor], None] | None = None
+        self._event: torch.cuda.Event | None = None
+        self._failure: BaseException | None = None
+        self._launched = threading.Event()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def known(cls, host: np.ndarray) -> "Checksums":
+        """Checksums there are on the host already ([pieces, ROW] int64)."""
+        checksums = cls()
+        checksums._host = host
+        checksums._launched.set()
+        return checksums
+
+    def launched(self, on_device: torch.Tensor, copy: torch.Tensor, buffer: torch.Tensor,
+                 give: Callable[[torch.Tensor], None], event: torch.cuda.Event | None) -> None:
+        """The launch is issued: its checksums are `on_device` and, once `event` has passed (None:
+        at once, the interpreter's), in `copy`, a view of `buffer`, given back with `give` once read."""
+        self.on_device, self._copy, self._buffer, self._give, self._event = on_device, copy, buffer, give, event
+        self._launched.set()
+
+    def failed(self, exc: BaseException) -> None:
+        self._failure = exc
+        self._launched.set()
+
+    def synchronize(self) -> None:
+        """Wait until the checksums are on the host (a launch failed: its error)."""
+        self._launched.wait()
+        if self._failure is not None:
+            raise self._failure
+        if self._event is not None:
+            self._event.synchronize()
+
+    def host(self) -> np.ndarray:
+        """Every row on the host, waiting for the launch's copy (the pinned buffer goes back then)."""
+        with self._lock:
+            if self._host is None:
+                self.synchronize()
+                assert self._copy is not None and self._buffer is not None and self._give is not None
+                self._host = self._copy.numpy().reshape(-1, ROW).copy()
+                self._give(self._buffer)
+                self._copy = self._buffer = None
+            return self._host
+
+    def address(self, row: int) -> int:
+        """Where row `row` is on the device (the launch is issued)."""
+        assert self.on_device is not None
+        return self.on_device.data_ptr() + row * ROW * _INT64
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one store's checksums are: rows start..start+pieces of a launch's."""
+    checksums: Checksums
+    start: int
+    pieces: int
+
+    def rows(self) -> np.ndarray:
+        return self.checksums.host()[self.start:self.start + self.pieces]
+
+
+class PieceBatch:
+    """The stores a call makes on one device that wait for their launch. `take(nbytes)` gives host
+    memory the device reaches in place (a GPU: a pooled pinned buffer; the interpreter: any) and
+    `give` takes it back once its checksums are read."""
+
+    def __init__(self, device: torch.device, take: Callable[[int], torch.Tensor],
+                 give: Callable[[torch.Tensor], None]) -> None:
+        self.device = device
+        self._take, self._give = take, give
+        self._rows: list[list[Any]] = []  # piece_sums.COLUMNS each; the sums column a row number until launched
+        self._pieces = 0
+        self._programs = 0
+        self._pending = Checksums()
+        # what the rows name by address, alive until the launch is issued (a mask made for the
+        # call is freed before it, and its memory would be another's by then)
+        self._held: list[Any] = []
+
+    def comparable(self, last: Place) -> bool:
+        """Whether a store can compare with `last` here: its launch issued, or this batch's own
+        (another thread's call that has not launched yet: compared with nothing)."""
+        return last.checksums is self._pending or last.checksums.on_device is not None
+
+    def add(self, raw: torch.Tensor, last: Place | None, staged: torch.Tensor | None) -> Place:
+        """A store of `raw` (uint8, 1-D, trackable) compared with `last` (None: every piece new),
+        its changed pieces copied into `staged` where given."""
+        from replay.recorder import piece_sums as kernel
+        if last is not None and last.checksums is self._pending:
+            self.flush()  # what it compares with must be summed first
+        pieces = -(-raw.numel() // CHUNK_BYTES)
+        place = Place(self._pending, self._pieces, pieces)
+        row = [0] * kernel.COLUMNS
+        row[kernel.WORDS_AT], row[kernel.NWORDS], row[kernel.FIRST] = raw.data_ptr(), raw.numel() // 4, self._programs
+        row[kernel.SUMS] = row[kernel.HOST_SUMS] = self._pieces  # rows into the launch's tables, made addresses then
+        row[kernel.LAST] = last.checksums.address(last.start) if last is not None else 0
+        row[kernel.STAGED] = staged.data_ptr() if staged is not None else 0
+        self._rows.append(row)
+        self._held += [raw, staged, last.checksums if last is not None else None]
+        self._pieces += pieces
+        self._programs += kernel.programs_of(pieces)
+        return place
+
+    def flush(self) -> None:
+        """Launch the checksums of the stores added since the last flush, on the current stream. The
+        kernel reads the table where the host wrote it and writes the checksums both on the device
+        and where the writers read them (host memory from `take`: on a GPU, pinned, which the device
+        reads and writes in place): a launch and an event, no copies."""
+        if not self._rows:
+            return
+        from replay.recorder import piece_sums as kernel
+        rows, pieces, programs, checksums = self._rows, self._pieces, self._programs, self._pending
+        held = self._held  # let go once the launch is issued: freed memory is reused in stream order
+        self._rows, self._pieces, self._programs, self._pending, self._held = [], 0, 0, Checksums(), []
+        try:
+            sums = torch.empty(pieces, ROW, dtype=torch.int64, device=self.device)
+            table = np.array(rows, dtype=np.int64)
+            sums_bytes = sums.numel() * _INT64
+            buffer = self._take(sums_bytes + table.nbytes)  # the sums first: 8-byte aligned, as the table
+            table[:, kernel.SUMS] = sums.data_ptr() + table[:, kernel.SUMS] * (ROW * _INT64)
+            table[:, kernel.HOST_SUMS] = buffer.data_ptr() + table[:, kernel.HOST_SUMS] * (ROW * _INT64)
+            buffer.numpy()[sums_bytes:sums_bytes + table.nbytes] = table.view(np.uint8).reshape(-1)
+            with recorder_kernel():  # the recorder's own launch: no call of the program
+                kernel.launch(buffer.data_ptr() + sums_bytes, len(rows), programs, self.device)
+            del held
+            event = None
+            if self.device.type == "cuda":
+                event = torch.cuda.Event()
+                event.record(torch.cuda.current_stream(self.device))
+            checksums.launched(sums, buffer[:sums_bytes].view(torch.int64), buffer, self._give, event)
+        except BaseException as exc:
+            checksums.failed(exc)
+            raise
