@@ -6,8 +6,8 @@ copying all of it to the host and hashing it there at every call costs far more 
 So, where the tensor lives on a GPU, one kernel (piece_sums.py) checksums each piece, compares
 the checksums with those of the last store from the same memory, and copies the pieces that
 differ into a device buffer, all on the program's stream with no synchronisation; one launch
-serves every store a call makes at once (piece_batch.py). The flags travel to the host in one
-copy a launch; a writer thread then brings only the flagged pieces
+serves every store a call makes at once (piece_batch.py). The kernel writes the flags where the
+writers read them (pinned host memory); a writer thread then brings only the flagged pieces
 over (one gather and one copy, on a stream of its own), hashes them, and takes the others'
 sha256 from that last store. Correctness rests on the checksums alone, not on the memory being
 the same tensor: equal checksums mean equal bytes but for odds far below any hardware fault's
@@ -111,7 +111,7 @@ class KnownContent:
 class PieceHistory:
     """One store of a tracked tensor: where its checksums are (`place`: every piece's two checksums
     and whether it differs from the store before it from the same memory, on the host once their
-    launch's copy landed; `compared` False: there was no store before, all may differ), where the
+    launch has run; `compared` False: there was no store before, all may differ), where the
     changed pieces wait on the device (`staged`, when they were not copied to the host whole), and,
     once the writer has hashed them, every piece's sha256. `recorded` is what the recording stored,
     by checksums."""
@@ -135,7 +135,7 @@ class PieceHistory:
 
     @property
     def sums(self) -> np.ndarray:
-        """Each piece's two checksums ([pieces, 2] int64), waiting for their launch's copy."""
+        """Each piece's two checksums ([pieces, 2] int64), waiting for their launch."""
         return self.place.rows()[:, :2]
 
     @property
@@ -329,7 +329,7 @@ class PieceTracker:
     the recording stored by checksums, and the device memory held by staged pieces not yet fetched."""
 
     def __init__(self, wait_for_room: bool = True) -> None:
-        self._last: dict[tuple[torch.device, int, int], tuple[Place, PieceHistory]] = {}
+        self._last: dict[tuple[torch.device, int, int], PieceHistory] = {}
         self.recorded = KnownContent()
         self.wait_for_room = wait_for_room
         self._staged_bytes = 0
@@ -349,11 +349,11 @@ class PieceTracker:
             return None
         key = (span.device, raw.data_ptr(), raw.numel())
         last = self._last.get(key)
-        if last is not None and last[1].failed:  # its pieces were never written: compare with nothing
+        if last is not None and last.failed:  # its pieces were never written: compare with nothing
             last = None
         history = self._add(batch, raw, last, stage, staged_only=False)
         assert history is not None
-        self._last[key] = (history.place, history)
+        self._last[key] = history
         return history
 
     def observe_blob(self, span: torch.Tensor, batch: PieceBatch) -> PieceHistory | None:
@@ -366,11 +366,11 @@ class PieceTracker:
             return None
         return self._add(batch, raw, None, True, staged_only=True)
 
-    def _add(self, batch: PieceBatch, raw: torch.Tensor, last: tuple[Place, PieceHistory] | None, stage: bool,
+    def _add(self, batch: PieceBatch, raw: torch.Tensor, last: PieceHistory | None, stage: bool,
              staged_only: bool) -> PieceHistory | None:
         """`raw` and its history added to `batch`, its changed pieces staged where there is room;
         with `staged_only`, nothing where the store cannot be staged."""
-        if last is not None and not batch.comparable(last[0]):
+        if last is not None and not batch.comparable(last.place):
             last = None
         padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES
         stage = stage and self._reserve(padded)
@@ -383,13 +383,12 @@ class PieceTracker:
         if staged_only and staged is None:
             return None
         try:
-            place = batch.add(raw, last[0] if last is not None else None, staged)
+            place = batch.add(raw, last.place if last is not None else None, staged)
         except BaseException:
             if staged is not None:
                 self._unreserve(padded)
             raise
-        return PieceHistory(last[1] if last is not None else None, place, last is not None, self.recorded, staged,
-                            raw.numel(), _let_go=self._let_go)
+        return PieceHistory(last, place, last is not None, self.recorded, staged, raw.numel(), _let_go=self._let_go)
 
     def _reserve(self, padded: int) -> bool:
         """Room for `padded` staged bytes, counted as in the making: past the budget, wait for the

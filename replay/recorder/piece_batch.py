@@ -5,7 +5,7 @@ them (pinned memory, which a GPU reads and writes in place), one event.
 A call's stores before it runs are one batch, launched before its kernel is (the kernel may
 change what they read); its stores after it are another, launched before the call goes to the
 writers. Each store learns where its checksums will be (a Place: the launch and its first row);
-the writer that stores it reads them on the host once the launch's copy has landed, and the first
+the writer that stores it reads them on the host once the launch's event has passed, and the first
 to do so gives the pinned buffer back to the pool. A store whose last store of the same memory is
 in the batch not yet launched (one tensor passed twice) has the batch launched first, so that it
 compares with checksums that exist. One launch a call rather than one a store: on the H100 a
@@ -24,7 +24,7 @@ import torch
 from replay.context import recorder_kernel
 from replay.snapshot.writer import CHUNK_BYTES
 
-ROW = 3  # int64 values a piece: its two checksums, then whether it changed (one copy brings all to the host)
+ROW = 3  # int64 values a piece: its two checksums, then whether it changed
 _INT64 = 8  # bytes
 
 
@@ -71,7 +71,7 @@ class Checksums:
             self._event.synchronize()
 
     def host(self) -> np.ndarray:
-        """Every row on the host, waiting for the launch's copy (the pinned buffer goes back then)."""
+        """Every row on the host, waiting for the launch (the pinned buffer goes back then)."""
         with self._lock:
             if self._host is None:
                 self.synchronize()
