@@ -54,7 +54,19 @@ TIMED = (
     ("replay.recorder.copies", "Copier.mark"),
     ("replay.recorder.chunk_changes", "PieceTracker._add"),
     ("replay.recorder.chunk_changes", "PieceTracker._reserve"),
+    ("replay.recorder.copies", "storage_span"),
+    ("replay.recorder.footprint", "StorageIds.of"),
+    ("replay.recorder.chunk_changes", "_words"),
+    ("replay.recorder.chunk_changes", "staging_buffer"),
+    ("replay.recorder.piece_batch", "PieceBatch.add"),
+    ("replay.recorder.chunk_changes", "PieceHistory.__post_init__"),
     ("replay.recorder.piece_batch", "PieceBatch.flush"),
+    ("replay.recorder.piece_batch", "Checksums.__init__"),
+    ("replay.recorder.piece_sums", "launch"),
+    ("replay.recorder.copies", "PinnedPool.take"),
+    ("replay.recorder.stream_order", "current_stream"),
+    ("replay.recorder.stream_order", "StreamClocks.issue"),
+    ("replay.recorder.staging", "header"),
     ("replay.recorder.piece_batch", "Checksums.host"),
     ("replay.snapshot.unwritten", "unchanged_mask"),
     ("replay.recorder.pipeline", "CallWriter.submit"),
@@ -127,7 +139,9 @@ def count_stores() -> collections.Counter[str]:
 
 
 def time_steps() -> dict[str, list[float]]:
-    """From now on, each of TIMED's functions timed where it runs: name -> [calls, seconds]."""
+    """From now on, each of TIMED's functions timed where it runs: name -> [calls, seconds, seconds
+    of the thread's processor time] (wall time beyond processor time is waiting: for the GPU, a
+    lock, the interpreter lock)."""
     import importlib
 
     timed: dict[str, list[float]] = {}
@@ -137,15 +151,16 @@ def time_steps() -> dict[str, list[float]]:
         for part in outer:
             owner = getattr(owner, part)
         original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-        totals = timed[path] = [0, 0.0]
+        totals = timed[path] = [0, 0.0, 0.0]
 
         def timing(*args: Any, _original: Any = original, _totals: list[float] = totals, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, processor = time.perf_counter(), time.thread_time()
             try:
                 return _original(*args, **kwargs)
             finally:
                 _totals[0] += 1
                 _totals[1] += time.perf_counter() - started
+                _totals[2] += time.thread_time() - processor
         setattr(owner, name, timing)
     return timed
 
@@ -202,7 +217,7 @@ def main() -> None:
             if n == 2:  # after the first step's new bytes are written: the steady state
                 counted.clear()
                 for totals in timed.values():
-                    totals[:] = [0, 0.0]
+                    totals[:] = [0, 0.0, 0.0]
                 if not args.timers:
                     sampler.on.set()
             times.append(step())
@@ -219,10 +234,11 @@ def main() -> None:
         print(f"  step {n}: {count} x {where[:300]}")
     if args.timers:
         print("recorder steps (inclusive: a step's time holds the steps it calls; summed over threads)")
-        print(f"  {'calls a step':>12} {'us a call':>10} {'ms a step':>10}  step")
-        for path, (calls, seconds) in timed.items():
+        print(f"  {'calls a step':>12} {'us a call':>10} {'cpu us':>8} {'ms a step':>10}  step")
+        for path, (calls, seconds, processor) in timed.items():
             each, a_step = seconds / max(calls, 1) * 1e6, seconds / sampled * 1e3
-            print(f"  {calls / sampled:12.1f} {each:10.1f} {a_step:10.2f}  {path}")
+            processor_each = processor / max(calls, 1) * 1e6
+            print(f"  {calls / sampled:12.1f} {each:10.1f} {processor_each:8.1f} {a_step:10.2f}  {path}")
         return
     print(f"{sampler.samples} samples")
     for title, table in (("inclusive", sampler.inclusive), ("self", sampler.top)):

@@ -112,6 +112,74 @@ def test_a_store_whose_last_is_another_calls_not_yet_launched_compares_with_noth
     assert history is not None and history.changed is None and history.sums.shape == (2, 2)
 
 
+Tracked = tuple[torch.Tensor, chunk_changes.PieceTracker, piece_batch.PieceBatch, chunk_changes.PieceHistory]
+
+
+def stored_once(monkeypatch: pytest.MonkeyPatch, device: str, pieces: int, seed: int) -> Tracked:
+    """Random bytes of `pieces` pieces on a tracked device, stored once (its checksums launched):
+    the bytes, the tracker, the batch and that store."""
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    gen = torch.Generator().manual_seed(seed)
+    span = torch.randint(0, 256, (pieces * PIECE,), generator=gen, dtype=torch.uint8).to(device)
+    tracker = chunk_changes.PieceTracker()
+    batch = copies.piece_batch(torch.device(device), copies.SHARED_POOL)
+    earlier = tracker.observe(span, True, batch)
+    batch.flush()
+    assert earlier is not None
+    return span, tracker, batch, earlier
+
+
+def test_a_store_before_its_call_is_copied_aside_and_summed_in_the_launch_after_it(monkeypatch: pytest.MonkeyPatch,
+                                                                                   device: str) -> None:
+    # the copy aside holds the bytes as they were; the call's own store of the same memory after it
+    # shares the launch, comparing with what the copy compares with
+    span, tracker, batch, earlier = stored_once(monkeypatch, device, 4, seed=3)
+    as_it_was = span.clone()
+    span[PIECE + 5] ^= 1  # written between calls
+    before = tracker.observe(span, True, batch, clone=True)
+    batch.flush_live()  # as the call begins: no row reads the program's memory, nothing is launched
+    assert before is not None and before.cloned and before.place.checksums.on_device is None
+    span[3 * PIECE] ^= 1  # the call
+    after = tracker.observe(span, True, batch)
+    batch.flush()
+    assert before.previous is earlier and after is not None and after.previous is earlier
+    assert before.changed.tolist() == [0, 1, 0, 0] and after.changed.tolist() == [0, 1, 0, 1]
+    assert torch.equal(before.staged.view(torch.uint8)[:span.numel()], as_it_was ^ (torch.arange(span.numel(),
+                       device=device) == PIECE + 5).to(torch.uint8))
+    alone, _ = piece_sums.piece_sums(span, None, stage=False)
+    assert np.array_equal(after.sums, alone[:, :2].cpu().numpy())
+
+
+def count_launches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The stores each checksum launch sums."""
+    launches: list[int] = []
+    real = piece_sums.launch
+
+    def counting(table, stores, programs, device):
+        launches.append(stores)
+        return real(table, stores, programs, device)
+    monkeypatch.setattr(piece_sums, "launch", counting)
+    return launches
+
+
+@pytest.mark.parametrize("aside", ["copied", "no room", "too large"])
+def test_a_call_is_one_checksum_launch_unless_its_inputs_are_not_copied_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str, aside: str) -> None:
+    # an input with no room on the device to copy it aside, or past CLONE_BYTES, is summed in a
+    # launch before the call, which would change it; either way the recording is the one made
+    # without tracking
+    monkeypatch.setattr(chunk_changes, "DEVICES", ())
+    record_decode(tmp_path / "untracked", device, steps=3)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    if aside == "no room":
+        monkeypatch.setattr(chunk_changes, "DEVICE_STAGING_BYTES", 0)
+    if aside == "too large":
+        monkeypatch.setattr(chunk_changes, "CLONE_BYTES", 16 * PIECE - 1)  # the cache is 16 pieces
+    launches = count_launches(monkeypatch)
+    record_decode(tmp_path / "tracked", device, steps=3)
+    assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked")
+    assert launches == ([2] * 3 if aside == "copied" else [1, 1] * 3)  # in/cache and out/cache
+
 def record_decode(path: Path, device: str, steps: int = 6) -> torch.Tensor:
     cache = torch.zeros(64, 4096, device=device)  # 1 MiB: 16 pieces, a row a quarter of one
     with replay.recording(path, chunk_threshold=1) as rec:
@@ -474,3 +542,73 @@ def test_the_stores_known_whole_forget_the_least_recently_met_first(monkeypatch:
     known.remember_store(b"cache, step 2", ["c3", "c4"], "list-c2")
     assert known.store(b"cache, step 1") is None
     assert known.store(b"activation") is not None and known.store(b"cache, step 2") is not None
+
+
+def test_the_memories_whose_last_store_is_kept_are_bounded(monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    # a program storing ever new memory must not keep every store's checksums: the least recently
+    # stored memory is forgotten, and its next store compares with nothing
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    monkeypatch.setattr(chunk_changes, "MEMORIES_KEPT", 2)
+    spans = [torch.full((PIECE,), n, dtype=torch.uint8, device=device) for n in range(3)]
+    tracker = chunk_changes.PieceTracker()
+    batch = copies.piece_batch(torch.device(device), copies.SHARED_POOL)
+    for n in (0, 1, 0, 2):  # 0 stored again after 1: 1 is the least recently stored when 2 comes
+        tracker.observe(spans[n], False, batch)
+        batch.flush()
+    again = [tracker.observe(spans[n], False, batch) for n in (0, 1)]
+    batch.flush()
+    assert [history is not None and history.compared for history in again] == [True, False]
+    assert len(tracker._last) == 2
+
+
+def test_a_forgotten_memory_whose_store_was_dropped_unwritten_gives_its_bytes_back(
+        monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    # the forgotten history's finalizer takes the tracker's lock: it must not run while observe holds it
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    monkeypatch.setattr(chunk_changes, "MEMORIES_KEPT", 1)
+    tracker = chunk_changes.PieceTracker()
+    batch = copies.piece_batch(torch.device(device), copies.SHARED_POOL)
+    first, second = (torch.full((PIECE,), n, dtype=torch.uint8, device=device) for n in range(2))  # other memory
+    assert tracker.observe(first, True, batch) is not None
+    batch.flush()  # that store's call was dropped: the tracker holds its history alone
+    thread = threading.Thread(target=tracker.observe, daemon=True, args=(second, True, batch))
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and tracker.staged_bytes == PIECE  # the second store's only
+
+
+def test_a_store_copied_aside_is_written_whole_where_the_store_before_was_not(monkeypatch: pytest.MonkeyPatch,
+                                                                                device: str) -> None:
+    # its copy holds every piece: the pieces it shares with a store whose writer failed come over too
+    span, tracker, batch, earlier = stored_once(monkeypatch, device, 3, seed=4)
+    span[PIECE] ^= 1
+    before = tracker.observe(span, True, batch, clone=True)
+    batch.flush()
+    assert before is not None and before.changed.tolist() == [0, 1, 0]
+    earlier.hashed(None)  # its writer failed: the unchanged pieces' digests are not known
+    found, resolved, _ = before.fetch(before.known(), lambda nbytes: torch.empty(nbytes, dtype=torch.uint8))
+    assert resolved == [None] * 3
+    assert np.array_equal(np.concatenate([piece for piece in found if piece is not None]), span.cpu().numpy())
+
+
+def test_stores_dropped_before_their_launch_fail_whoever_reads_them(monkeypatch: pytest.MonkeyPatch,
+                                                                    device: str) -> None:
+    # a call given up before its checksums were launched: a writer reading them is told, not kept waiting
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    tracker = chunk_changes.PieceTracker()
+    batch = copies.piece_batch(torch.device(device), copies.SHARED_POOL)
+    history = tracker.observe(torch.zeros(PIECE, dtype=torch.uint8, device=device), False, batch)
+    del batch
+    gc.collect()
+    read: list[BaseException] = []
+
+    def reading() -> None:
+        try:
+            assert history is not None
+            history.sums
+        except RuntimeError as exc:
+            read.append(exc)
+    thread = threading.Thread(target=reading, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and len(read) == 1 and "dropped" in str(read[0])

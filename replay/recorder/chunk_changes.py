@@ -6,12 +6,17 @@ copying all of it to the host and hashing it there at every call costs far more 
 So, where the tensor lives on a GPU, one kernel (piece_sums.py) checksums each piece, compares
 the checksums with those of the last store from the same memory, and copies the pieces that
 differ into a device buffer, all on the program's stream with no synchronisation; one launch
-serves every store a call makes at once (piece_batch.py). The kernel writes the flags where the
-writers read them (pinned host memory); a writer thread then brings only the flagged pieces
-over (one gather and one copy, on a stream of its own), hashes them, and takes the others'
-sha256 from that last store. Correctness rests on the checksums alone, not on the memory being
-the same tensor: equal checksums mean equal bytes but for odds far below any hardware fault's
-(piece_sums.py), so a piece named by a reused digest holds what the digest says.
+serves every store a call makes at once (piece_batch.py), after the call runs. A store before
+the call (its inputs, which it may change) up to CLONE_BYTES copies every piece aside on the
+device instead, and the launch reads that copy: a device copy costs the program's thread far less
+than a second launch a call, and the device memory is the same, the staged buffer being whole
+pieces either way. A store after the call of the same memory compares with what that copy
+compares with (their launch is one). The kernel writes the flags where the writers read them
+(pinned host memory); a writer thread then brings only the flagged pieces over (one gather and
+one copy, on a stream of its own), hashes them, and takes the others' sha256 from that last
+store. Correctness rests on the checksums alone, not on the memory being the same tensor: equal
+checksums mean equal bytes but for odds far below any hardware fault's (piece_sums.py), so a
+piece named by a reused digest holds what the digest says.
 
 A flight recording keeps whole host copies (its ring may forget the store a later one would
 refer to), and so does a store that finds no room to stage in (DEVICE_STAGING_BYTES; a blocking
@@ -57,6 +62,17 @@ STAGING_WAIT_S = 5.0
 # than the launch that would spare it.
 DEVICE_BLOB_BYTES = 1 << 20
 SEEN_PIECES = 1 << 18  # pieces known by checksums at most (~60 MB of host memory), then forgotten
+# Memories whose last store's checksums are kept (on the device, 24 bytes a piece), the least recently
+# stored forgotten past it: a program that stores ever new memory does not hold every store's checksums.
+# A forgotten memory's next store compares with nothing (every piece staged, as a first store).
+MEMORIES_KEPT = 1 << 13
+# A store before its call up to this size is copied aside whole on the device, so that its checksums
+# wait for the launch after the call (one launch a call, not two). The copy costs the device two more
+# passes over the bytes (copied, then read) where summing them in place before the call and copying
+# the changed pieces costs one: at ~3 TB/s, 32 MiB cost ~20 us, less than a launch costs the
+# program's thread (55-90 us in a recording on the H100, docs/PERFORMANCE.md); a larger tensor (a
+# KV cache a decode step writes 64 KiB of) is summed in place, in a launch before the call.
+CLONE_BYTES = 32 << 20
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -121,6 +137,7 @@ class PieceHistory:
     recorded: KnownContent
     staged: torch.Tensor | None = None  # whole pieces of int32 words, the changed ones written
     nbytes: int = 0  # the tensor's bytes (the last piece of `staged` is padded)
+    cloned: bool = False  # `staged` holds every piece, copied before its call: the checksums read that copy
     digests: list[str] | None = None
     chunk_list: str | None = None  # the digest of the list of `digests`, as stored
     _done: threading.Event = field(default_factory=threading.Event)
@@ -200,7 +217,7 @@ class PieceHistory:
         assert self.staged is not None
         resolved, alike, wanted = self.plan(known)
         try:
-            if known is None and self.changed is not None and not bool(self.changed.all()):
+            if known is None and not self.cloned and self.changed is not None and not bool(self.changed.all()):
                 raise OSError("the pieces this store shares with the one before were never written")
             host, buffer = self._bring_over(wanted, take)
         finally:
@@ -335,41 +352,53 @@ class PieceTracker:
         self._staged_bytes = 0
         self._in_making = 0  # of those, held by calls not yet handed to the writers
         self._waited_in_vain = False
-        self._lock = threading.Lock()
+        # re-entrant: a garbage collection inside it may finalize a history that gives staged bytes back
+        self._lock = threading.RLock()
         self._room = threading.Condition(self._lock)
 
-    def observe(self, span: torch.Tensor, stage: bool, batch: PieceBatch) -> PieceHistory | None:
+    def observe(self, span: torch.Tensor, stage: bool, batch: PieceBatch, clone: bool = False) -> PieceHistory | None:
         """A store of `span` (a contiguous storage span) now, checksummed in `batch`'s launch: None
         where it is not tracked. With `stage`, the changed pieces are copied on the device
         (PieceHistory.staged) unless that would pass DEVICE_STAGING_BYTES (waiting a while for the
         writers first, in a blocking recording) or the device has no room; the caller copies the
-        span to the host if not."""
+        span to the host if not. With `clone` (a store before a call that may change the span),
+        a staged store copies every piece aside now and the launch, after the call, reads that copy."""
         raw = _words(span)
         if raw is None:
             return None
         key = (span.device, raw.data_ptr(), raw.numel())
         last = self._last.get(key)
+        if last is not None and last.cloned and batch.pending(last.place):
+            # its copy aside waits for the same launch: compare with what it compares with, not with it
+            last = last.previous
         if last is not None and last.failed:  # its pieces were never written: compare with nothing
             last = None
-        history = self._add(batch, raw, last, stage, staged_only=False)
+        history = self._add(batch, raw, last, stage, staged_only=False, clone=clone)
         assert history is not None
-        self._last[key] = history
+        with self._lock:  # the memory stored last moves to the end; past MEMORIES_KEPT the oldest is forgotten
+            replaced = self._last.pop(key, None)
+            self._last[key] = history
+            forgotten = self._last.pop(next(iter(self._last))) if len(self._last) > MEMORIES_KEPT else None
+        # let go here, not under the lock: a history dropped unwritten gives its staged bytes back (_let_go)
+        del replaced, forgotten
         return history
 
-    def observe_blob(self, span: torch.Tensor, batch: PieceBatch) -> PieceHistory | None:
+    def observe_blob(self, span: torch.Tensor, batch: PieceBatch, clone: bool = False) -> PieceHistory | None:
         """A store of a read-only span to be kept as a blob, checksummed in `batch`'s launch and
-        copied whole aside on the device (PieceHistory.staged), to come over only if the recording
-        never stored those bytes. None where it is not tracked, or there is no room to stage it:
-        the caller copies the span to the host."""
+        copied whole aside on the device (PieceHistory.staged; with `clone`, now, the launch
+        reading the copy), to come over only if the recording never stored those bytes. None
+        where it is not tracked, or there is no room to stage it: the caller copies the span to
+        the host."""
         raw = _words(span)
         if raw is None or raw.numel() < DEVICE_BLOB_BYTES:
             return None
-        return self._add(batch, raw, None, True, staged_only=True)
+        return self._add(batch, raw, None, True, staged_only=True, clone=clone)
 
     def _add(self, batch: PieceBatch, raw: torch.Tensor, last: PieceHistory | None, stage: bool,
-             staged_only: bool) -> PieceHistory | None:
-        """`raw` and its history added to `batch`, its changed pieces staged where there is room;
-        with `staged_only`, nothing where the store cannot be staged."""
+             staged_only: bool, clone: bool) -> PieceHistory | None:
+        """`raw` and its history added to `batch`, its changed pieces staged where there is room
+        (with `clone`, all of them now, the row reading that copy); with `staged_only`, nothing
+        where the store cannot be staged."""
         if last is not None and not batch.comparable(last.place):
             last = None
         padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES
@@ -382,13 +411,21 @@ class PieceTracker:
                 self._unreserve(padded)
         if staged_only and staged is None:
             return None
+        cloned = clone and staged is not None and raw.numel() <= CLONE_BYTES
         try:
-            place = batch.add(raw, last.place if last is not None else None, staged)
+            if cloned:
+                assert staged is not None
+                copy = staged.view(torch.uint8)[:raw.numel()]
+                copy.copy_(raw)  # on the program's stream, before its call: what the launch after it reads
+                place = batch.add(copy, last.place if last is not None else None, None, live=False)
+            else:
+                place = batch.add(raw, last.place if last is not None else None, staged)
         except BaseException:
             if staged is not None:
                 self._unreserve(padded)
             raise
-        return PieceHistory(last, place, last is not None, self.recorded, staged, raw.numel(), _let_go=self._let_go)
+        return PieceHistory(last, place, last is not None, self.recorded, staged, raw.numel(), cloned,
+                            _let_go=self._let_go)
 
     def _reserve(self, padded: int) -> bool:
         """Room for `padded` staged bytes, counted as in the making: past the budget, wait for the
@@ -436,4 +473,6 @@ class PieceTracker:
 
     def forget(self) -> None:
         """The recording is over: let go of the device checksums (the writers still finish theirs)."""
-        self._last.clear()
+        with self._lock:
+            last, self._last = self._last, {}
+        del last  # outside the lock, as in observe()

@@ -8,6 +8,7 @@ to bring over what the recording has not stored yet (chunk_changes.py).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Callable, Protocol
@@ -118,7 +119,8 @@ class BlobRef:
             copy, self.copy = self.copy, None
         if copy is not None:
             if copy.landed is not None:
-                copy.landed.synchronize()
+                with contextlib.suppress(Exception):  # a launch that failed: said by the calls that met it
+                    copy.landed.synchronize()
             release(copy)
 
 
@@ -150,10 +152,12 @@ def piece_batch(device: torch.device, pool: PinnedPool) -> PieceBatch:
 
 class Copier:
     """Takes host copies of tensors, stream-ordered on a GPU, and remembers what must be waited
-    for before they can be read."""
+    for before they can be read. `before_call`: the copies are a call's inputs, taken before it
+    runs (call_begins() says when it does); else they are taken after the work they follow."""
 
-    def __init__(self, pool: PinnedPool):
+    def __init__(self, pool: PinnedPool, before_call: bool = False):
         self.pool = pool
+        self._before_call = before_call
         self._devices: set[torch.device] = set()
         self._tracker: PieceTracker | None = None  # the recording's, once a store of this call is staged
         self._batches: dict[torch.device, PieceBatch] = {}  # tracked stores waiting for their checksums' launch
@@ -189,7 +193,9 @@ class Copier:
         only if the recording never stored those bytes; else a host copy, as copy() takes."""
         geometry = geometry or geometry_of(t)
         span = storage_span(t.detach(), geometry)
-        pieces = tracker.observe_blob(span, self._batch(span.device)) if tracker is not None else None
+        pieces = None
+        if tracker is not None:
+            pieces = tracker.observe_blob(span, self._batch(span.device), self._before_call)
         if tracker is None or pieces is None:
             return self.copy(t, landed=True, geometry=geometry)
         self._note_staged(tracker, pieces)  # before anything else may raise: the call's mark() counts it
@@ -204,7 +210,7 @@ class Copier:
         span comes to the host now, as copy() does)."""
         geometry = geometry or geometry_of(t)
         span = storage_span(t.detach(), geometry)
-        pieces = tracker.observe(span, stage, self._batch(span.device))
+        pieces = tracker.observe(span, stage, self._batch(span.device), self._before_call)
         if pieces is not None and pieces.staged is not None:
             self._note_staged(tracker, pieces)
             if span.device.type == "cuda":
@@ -239,11 +245,26 @@ class Copier:
             batch = self._batches[device] = piece_batch(device, self.pool)
         return batch
 
-    def flush(self) -> None:
-        """Launch the checksums of the tracked stores made since the last flush (before the call
-        runs: it may change what they read); mark() does it for the stores after it."""
+    def call_begins(self) -> None:
+        """The call's inputs are taken and it runs next: the checksums of stores that read the
+        program's memory (no room to copy it aside) are launched now, as the call may change it;
+        the others wait for mark()'s launch."""
         for batch in self._batches.values():
-            batch.flush()
+            batch.flush_live()
+        self._before_call = False
+
+    def flush(self) -> None:
+        """Launch the checksums of the tracked stores made since the last flush, on every device
+        (one that fails tells its stores' readers so, and does not keep the others from launching):
+        the first failure is raised."""
+        failure: BaseException | None = None
+        for batch in self._batches.values():
+            try:
+                batch.flush()
+            except BaseException as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
 
     def _count_handed_over(self) -> None:
         """The call's staged stores go to the writers (or are dropped): no longer in the making."""

@@ -149,10 +149,12 @@ class GraphRecording:
             for slab, used in zip(tape.slabs, tape.used) if on_device is None else ():
                 host.append(copier.copy(slab[:used]))
             weights = self._replay_weights(tape, copier)
-        except (OSError, TypeError, RuntimeError) as exc:
-            copier.mark()()
+        except BaseException as exc:
+            copier.mark()()  # its checksums launched: nothing waits for a launch that never comes
             for copy in host:
                 self.calls.release(copy)
+            if not isinstance(exc, (OSError, TypeError, RuntimeError)):
+                raise
             self.report(f"CUDA graph {tape.graph_id}: copying a replay failed: {exc}; capture stopped", stop=True)
             return
         first = self.writer.reserve_index(len(tape.calls))

@@ -2,11 +2,14 @@
 piece_sums.py's kernel reads where the host wrote them, checksums it writes where the host reads
 them (pinned memory, which a GPU reads and writes in place), one event.
 
-A call's stores before it runs are one batch, launched before its kernel is (the kernel may
-change what they read); its stores after it are another, launched before the call goes to the
-writers. Each store learns where its checksums will be (a Place: the launch and its first row);
-the writer that stores it reads them on the host once the launch's event has passed, and the first
-to do so gives the pinned buffer back to the pool. A store whose last store of the same memory is
+A call's stores are one batch, launched after its kernel, before the call goes to the writers:
+a store made before the call (an input it may change, a blob) reads a copy of its bytes taken
+aside on the device then, which it keeps as its staged pieces (chunk_changes.py). Where there is
+no such copy (no room for it, or a tensor past chunk_changes.CLONE_BYTES) a row reads the
+program's memory, and the batch is launched before the call runs too (`flush_live`). Each store
+learns where its checksums will be (a Place: the launch and its first row); the writer that
+stores it reads them on the host once the launch's event has passed, and the first to do so gives
+the pinned buffer back to the pool. A store whose last store of the same memory is
 in the batch not yet launched (one tensor passed twice) has the batch launched first, so that it
 compares with checksums that exist. One launch a call rather than one a store: on the H100 a
 store with a launch and a copy of its own cost the program's thread 187 us, a row 49 us, and a
@@ -14,6 +17,7 @@ call's launch 180 us (docs/PERFORMANCE.md, "One checksum launch a call").
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -110,6 +114,7 @@ class PieceBatch:
         self._rows: list[list[Any]] = []  # piece_sums.COLUMNS each; the sums column a row number until launched
         self._pieces = 0
         self._programs = 0
+        self._live = False  # a row reads memory the program owns (not a copy aside): launched before its call runs
         self._pending = Checksums()
         # what the rows name by address, alive until the launch is issued (a mask made for the
         # call is freed before it, and its memory would be another's by then)
@@ -120,9 +125,14 @@ class PieceBatch:
         (another thread's call that has not launched yet: compared with nothing)."""
         return last.checksums is self._pending or last.checksums.on_device is not None
 
-    def add(self, raw: torch.Tensor, last: Place | None, staged: torch.Tensor | None) -> Place:
+    def pending(self, place: Place) -> bool:
+        """Whether `place` is this batch's, not launched yet."""
+        return place.checksums is self._pending
+
+    def add(self, raw: torch.Tensor, last: Place | None, staged: torch.Tensor | None, live: bool = True) -> Place:
         """A store of `raw` (uint8, 1-D, trackable) compared with `last` (None: every piece new),
-        its changed pieces copied into `staged` where given."""
+        its changed pieces copied into `staged` where given. `live`: `raw` is the program's memory,
+        which its call may change (not a copy the recorder took aside)."""
         from replay.recorder import piece_sums as kernel
         if last is not None and last.checksums is self._pending:
             self.flush()  # what it compares with must be summed first
@@ -137,19 +147,35 @@ class PieceBatch:
         self._held += [raw, staged, last.checksums if last is not None else None]
         self._pieces += pieces
         self._programs += kernel.programs_of(pieces)
+        self._live = self._live or live
         return place
 
+    def flush_live(self) -> None:
+        """Launch now if a row reads the program's own memory (a call about to run may change it);
+        rows reading copies aside wait for the launch after the call."""
+        if self._live:
+            self.flush()
+
     def flush(self) -> None:
-        """Launch the checksums of the stores added since the last flush, on the current stream. The
-        kernel reads the table where the host wrote it and writes the checksums both on the device
-        and where the writers read them (host memory from `take`: on a GPU, pinned, which the device
-        reads and writes in place): a launch and an event, no copies."""
+        """Launch the checksums of the stores added since the last flush, on the batch's device's
+        current stream. The kernel reads the table where the host wrote it and writes the checksums
+        both on the device and where the writers read them (host memory from `take`: on a GPU,
+        pinned, which the device reads and writes in place): a launch and an event, no copies."""
         if not self._rows:
             return
+        if self.device.type == "cuda" and self.device.index not in (None, torch.cuda.current_device()):
+            with torch.cuda.device(self.device):
+                self._launch()
+        else:
+            self._launch()
+
+    def _launch(self) -> None:
         from replay.recorder import piece_sums as kernel
         rows, pieces, programs, checksums = self._rows, self._pieces, self._programs, self._pending
         held = self._held  # let go once the launch is issued: freed memory is reused in stream order
         self._rows, self._pieces, self._programs, self._pending, self._held = [], 0, 0, Checksums(), []
+        self._live = False
+        launched = False
         try:
             sums = torch.empty(pieces, ROW, dtype=torch.int64, device=self.device)
             table = np.array(rows, dtype=np.int64)
@@ -160,6 +186,7 @@ class PieceBatch:
             buffer.numpy()[sums_bytes:sums_bytes + table.nbytes] = table.view(np.uint8).reshape(-1)
             with recorder_kernel():  # the recorder's own launch: no call of the program
                 kernel.launch(buffer.data_ptr() + sums_bytes, len(rows), programs, self.device)
+            launched = True
             del held
             event = None
             if self.device.type == "cuda":
@@ -167,5 +194,14 @@ class PieceBatch:
                 event.record(torch.cuda.current_stream(self.device))
             checksums.launched(sums, buffer[:sums_bytes].view(torch.int64), buffer, self._give, event)
         except BaseException as exc:
+            if launched and self.device.type == "cuda":  # what it reads and writes may go once it has run
+                with contextlib.suppress(Exception):
+                    torch.cuda.current_stream(self.device).synchronize()
             checksums.failed(exc)
             raise
+
+    def __del__(self) -> None:
+        # never launched (its call dropped mid-way): whoever reads its checksums is told, not kept waiting
+        if self._rows:
+            self._pending.failed(RuntimeError("the recorder dropped these stores before their checksums were "
+                                              "launched"))

@@ -45,7 +45,7 @@ COLUMNS = 7
 WORDS_AT, NWORDS, FIRST, SUMS, HOST_SUMS, LAST, STAGED = range(COLUMNS)
 
 
-@triton.jit(do_not_specialize=["table"])
+@triton.jit(do_not_specialize=["table", "stores"])  # one variant: no compile mid-recording
 def _piece_sums_kernel(table, stores, weights_ptr, WORDS: tl.constexpr, BLOCK: tl.constexpr,
                        GROUP: tl.constexpr, ROW: tl.constexpr, COLUMNS: tl.constexpr):
     table_ptr = table.to(tl.int64).to(tl.pointer_type(tl.int64))  # in pinned host memory on a GPU: read in place

@@ -296,13 +296,13 @@ class Recording(GraphRecording):
             return fn(*args, **kwargs)
         bound.apply_defaults()
         call = PendingCall(self.writer.reserve_index(), {})
-        copier = Copier(self.calls.pool)
+        copier = Copier(self.calls.pool, before_call=True)
         footprint = Footprint(self.storages)
         store = footprint.noting(functools.partial(self._store, copier, call))
         try:
             with self.clocks.paused():
                 described = staging.arguments(spec, bound.arguments, store)
-                copier.flush()  # the inputs' checksums, launched before the call may change them
+                copier.call_begins()
         except CaptureError as exc:
             self._abandon(call, copier)
             self.report(str(exc), stop=False)
