@@ -123,7 +123,7 @@ class PieceBatch:
     def comparable(self, last: Place) -> bool:
         """Whether a store can compare with `last` here: its launch issued, or this batch's own
         (another thread's call that has not launched yet: compared with nothing)."""
-        return last.checksums is self._pending or last.checksums.on_device is not None
+        return self.pending(last) or last.checksums.on_device is not None
 
     def pending(self, place: Place) -> bool:
         """Whether `place` is this batch's, not launched yet."""
@@ -134,7 +134,7 @@ class PieceBatch:
         its changed pieces copied into `staged` where given. `live`: `raw` is the program's memory,
         which its call may change (not a copy the recorder took aside)."""
         from replay.recorder import piece_sums as kernel
-        if last is not None and last.checksums is self._pending:
+        if last is not None and self.pending(last):
             self.flush()  # what it compares with must be summed first
         pieces = -(-raw.numel() // CHUNK_BYTES)
         place = Place(self._pending, self._pieces, pieces)

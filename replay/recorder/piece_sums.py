@@ -1,4 +1,4 @@
-"""One kernel per batch of stores of large tensors (a call's, before it and after it): each 64 KiB
+"""One kernel per batch of stores of large tensors (a call's): each 64 KiB
 piece's checksums, whether the piece changed since the last store from the same memory, and
 (when asked) a device-side copy of the pieces that did, so that only those cross to the host
 later, off the program's stream.
