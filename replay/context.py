@@ -260,7 +260,25 @@ def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None,
 def compiled_details(compiled: Any) -> dict[str, Any]:
     """What the object a Triton launch returns says of the compiled kernel: warps, stages, shared
     memory, hash and registers, where the backend reports them (a GPU does; the interpreter, nothing),
-    as JSON."""
+    as JSON. Read once a kernel (after its first launch, which loads it and counts its registers):
+    a recording asks at every launch."""
+    if compiled is None:
+        return {}
+    known = _COMPILED_DETAILS.get(id(compiled))
+    if known is not None and known[0] is compiled:
+        return dict(known[1])
+    details = _read_compiled_details(compiled)
+    if len(_COMPILED_DETAILS) >= _COMPILED_KEPT:
+        _COMPILED_DETAILS.clear()
+    _COMPILED_DETAILS[id(compiled)] = (compiled, details)  # held: its id names no other kernel meanwhile
+    return dict(details)
+
+
+_COMPILED_KEPT = 4096  # kernels whose details are kept; past it they are read again
+_COMPILED_DETAILS: dict[int, tuple[Any, dict[str, Any]]] = {}
+
+
+def _read_compiled_details(compiled: Any) -> dict[str, Any]:
     details: dict[str, Any] = {}
     meta = getattr(compiled, "metadata", None)
     for attr in ("num_warps", "num_stages", "shared", "hash"):

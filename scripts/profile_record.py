@@ -4,6 +4,7 @@ runs it) recorded step after step, with the Python stacks of every thread sample
     python scripts/profile_record.py                          # on a GPU: 2048 tokens, hidden 4096, bf16
     python scripts/profile_record.py --steps 12 --interval 0.5
     python scripts/profile_record.py --timers                 # the recorder's steps timed instead
+    python scripts/profile_record.py --census                 # the calls a recorded launch makes, counted
 
 Printed: bare and recorded step times, how many stores of each kind a step makes (counted by
 wrapping the Copier's methods), the Triton kernels compiled after the first recorded step (a
@@ -16,6 +17,10 @@ through the interpreter lock. A sample is taken when the sampler gets the lock: 
 long C call without releasing it is seen late. With `--timers`, instead of sampling, the
 recorder's own steps are timed where they run (TIMED: wall time inclusive, per call and a step,
 summed over threads), which says what a launch's recording costs the program piece by piece.
+With `--census`, every Python function and C function (torch's operators among them) that a
+recorded launch calls on the thread that launches it, counted a launch, with times (inflated by
+the profiler that counts them, so only their order means anything): unlike timings, the counts
+are the same on every machine and run, so they show what a change to the recorder's path saved.
 A diagnosis, not a benchmark: figures for docs/PERFORMANCE.md come from bench_launches.py.
 """
 from __future__ import annotations
@@ -38,9 +43,7 @@ STORES = ("copy", "copy_blob", "copy_chunked")
 TIMED = (
     ("replay.triton_launches.recording", "LaunchRecorder.launch"),
     ("replay.triton_launches.recording", "LaunchRecorder._describe"),
-    ("replay.triton_launches.recording", "keyword_only"),
     ("replay.recorder.session", "Recording.record"),
-    ("inspect", "Signature.bind"),
     ("replay.recorder.staging", "arguments"),
     ("replay.recorder.staging", "outputs"),
     ("replay.recorder.session", "Recording._store"),
@@ -63,6 +66,8 @@ TIMED = (
     ("replay.recorder.piece_batch", "PieceBatch.flush"),
     ("replay.recorder.piece_batch", "Checksums.__init__"),
     ("replay.recorder.piece_sums", "launch"),
+    ("replay.direct_launch", "DirectLauncher.launch"),
+    ("replay.recorder.cuda_streams", "event_now"),
     ("replay.recorder.copies", "PinnedPool.take"),
     ("replay.recorder.stream_order", "current_stream"),
     ("replay.recorder.stream_order", "StreamClocks.issue"),
@@ -71,6 +76,70 @@ TIMED = (
     ("replay.snapshot.unwritten", "unchanged_mask"),
     ("replay.recorder.pipeline", "CallWriter.submit"),
 )
+
+
+class Census:
+    """From `on` set, each LaunchRecorder.launch profiled on the thread that makes it (sys.setprofile
+    is per thread): calls of each Python and C function counted, with inclusive and self times."""
+
+    def __init__(self) -> None:
+        from replay.triton_launches import recording
+
+        self.on = threading.Event()
+        self.launches = 0
+        self.calls: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.self_ns: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.inclusive_ns: collections.Counter[tuple[str, str]] = collections.Counter()
+        original = recording.LaunchRecorder.launch
+
+        def launch(recorder: Any, *args: Any, **kwargs: Any) -> Any:
+            if not self.on.is_set() or sys.getprofile() is not None:
+                return original(recorder, *args, **kwargs)
+            self.launches += 1
+            sys.setprofile(self._profiler())
+            try:
+                return original(recorder, *args, **kwargs)
+            finally:
+                sys.setprofile(None)
+        recording.LaunchRecorder.launch = launch  # type: ignore[method-assign]
+
+    def _profiler(self) -> Any:
+        stack: list[list[Any]] = []  # [function, started ns, its callees' ns]
+        clock = time.perf_counter_ns
+
+        def profile(frame: FrameType, event: str, arg: Any) -> None:
+            now = clock()
+            if event in ("call", "c_call"):
+                stack.append([_function(frame, event, arg), now, 0])
+            elif stack:
+                function, started, callees = stack.pop()
+                spent = now - started
+                self.calls[function] += 1
+                self.inclusive_ns[function] += spent
+                self.self_ns[function] += spent - callees
+                if stack:
+                    stack[-1][2] += spent
+        return profile
+
+    def print(self, top: int) -> None:
+        n = max(self.launches, 1)
+        for kind, title in (("C", "C functions"), ("py", "Python functions")):
+            total = sum(count for (k, _), count in self.calls.items() if k == kind)
+            print(f"\n{title}: {total / n:.0f} calls a recorded launch ({self.launches} launches); the most costly "
+                  "(calls a launch, self us and inclusive us a launch, as profiled)")
+            rows = sorted((f for f in self.calls if f[0] == kind), key=lambda f: -self.self_ns[f])
+            for function in rows[:top]:
+                print(f"  {self.calls[function] / n:7.1f} {self.self_ns[function] / n / 1e3:8.1f} "
+                      f"{self.inclusive_ns[function] / n / 1e3:9.1f}  {function[1]}")
+
+
+def _function(frame: FrameType, event: str, arg: Any) -> tuple[str, str]:
+    """('C', 'module.qualname') of a C function called, or ('py', 'folder/file.py:function')."""
+    if event == "c_call":
+        owner = getattr(arg, "__module__", None) or type(getattr(arg, "__self__", None)).__name__
+        return "C", f"{owner}.{getattr(arg, '__qualname__', getattr(arg, '__name__', '?'))}"
+    path = Path(frame.f_code.co_filename)
+    return "py", f"{path.parent.name}/{path.name}:{frame.f_code.co_name}"
 
 
 class Sampler:
@@ -186,6 +255,8 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.5, help="milliseconds between samples")
     parser.add_argument("--top", type=int, default=25, help="functions shown a table")
     parser.add_argument("--timers", action="store_true", help="time the recorder's steps (TIMED) instead of sampling")
+    parser.add_argument("--census", action="store_true",
+                        help="count the calls each recorded launch makes (sys.setprofile) instead of sampling")
     args = parser.parse_args()
 
     import torch
@@ -209,6 +280,7 @@ def main() -> None:
     at_step = [0]
     compiled = count_compiles(at_step)
     timed = time_steps() if args.timers else {}
+    census = Census() if args.census else None
     sampler = Sampler(args.interval / 1e3)
     times = []
     with replay.recording(Path(tempfile.mkdtemp()) / "profiled") as recording:
@@ -218,12 +290,16 @@ def main() -> None:
                 counted.clear()
                 for totals in timed.values():
                     totals[:] = [0, 0.0, 0.0]
-                if not args.timers:
+                if census is not None:
+                    census.on.set()
+                elif not args.timers:
                     sampler.on.set()
             times.append(step())
             if n == 0:
                 recording.flush()
         sampler.on.clear()
+        if census is not None:
+            census.on.clear()
     sampler.stop()
     sampled = max(1, args.steps - 2)
     print("recorded ms:", " ".join(f"{t:.1f}" for t in times))
@@ -232,6 +308,9 @@ def main() -> None:
     print(f"Triton kernels compiled after the first recorded step: {sum(count for *_, count in later)}")
     for n, where, count in later[:args.top]:
         print(f"  step {n}: {count} x {where[:300]}")
+    if census is not None:
+        census.print(args.top)
+        return
     if args.timers:
         print("recorder steps (inclusive: a step's time holds the steps it calls; summed over threads)")
         print(f"  {'calls a step':>12} {'us a call':>10} {'cpu us':>8} {'ms a step':>10}  step")

@@ -309,7 +309,7 @@ def test_a_staged_store_whose_earlier_store_failed_is_refused_not_filled_with_ga
     first.hashed(None)  # its writer failed
     rows = piece_batch.Checksums.known(np.array([[1, 2, 0], [3, 4, 1]]))
     history = chunk_changes.PieceHistory(first, piece_batch.Place(rows, 0, 2), True, chunk_changes.KnownContent(),
-                                         torch.zeros(2 * PIECE // 4, dtype=torch.int32), span.numel(),
+                                         torch.zeros(2 * PIECE, dtype=torch.uint8), span.numel(),
                                          _let_go=released.append)
     with pytest.raises(OSError, match="never written"):
         history.fetch(history.known(), lambda n: torch.empty(n, dtype=torch.uint8))

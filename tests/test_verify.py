@@ -19,6 +19,7 @@ import torch
 from click.testing import CliRunner
 
 import replay
+from replay import direct_launch
 from replay.cli import main
 from replay.verify import Mismatch
 from replay.verify import call_stats
@@ -451,8 +452,8 @@ def test_the_statistics_kernel_launched_directly_reads_device_memory_through_pin
         table[b, :len(tensors)] = batch_table(tensors)
         call_stats.launch(table[b], partials[b], len(tensors))
     torch.cuda.synchronize()
-    if call_stats._direct_launch_fits():
-        assert call_stats._LAUNCHER._compiled[torch.cuda.current_device()] is not None  # launched directly
+    if direct_launch.FITS:
+        assert call_stats._LAUNCHER.compiled[torch.cuda.current_device()] is not None  # launched directly
     for b, tensors in enumerate(batches):
         _, twin = call_stats.buffers(1, 4, cuda=False)
         call_stats.on_host([t.cpu() for t in tensors], twin[0])

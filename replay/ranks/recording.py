@@ -23,7 +23,7 @@ import torch
 
 from replay.context import recorder_busy
 from replay.ranks.layout import RankInfo
-from replay.recorder.staging import CallSpec, keyword_only
+from replay.recorder.staging import CallSpec
 
 OP_PREFIX = "torch.distributed."  # the op names of recorded collectives: torch.distributed.all_reduce
 VARIANT = "collective"
@@ -113,7 +113,7 @@ class CollectiveRecorder:
         spec = CallSpec(OP_PREFIX + call.kind, VARIANT, None, mutates=tuple(call.writes),
                         outputs=() if call.writes else ("out",), header_extra={"collective": header})
         tensors = {**call.reads, **call.writes}
-        self.recording.record(spec, run, keyword_only(tensors), (), tensors)
+        self.recording.record(spec, run, None, (), tensors)
         return returned[0] if returned else None
 
     def _note_group(self, group: Any, ranks: tuple[int, ...] | None) -> None:

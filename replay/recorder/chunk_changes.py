@@ -45,7 +45,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from replay.recorder.piece_batch import PieceBatch, Place
+from replay.recorder.piece_batch import PieceBatch, Place, sums_kernel
 from replay.snapshot.writer import CHUNK_BYTES
 
 DEVICES = ("cuda",)  # where pieces are checksummed; tests add "cpu" to run the same logic there
@@ -135,7 +135,7 @@ class PieceHistory:
     place: Place
     compared: bool
     recorded: KnownContent
-    staged: torch.Tensor | None = None  # whole pieces of int32 words, the changed ones written
+    staged: torch.Tensor | None = None  # whole pieces of bytes, the changed ones written
     nbytes: int = 0  # the tensor's bytes (the last piece of `staged` is padded)
     cloned: bool = False  # `staged` holds every piece, copied before its call: the checksums read that copy
     digests: list[str] | None = None
@@ -145,8 +145,7 @@ class PieceHistory:
     _key: bytes | None = None
 
     def __post_init__(self) -> None:
-        self._hold = _Hold(self.staged.numel() * self.staged.element_size() if self.staged is not None else 0,
-                           self._let_go)
+        self._hold = _Hold(self.staged.numel() if self.staged is not None else 0, self._let_go)
         if self.staged is not None:  # a store dropped unwritten (its call abandoned) gives its bytes back too
             weakref.finalize(self, self._hold.give_back)
 
@@ -244,7 +243,7 @@ class PieceHistory:
         assert self.staged is not None
         if not wanted:  # nothing changed: nothing comes over
             return np.empty(0, dtype=np.uint8), None
-        staged = self.staged.view(torch.uint8)
+        staged = self.staged
         runs = _runs(wanted)
         if not staged.is_cuda:
             return torch.cat([staged[start * CHUNK_BYTES:end * CHUNK_BYTES] for start, end in runs]).numpy(), None
@@ -317,17 +316,17 @@ class _Hold:
 
 
 def _words(span: torch.Tensor) -> torch.Tensor | None:
-    """A storage span's bytes (uint8, 1-D) where its pieces are checksummed; None where not."""
+    """A storage span's bytes (uint8, 1-D: storage_span made it so) where its pieces are
+    checksummed; None where not."""
     if span.device.type not in DEVICES:
         return None
-    raw = span.reshape(-1).view(torch.uint8)
-    from replay.recorder import piece_sums  # Triton is imported by the first store tracked
-    return raw if piece_sums.trackable(raw) else None
+    raw = span.view(torch.uint8)
+    return raw if sums_kernel().trackable(raw) else None
 
 
 def staging_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
-    """Device memory for the changed pieces of a store of `nbytes` (whole pieces), as int32 words."""
-    return torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+    """Device memory for the changed pieces of a store of `nbytes` (whole pieces), as bytes."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 def _runs(pieces: list[int]) -> list[tuple[int, int]]:
@@ -401,7 +400,7 @@ class PieceTracker:
         where the store cannot be staged."""
         if last is not None and not batch.comparable(last.place):
             last = None
-        padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES
+        padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES  # whole pieces (the last one's tail stays unwritten)
         stage = stage and self._reserve(padded)
         staged = None
         if stage:
@@ -411,11 +410,12 @@ class PieceTracker:
                 self._unreserve(padded)
         if staged_only and staged is None:
             return None
-        cloned = clone and staged is not None and raw.numel() <= CLONE_BYTES
+        nbytes = raw.numel()
+        cloned = clone and staged is not None and nbytes <= CLONE_BYTES
         try:
             if cloned:
                 assert staged is not None
-                copy = staged.view(torch.uint8)[:raw.numel()]
+                copy = staged if nbytes == padded else staged[:nbytes]
                 copy.copy_(raw)  # on the program's stream, before its call: what the launch after it reads
                 place = batch.add(copy, last.place if last is not None else None, None, live=False)
             else:
@@ -424,7 +424,7 @@ class PieceTracker:
             if staged is not None:
                 self._unreserve(padded)
             raise
-        return PieceHistory(last, place, last is not None, self.recorded, staged, raw.numel(), cloned,
+        return PieceHistory(last, place, last is not None, self.recorded, staged, nbytes, cloned,
                             _let_go=self._let_go)
 
     def _reserve(self, padded: int) -> bool:

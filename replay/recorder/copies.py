@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from replay.recorder import cuda_streams
 from replay.recorder.chunk_changes import PieceHistory, PieceTracker
 from replay.recorder.piece_batch import PieceBatch
 from replay.snapshot import SnapshotWriter
@@ -142,6 +143,18 @@ def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool) -
     return digest
 
 
+_EMPTY: dict[torch.dtype, torch.Tensor] = {}
+
+
+def _no_bytes(dtype: torch.dtype) -> torch.Tensor:
+    """An empty host tensor of `dtype`: the span of a copy whose bytes wait on the device (one a
+    dtype, shared and never written: a new one a store cost ~10 us)."""
+    empty = _EMPTY.get(dtype)
+    if empty is None:
+        empty = _EMPTY[dtype] = torch.empty(0, dtype=dtype)
+    return empty
+
+
 def piece_batch(device: torch.device, pool: PinnedPool) -> PieceBatch:
     """A batch of tracked stores on `device`, its table and checksums in host memory the device
     reaches in place: the pool's pinned buffers on a GPU, plain tensors for Triton's interpreter."""
@@ -169,7 +182,7 @@ class Copier:
         with `landed`, one that carries an event of its own (a blob: other calls, on other
         streams, may be written before the one that took it)."""
         geometry = geometry or geometry_of(t)
-        return self.copy_span(storage_span(t.detach(), geometry), geometry, landed)
+        return self.copy_span(storage_span(t, geometry), geometry, landed)
 
     def copy_span(self, span: torch.Tensor, geometry: Geometry, landed: bool = False) -> HostCopy:
         """A host copy of a storage span taken already (copy() says the rest)."""
@@ -180,11 +193,7 @@ class Copier:
         host = buffer[:nbytes].view(span.dtype)
         host.copy_(span, non_blocking=True)
         self._devices.add(span.device)
-        event = None
-        if landed:
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(span.device))
-        return HostCopy(host, geometry, buffer, landed=event)
+        return HostCopy(host, geometry, buffer, landed=cuda_streams.event_now(span.device) if landed else None)
 
     def copy_blob(self, t: torch.Tensor, tracker: PieceTracker | None, geometry: Geometry | None = None) -> HostCopy:
         """A copy of a read-only tensor to be stored as a blob, carrying an event of its own (other
@@ -192,15 +201,14 @@ class Copier:
         follows its device and there is room, checksummed and kept on the device, to come over
         only if the recording never stored those bytes; else a host copy, as copy() takes."""
         geometry = geometry or geometry_of(t)
-        span = storage_span(t.detach(), geometry)
+        span = storage_span(t, geometry)
         pieces = None
         if tracker is not None:
             pieces = tracker.observe_blob(span, self._batch(span.device), self._before_call)
         if tracker is None or pieces is None:
             return self.copy(t, landed=True, geometry=geometry)
         self._note_staged(tracker, pieces)  # before anything else may raise: the call's mark() counts it
-        return HostCopy(torch.empty(0, dtype=span.dtype), geometry, pieces=pieces, landed=pieces.place.checksums,
-                        on_device=True)
+        return HostCopy(_no_bytes(span.dtype), geometry, pieces=pieces, landed=pieces.place.checksums, on_device=True)
 
     def copy_chunked(self, t: torch.Tensor, tracker: PieceTracker, stage: bool,
                      geometry: Geometry | None = None) -> HostCopy:
@@ -209,13 +217,13 @@ class Copier:
         and, with `stage`, copied there too, for a writer to bring over later (else the whole
         span comes to the host now, as copy() does)."""
         geometry = geometry or geometry_of(t)
-        span = storage_span(t.detach(), geometry)
+        span = storage_span(t, geometry)
         pieces = tracker.observe(span, stage, self._batch(span.device), self._before_call)
         if pieces is not None and pieces.staged is not None:
             self._note_staged(tracker, pieces)
             if span.device.type == "cuda":
                 self._devices.add(span.device)  # the call's event then covers the kernel and its flags
-            return HostCopy(torch.empty(0, dtype=span.dtype), geometry, chunked=True, pieces=pieces, on_device=True)
+            return HostCopy(_no_bytes(span.dtype), geometry, chunked=True, pieces=pieces, on_device=True)
         try:
             copy = self.copy(t, geometry=geometry)
         except BaseException:
@@ -228,7 +236,7 @@ class Copier:
     def hold_before(self, key: str, t: torch.Tensor, geometry: Geometry) -> bool:
         """Keep a copy of an output buffer's span on its device over its call, to tell after it
         which elements the call left unchanged (before()); False where the device has no room."""
-        span = storage_span(t.detach(), geometry)
+        span = storage_span(t, geometry)
         try:
             self._before[key] = HeldBefore(span.clone(), geometry, span.data_ptr())
         except torch.cuda.OutOfMemoryError:  # the program's memory comes first: its bytes are stored instead
@@ -276,7 +284,7 @@ class Copier:
     def _note_staged(self, tracker: PieceTracker, pieces: PieceHistory) -> None:
         assert pieces.staged is not None
         self._tracker = tracker
-        self._staged += pieces.staged.numel() * pieces.staged.element_size()
+        self._staged += pieces.staged.numel()  # bytes
 
     def mark(self) -> Callable[[], None]:
         """After the last copy of a call, as it goes to the writers (or is dropped): a function that
@@ -286,11 +294,7 @@ class Copier:
                 self.flush()
         finally:
             self._count_handed_over()
-        events = []
-        for device in self._devices:
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(device))
-            events.append(event)
+        events = [cuda_streams.event_now(device) for device in self._devices]
         self._devices = set()
 
         def landed() -> None:

@@ -74,18 +74,17 @@ class GraphRecording:
         self._ring_plan = (graphs.RingPlan(self.options.ring, self.options.ring_bytes)
                            if self.options.ring is not None else None)
 
-    def record_captured(self, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature,
+    def record_captured(self, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature | None,
                         args: tuple, kwargs: dict) -> Any:
         """A call being captured into a CUDA graph: stage its tensors inside the graph and keep its
         description on the graph's tape; nothing is written until the graph is replayed."""
         capture = graphs.current_capture()
         assert capture is not None
         try:
-            bound = signature.bind(*args, **kwargs)
+            arguments = staging.bind(signature, args, kwargs)
         except TypeError:  # the call itself is wrong: let the function raise its own error
             return fn(*args, **kwargs)
-        bound.apply_defaults()
-        mutated = [value for name, value in bound.arguments.items()
+        mutated = [value for name, value in arguments.items()
                    if name in spec.mutates and isinstance(value, torch.Tensor)]
         staged: list[graphs.Staged] = []
         footprint = Footprint(self.storages)  # graph memory: the same bytes at every replay
@@ -96,26 +95,26 @@ class GraphRecording:
                       and capture.outside(t) and t.untyped_storage().data_ptr() not in capture.written)
             staged.append(capture.tape.weight(tensor) if weight else capture.stage(spec.op, tensor))
         try:
-            described = staging.arguments(spec, bound.arguments, footprint.noting(stage_argument))
+            described = staging.arguments(spec, arguments, footprint.noting(stage_argument))
         except CaptureError as exc:  # the call goes without a place on the tape: its writes are still staged first
             self.report(str(exc), stop=False)
             capture.before_write(mutated)
             result = fn(*args, **kwargs)
-            staging.mark_written(spec, bound.arguments)
+            staging.mark_written(spec, arguments)
             return result
         capture.before_write(mutated)
         # tags staged with the outputs, not copied at the tag (but those of memory the call writes)
-        with collecting(self.tag_level, bound.arguments, copy_tags=False,
+        with collecting(self.tag_level, arguments, copy_tags=False,
                         written=frozenset(t.untyped_storage().data_ptr() for t in mutated)) as sink:
             result = fn(*args, **kwargs)
         moved = sink.tags_moved()
         if moved:
             self.report(f"op '{spec.op}' (in CUDA graph {capture.tape.graph_id}): tag(s) {', '.join(moved)} "
                         "written after they were taken: recorded as the call left them", stop=False)
-        staging.mark_written(spec, bound.arguments)  # before the outputs are staged: a later reader finds them
-        _note_weights_written(spec, capture, bound.arguments)
+        staging.mark_written(spec, arguments)  # before the outputs are staged: a later reader finds them
+        _note_weights_written(spec, capture, arguments)
         try:
-            returned_json = staging.outputs(spec, bound.arguments, result, sink,
+            returned_json = staging.outputs(spec, arguments, result, sink,
                                             footprint.noting(lambda tensor: staged.append(capture.stage(spec.op, tensor))))
         except CaptureError as exc:
             self.report(str(exc), stop=False)

@@ -110,7 +110,7 @@ class Tape:
 
     def reserve(self, tensor: staging.Tensor) -> tuple[Staged, torch.Tensor]:
         """Room in the tape's slabs for the tensor's storage span, and that span (to be copied in)."""
-        span = storage_span(tensor.value.detach(), tensor.geometry)
+        span = storage_span(tensor.value, tensor.geometry)
         nbytes = span.numel() * span.element_size()
         slab, offset = self._room(nbytes, span.device)
         room = self.slabs[slab][offset:offset + nbytes].view(span.dtype)

@@ -18,18 +18,28 @@ call's launch 180 us (docs/PERFORMANCE.md, "One checksum launch a call").
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from replay.context import recorder_kernel
+from replay.recorder import cuda_streams
 from replay.snapshot.writer import CHUNK_BYTES
 
 ROW = 3  # int64 values a piece: its two checksums, then whether it changed
 _INT64 = 8  # bytes
+
+
+@functools.cache
+def sums_kernel() -> ModuleType:
+    """replay/recorder/piece_sums.py, imported (Triton with it) by the first store tracked, once: an
+    import statement where it is used cost a store ~5 us."""
+    from replay.recorder import piece_sums
+    return piece_sums
 
 
 class Checksums:
@@ -115,7 +125,7 @@ class PieceBatch:
         self._pieces = 0
         self._programs = 0
         self._live = False  # a row reads memory the program owns (not a copy aside): launched before its call runs
-        self._pending = Checksums()
+        self._pending: Checksums | None = None  # the checksums of the rows not launched yet, made by the first
         # what the rows name by address, alive until the launch is issued (a mask made for the
         # call is freed before it, and its memory would be another's by then)
         self._held: list[Any] = []
@@ -133,13 +143,16 @@ class PieceBatch:
         """A store of `raw` (uint8, 1-D, trackable) compared with `last` (None: every piece new),
         its changed pieces copied into `staged` where given. `live`: `raw` is the program's memory,
         which its call may change (not a copy the recorder took aside)."""
-        from replay.recorder import piece_sums as kernel
+        kernel = sums_kernel()
         if last is not None and self.pending(last):
             self.flush()  # what it compares with must be summed first
-        pieces = -(-raw.numel() // CHUNK_BYTES)
+        nbytes = raw.numel()
+        pieces = -(-nbytes // CHUNK_BYTES)
+        if self._pending is None:
+            self._pending = Checksums()
         place = Place(self._pending, self._pieces, pieces)
         row = [0] * kernel.COLUMNS
-        row[kernel.WORDS_AT], row[kernel.NWORDS], row[kernel.FIRST] = raw.data_ptr(), raw.numel() // 4, self._programs
+        row[kernel.WORDS_AT], row[kernel.NWORDS], row[kernel.FIRST] = raw.data_ptr(), nbytes // 4, self._programs
         row[kernel.SUMS] = row[kernel.HOST_SUMS] = self._pieces  # rows into the launch's tables, made addresses then
         row[kernel.LAST] = last.checksums.address(last.start) if last is not None else 0
         row[kernel.STAGED] = staged.data_ptr() if staged is not None else 0
@@ -170,10 +183,11 @@ class PieceBatch:
             self._launch()
 
     def _launch(self) -> None:
-        from replay.recorder import piece_sums as kernel
+        kernel = sums_kernel()
         rows, pieces, programs, checksums = self._rows, self._pieces, self._programs, self._pending
+        assert checksums is not None  # a batch with rows has them
         held = self._held  # let go once the launch is issued: freed memory is reused in stream order
-        self._rows, self._pieces, self._programs, self._pending, self._held = [], 0, 0, Checksums(), []
+        self._rows, self._pieces, self._programs, self._pending, self._held = [], 0, 0, None, []
         self._live = False
         launched = False
         try:
@@ -184,14 +198,10 @@ class PieceBatch:
             table[:, kernel.SUMS] = sums.data_ptr() + table[:, kernel.SUMS] * (ROW * _INT64)
             table[:, kernel.HOST_SUMS] = buffer.data_ptr() + table[:, kernel.HOST_SUMS] * (ROW * _INT64)
             buffer.numpy()[sums_bytes:sums_bytes + table.nbytes] = table.view(np.uint8).reshape(-1)
-            with recorder_kernel():  # the recorder's own launch: no call of the program
-                kernel.launch(buffer.data_ptr() + sums_bytes, len(rows), programs, self.device)
+            kernel.launch(buffer.data_ptr() + sums_bytes, len(rows), programs, self.device)  # never a program's call
             launched = True
             del held
-            event = None
-            if self.device.type == "cuda":
-                event = torch.cuda.Event()
-                event.record(torch.cuda.current_stream(self.device))
+            event = cuda_streams.event_now(self.device) if self.device.type == "cuda" else None
             checksums.launched(sums, buffer[:sums_bytes].view(torch.int64), buffer, self._give, event)
         except BaseException as exc:
             if launched and self.device.type == "cuda":  # what it reads and writes may go once it has run
@@ -202,6 +212,6 @@ class PieceBatch:
 
     def __del__(self) -> None:
         # never launched (its call dropped mid-way): whoever reads its checksums is told, not kept waiting
-        if self._rows:
+        if self._rows and self._pending is not None:
             self._pending.failed(RuntimeError("the recorder dropped these stores before their checksums were "
                                               "launched"))

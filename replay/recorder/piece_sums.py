@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replay.direct_launch import DirectLauncher
 from replay.recorder.piece_batch import ROW
 from replay.snapshot.writer import CHUNK_BYTES
 
@@ -117,8 +118,11 @@ def launch(table: int, stores: int, programs: int, device: torch.device) -> None
     from its last store's (every piece does where there is none), stored as a [pieces, ROW] int64
     table on the device and on the host where the row says, and, where it has a staged buffer,
     the changed pieces copied into it where they lie."""
-    _piece_sums_kernel[(programs,)](table, stores, _weights(device), WORDS=WORDS, BLOCK=_BLOCK, GROUP=_GROUP,
-                                    ROW=ROW, COLUMNS=COLUMNS, num_warps=8)
+    _LAUNCHER.launch(device, (programs, 1, 1), table, stores, _weights(device))
+
+
+_LAUNCHER = DirectLauncher(_piece_sums_kernel, {"WORDS": WORDS, "BLOCK": _BLOCK, "GROUP": _GROUP, "ROW": ROW,
+                                                "COLUMNS": COLUMNS}, num_warps=8)
 
 
 def piece_sums(raw: torch.Tensor, last: torch.Tensor | None, stage: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -239,7 +239,7 @@ class Recording(GraphRecording):
         held = copier.before(key)
         if held is None:
             return
-        span = storage_span(after.value.detach(), after.geometry)
+        span = storage_span(after.value, after.geometry)
         mask = None
         if held.geometry == after.geometry and held.address == span.data_ptr():
             with contextlib.suppress(torch.cuda.OutOfMemoryError):
@@ -277,9 +277,10 @@ class Recording(GraphRecording):
         self._say(f"the byte budget is spent: {self._spent} bytes recorded, max_bytes={self.options.max_bytes}; "
                   f"recording stopped after call {self.writer.next_index - 1} (the program went on)")
 
-    def record(self, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature,
+    def record(self, spec: staging.CallSpec, fn: Callable, signature: inspect.Signature | None,
                args: tuple, kwargs: dict) -> Any:
-        """Run `fn` and record the call (intercept.wrap routes calls here)."""
+        """Run `fn` and record the call (intercept.wrap routes calls here; `signature` None: a call
+        the recorder built, its arguments named in `kwargs`, staging.bind)."""
         if self.stopped or self.calls.failed:
             return fn(*args, **kwargs)
         if graphs.current_capture() is not None:
@@ -291,17 +292,16 @@ class Recording(GraphRecording):
             self._dropped[(self.writer.next_index - 1, spec.op)] += 1
             return fn(*args, **kwargs)
         try:
-            bound = signature.bind(*args, **kwargs)
+            arguments = staging.bind(signature, args, kwargs)
         except TypeError:  # the call itself is wrong: let the function raise its own error
             return fn(*args, **kwargs)
-        bound.apply_defaults()
         call = PendingCall(self.writer.reserve_index(), {})
         copier = Copier(self.calls.pool, before_call=True)
         footprint = Footprint(self.storages)
         store = footprint.noting(functools.partial(self._store, copier, call))
         try:
             with self.clocks.paused():
-                described = staging.arguments(spec, bound.arguments, store)
+                described = staging.arguments(spec, arguments, store)
                 copier.call_begins()
         except CaptureError as exc:
             self._abandon(call, copier)
@@ -316,7 +316,7 @@ class Recording(GraphRecording):
             raise
         device = footprint.cuda_device()
         order = self.clocks.issue(stream_order.current_stream(device)) if device is not None else None
-        with collecting(self.tag_level, bound.arguments) as sink:
+        with collecting(self.tag_level, arguments) as sink:
             started = time.perf_counter()
             try:
                 result = fn(*args, **kwargs)
@@ -324,10 +324,10 @@ class Recording(GraphRecording):
                 self._abandon(call, copier)
                 raise
         meta: dict[str, Any] = {"start_s": started - self.started, "duration_s": time.perf_counter() - started}
-        staging.mark_written(spec, bound.arguments)
+        staging.mark_written(spec, arguments)
         try:
             with self.clocks.paused():
-                returned_json = staging.outputs(spec, bound.arguments, result, sink, store)
+                returned_json = staging.outputs(spec, arguments, result, sink, store)
                 meta["memory"] = footprint.ranges
                 if order is not None:
                     meta["order"] = order

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 import torch
 
@@ -37,7 +37,7 @@ class CallSpec:
     header_extra: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: made for each tensor of each call, and a frozen one costs twice as much
 class Tensor:
     """One tensor of a call, as the walk hands it to a Stage."""
 
@@ -54,10 +54,15 @@ class Stage(Protocol):
     def __call__(self, tensor: Tensor) -> None: ...
 
 
-def keyword_only(names: Iterable[str]) -> inspect.Signature:
-    """A signature taking `names` by keyword: how a recorder hands over a call it built itself (a
-    Triton launch, an operator call) with its values already named."""
-    return inspect.Signature([inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names])
+def bind(signature: inspect.Signature | None, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments by name, in order, defaults applied; a TypeError where they do not fit
+    `signature`. No signature: a call the recorder built itself (a Triton launch, an operator
+    call), its values named already in `kwargs` (binding them again cost a launch ~25 us)."""
+    if signature is None:
+        return kwargs
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
 
 
 def arguments(spec: CallSpec, bound: Mapping[str, Any], stage: Stage) -> list[dict[str, Any]]:
@@ -117,11 +122,16 @@ def mark_written(spec: CallSpec, bound: Mapping[str, Any]) -> None:
 
 def json_value(spec: CallSpec, what: str, value: Any) -> Any:
     """`value` as JSON, or a CaptureError naming the op and `what`: the call is not recorded."""
+    if value is None or type(value) is bool or type(value) is int and -_PLAIN_INT < value < _PLAIN_INT:
+        return value  # what a launch passes a dozen of: as jsonargs.encode gives it, without the call
     try:
         return jsonargs.encode(value)
     except jsonargs.NotJSONRepresentable as exc:
         raise CaptureError(f"op '{spec.op}': {what} is neither a tensor nor JSON-representable: "
                            f"{' '.join(str(exc).split())}; call not recorded") from None
+
+
+_PLAIN_INT = 1 << 62  # within jsonargs.MAX_INT_BITS
 
 
 def _tensor(spec: CallSpec, key: str, what: str, value: torch.Tensor, reusable: bool = False,

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import torch
 
+from replay.recorder import cuda_streams
+
 Clock = dict[str, int]
 EVENTS_KEPT = 4096
 
@@ -32,7 +34,7 @@ def stream_key(stream: Any) -> str:
 
 def current_stream(device: str) -> str:
     """The name of the stream a call on `device` (`cuda:1`) is issued on now."""
-    return stream_key(torch.cuda.current_stream(torch.device(device)))
+    return stream_key(cuda_streams.current(torch.device(device)))
 
 
 def _key(stream: Any) -> str:

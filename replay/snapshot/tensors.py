@@ -7,6 +7,7 @@ rebuilds the same view: same strides, same storage offset.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import cast
@@ -29,12 +30,16 @@ class Geometry:
     stride: tuple[int, ...]
     storage_offset: int
 
-    @property
+    @functools.cached_property
     def span(self) -> int:
-        """Number of storage elements from the view's first element to its last."""
-        if any(s == 0 for s in self.shape):
+        """Number of storage elements from the view's first element to its last (worked out once:
+        a recorded call asks it of each tensor several times)."""
+        if 0 in self.shape:
             return 0
-        return 1 + sum((s - 1) * st for s, st in zip(self.shape, self.stride))
+        last = 0
+        for size, stride in zip(self.shape, self.stride):
+            last += (size - 1) * stride
+        return 1 + last
 
     def to_json(self) -> dict:
         return {"dtype": self.dtype, "shape": list(self.shape), "stride": list(self.stride),
@@ -60,9 +65,10 @@ def geometry_of(t: torch.Tensor) -> Geometry:
 
 
 def storage_span(t: torch.Tensor, geometry: Geometry | None = None) -> torch.Tensor:
-    """A 1-D view of exactly the storage elements `t` can reach (no copy)."""
+    """A 1-D view of exactly the storage elements `t` can reach (no copy), outside autograd (a
+    tensor that needs none is not detached: a recorded call does this for each of its tensors)."""
     g = geometry or geometry_of(t)
-    return torch.as_strided(t, (g.span,), (1,), g.storage_offset)
+    return torch.as_strided(t.detach() if t.requires_grad else t, (g.span,), (1,), g.storage_offset)
 
 
 # Reading a tensor costs memory in proportion to what is stored, whatever the geometry claims:

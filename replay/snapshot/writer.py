@@ -274,7 +274,7 @@ class SnapshotWriter:
         For writers with the tensors at hand; a recording goes through its pipeline's host copies."""
         blob_keys, chunk_keys = set(blob_keys), set(chunk_keys)
         geometries = {key: geometry_of(t) for key, t in tensors.items()}
-        spans = {key: storage_span(t.detach(), geometries[key]).cpu() for key, t in tensors.items()}
+        spans = {key: storage_span(t, geometries[key]).cpu() for key, t in tensors.items()}
         blobs = {key: self.put_blob(spans.pop(key)) for key in list(spans) if key in blob_keys}
         chunks = {key: self.put_chunks(spans.pop(key))[0] for key in list(spans) if key in chunk_keys}
         return self.write_call(index, header, spans, geometries, blobs, chunks)

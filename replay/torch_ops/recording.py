@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from replay.context import launches_wanted, recorder_busy, recorder_work
 from replay.recorder.options import RecordingOptions
 from replay.recorder.selection import Selection
-from replay.recorder.staging import CallSpec, keyword_only
+from replay.recorder.staging import CallSpec
 from replay.torch_ops.schema import (OpSchema, as_json_values, expanded, joined, schema_of, split_tensor_lists,
                                      typed)
 
@@ -73,5 +73,5 @@ class TorchOpRecorder(TorchDispatchMode):
         write_only = expanded(schema.write_only, lists)
         spec = CallSpec(schema.name, VARIANT, schema.provider, mutates=mutates, write_only=write_only,
                         header_extra={"torch_op": {"typed": kinds, "lists": lists, "write_only": list(write_only)}})
-        self.recording.record(spec, run, keyword_only(values), (), values)
+        self.recording.record(spec, run, None, (), values)
         return returned[0]

@@ -11,16 +11,18 @@ once per snapshot, by its hash.
 """
 from __future__ import annotations
 
-import inspect
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import triton.language as tl
 
 from replay.context import compiled_details, recorder_work
 from replay.recorder.options import RecordingOptions
 from replay.recorder.selection import Selection
-from replay.recorder.staging import CallSpec, keyword_only
+from replay.recorder import cuda_streams
+from replay.recorder.staging import CallSpec
 from replay.snapshot import jsonargs
 from replay.triton_launches import kernels
 
@@ -35,7 +37,8 @@ class LaunchRecorder:
         self.selection = Selection(options)
         self.state_names = frozenset(options.state_names)
         self._sources: set[str] = set()  # source hashes stored in this snapshot
-        self._signatures: dict[tuple[str, ...], inspect.Signature] = {}  # by parameter names: made once a kernel
+        # what a kernel's launches with the same tensor parameters share, worked out at the first (_Shape)
+        self._shapes: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], _Shape] = {}
         self._lock = threading.Lock()
 
     def launch(self, kernel: Any, original: Callable[..., Any], args: tuple, grid: Any, kwargs: dict,
@@ -51,7 +54,8 @@ class LaunchRecorder:
             options = {k: v for k, v in kwargs.items() if k not in live}
             grid = tuple(grid(live) if callable(grid) else grid)
             params = dict(live)  # the values recorded: a constexpr dtype (tl.float16) as its name
-            described = self._describe(info, params, options, grid, autotuner)
+            shape = self._shape(info, params)
+            described = self._describe(info, shape, params, options, grid, autotuner)
         except Exception as exc:  # recording never breaks the program: this launch goes unrecorded
             return self._unrecordable(kernel, exc, run_unrecorded)
 
@@ -59,7 +63,7 @@ class LaunchRecorder:
             launched = original(kernel, grid=grid, warmup=False, **live, **options)
             described["compiled"] = compiled_details(launched)
             return launched
-        return self._record(info, params, described, launch_now)
+        return self._record(info, shape, params, described, launch_now)
 
     def launch_compiled(self, launcher: Any, original: Callable[..., Any], args: tuple, stream: Any,
                         kwargs: dict) -> Any:
@@ -77,7 +81,8 @@ class LaunchRecorder:
             params = dict(zip(info.runtime_params, args))
             if len(params) != len(info.runtime_params):
                 raise TypeError(f"{len(args)} arguments for parameters {', '.join(info.runtime_params)}")
-            described = self._describe(info, params, {}, (), None)
+            shape = self._shape(info, params)
+            described = self._describe(info, shape, params, {}, (), None)
         except Exception as exc:
             return self._unrecordable(launcher, exc, run_unrecorded)
 
@@ -85,7 +90,7 @@ class LaunchRecorder:
             result = run_unrecorded()
             described.update(_compiled_launch(launcher, info, args, params))
             return result
-        return self._record(info, params, described, launch_now)
+        return self._record(info, shape, params, described, launch_now)
 
     def _wanted(self, kernel: Any) -> kernels.KernelInfo | None:
         """The kernel's details, or None when this launch is not to be recorded."""
@@ -106,35 +111,40 @@ class LaunchRecorder:
                               stop=False)
         return run()
 
-    def _record(self, info: kernels.KernelInfo, params: dict[str, Any], described: dict[str, Any],
-                launch_now: Callable[[], Any]) -> Any:
+    def _record(self, info: kernels.KernelInfo, shape: _Shape, params: dict[str, Any],
+                described: dict[str, Any], launch_now: Callable[[], Any]) -> Any:
         """Record the launch `launch_now` makes (the recorder runs it between its copies)."""
         launched: dict[str, Any] = {}
 
         def launch(**_: Any) -> None:
             launched["result"] = launch_now()
 
-        tensors = [n for n, v in params.items() if isinstance(v, torch.Tensor)]
-        spec = CallSpec(info.name, VARIANT, info.module, state=tuple(n for n in tensors if n in self.state_names),
-                        mutates=tuple(n for n in tensors if n in info.written),
-                        write_only=tuple(n for n in tensors if n in info.write_only), header_extra={"triton": described})
-        names = tuple(params)
-        signature = self._signatures.get(names)
-        if signature is None:
-            signature = self._signatures[names] = keyword_only(names)
-        self.recording.record(spec, launch, signature, (), params)
+        spec = CallSpec(info.name, VARIANT, info.module, state=shape.state, mutates=shape.mutates,
+                        write_only=shape.write_only, header_extra={"triton": described})
+        self.recording.record(spec, launch, None, (), params)  # no signature: `params` are named in order
         return launched.get("result")
 
-    def _describe(self, info: kernels.KernelInfo, params: dict[str, Any], options: dict[str, Any],
-                  grid: tuple, autotuner: Any) -> dict[str, Any]:
-        dtypes = {n: str(v) for n, v in params.items() if _is_triton_dtype(v)}
-        for name, text in dtypes.items():  # a constexpr dtype (tl.float16) travels as its name
-            params[name] = text
+    def _shape(self, info: kernels.KernelInfo, params: dict[str, Any]) -> _Shape:
+        """What this launch shares with the kernel's others that pass tensors for the same parameters."""
+        tensors = tuple(n for n, v in params.items() if isinstance(v, torch.Tensor))
+        key = (info.name, info.source_sha256 or "", tuple(params), tensors)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = _Shape(
+                state=tuple(n for n in tensors if n in self.state_names),
+                mutates=tuple(n for n in tensors if n in info.written),
+                write_only=tuple(n for n in tensors if n in info.write_only),
+                constexprs=sorted(n for n in info.constexprs if n in params))
+        return shape
+
+    def _describe(self, info: kernels.KernelInfo, shape: _Shape, params: dict[str, Any],
+                  options: dict[str, Any], grid: tuple, autotuner: Any) -> dict[str, Any]:
+        dtypes = {n: str(v) for n, v in params.items() if type(v) is tl.dtype}  # a scalar dtype, not a pointer
+        params.update(dtypes)  # a constexpr dtype (tl.float16) travels as its name
         described: dict[str, Any] = {
             "qualname": info.qualname, "grid": [int(g) for g in grid],
             "options": {k: _json(v) for k, v in options.items()},
-            "constexprs": sorted(n for n in info.constexprs if n in params), "dtypes": dtypes,
-            "write_only": sorted(n for n in info.write_only if isinstance(params.get(n), torch.Tensor)),
+            "constexprs": list(shape.constexprs), "dtypes": dtypes, "write_only": sorted(shape.write_only),
             "source_sha256": self._store_source(info.name, info.source, info.source_sha256)}
         if info.generated:  # its module's text is the only way to run it again
             described["generated"] = True
@@ -145,13 +155,13 @@ class LaunchRecorder:
             described["autotune"] = {k: _json(v) for k, v in getattr(config, "all_kwargs", dict)().items()}
         device = next((v.device for v in params.values() if isinstance(v, torch.Tensor)), None)
         if device is not None and device.type == "cuda":
-            described["stream"] = torch.cuda.current_stream(device).cuda_stream
+            described["stream"] = cuda_streams.current(device).cuda_stream
         return described
 
     def _store_source(self, kernel: str, text: str | None, digest: str | None) -> str | None:
         """Store `text` (whose sha256 is `digest`) once per snapshot; its digest."""
-        if text is None or digest is None:
-            return None
+        if text is None or digest is None or digest in self._sources:  # one set lookup a launch, once stored
+            return digest
         with self._lock:
             known = digest in self._sources
             self._sources.add(digest)
@@ -161,6 +171,15 @@ class LaunchRecorder:
             except OSError as exc:
                 self.recording.report(f"kernel {kernel}: its source could not be stored: {exc}", stop=False)
         return digest
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """A kernel's parameters by role, for launches passing tensors for the same ones."""
+    state: tuple[str, ...]  # pointers named as runtime state
+    mutates: tuple[str, ...]  # pointers the kernel writes through
+    write_only: tuple[str, ...]  # of those, the ones it never reads: output buffers
+    constexprs: list[str]  # sorted, as the call's `triton` field lists them
 
 
 def _compiled_launch(launcher: Any, info: kernels.KernelInfo, args: tuple,
@@ -189,11 +208,6 @@ def _bound(info: kernels.KernelInfo, args: tuple, kwargs: dict) -> dict[str, Any
     values.update({k: v for k, v in kwargs.items() if k in info.params})
     return {n: values[n] if n in values else info.defaults.get(n) for n in info.params
             if n in values or n in info.defaults}
-
-
-def _is_triton_dtype(value: Any) -> bool:
-    """A scalar dtype such as tl.float16 (what tl.dtype(name) makes again)."""
-    return type(value).__module__.startswith("triton.language") and type(value).__name__ == "dtype"
 
 
 def _json(value: Any) -> Any:

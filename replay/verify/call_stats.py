@@ -9,21 +9,19 @@ event, no copy. The gate's thread finishes the reduction once the event has pass
 (replay/verify/gate.py). On the host (no GPU, or tensors in host memory) torch computes the same
 partials (one "program" a tensor).
 
-Launching: Triton's own launch path (binding, specialisation key, cache lookup) costs about twice
-the launch itself on the H100 host measured (30 us against 16 us, docs/PERFORMANCE.md); after
-the first launch, which compiles the kernel, the compiled kernel's launcher is called directly.
-Its arguments never change kind (two pinned buffers), so one compiled kernel serves every batch.
+Launching: after the first launch, which compiles the kernel, the compiled kernel's launcher is
+called directly (replay/direct_launch.py). Its arguments never change kind (two pinned buffers),
+so one compiled kernel serves every batch.
 """
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from replay.context import recorder_kernel
+from replay.direct_launch import DirectLauncher
 
 MAX_TENSORS = 4  # the first floating-point tensors of a call that the gate reads
 STAT_ELEMENTS = 1 << 20  # larger ones (weights) are described by their size only: reading them costs too much
@@ -90,55 +88,13 @@ def on_host(tensors: list[torch.Tensor], partials: torch.Tensor) -> None:
 def launch(table: torch.Tensor, partials: torch.Tensor, rows: int) -> None:
     """Queue the kernel for the first `rows` rows of `table` (pinned, filled) on the current CUDA
     stream; the partials are in place once the stream has passed it."""
-    _LAUNCHER.launch(table, partials, rows)
+    _LAUNCHER.launch(torch.device("cuda"), (PROGRAMS, rows, 1), table, partials)
 
 
 def launch_in_triton(table: torch.Tensor, partials: torch.Tensor, rows: int) -> Any:
     """Triton's own launch of the kernel (the interpreter included); returns the compiled kernel
     where Triton gives one."""
-    with recorder_kernel():  # the verifier's own launch: never a call of the program's
-        return _batch_stats_kernel[(PROGRAMS, rows)](table, partials, PROGRAMS=PROGRAMS, BLOCK=BLOCK, num_warps=4)
+    return _LAUNCHER.in_triton((PROGRAMS, rows), table, partials)
 
 
-def _direct_launch_fits() -> bool:
-    """Whether this Triton launches a compiled kernel as `kernel.run(grid0, grid1, grid2, stream,
-    function, packed_metadata, launch_metadata, enter_hook, exit_hook, *arguments)`, the call
-    that _Launcher makes itself; read once from Triton's own launch path."""
-    try:
-        source = inspect.getsource(triton.runtime.jit.JITFunction.run)
-    except (OSError, TypeError, AttributeError):
-        return False
-    source = " ".join(source.split())
-    # the arguments after the hooks are every bound argument, constexprs included (Triton 3.0 passed fewer)
-    return ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata"
-            in source and "launch_exit_hook, *bound_args.values())" in source)
-
-
-class _Launcher:
-    """The first launch through Triton (which compiles), the next ones through the compiled
-    kernel's launcher where this Triton launches that way."""
-
-    def __init__(self) -> None:
-        self._compiled: dict[int, Any] = {}  # per device (a kernel is loaded on one); None: Triton's launch always
-
-    def launch(self, table: torch.Tensor, partials: torch.Tensor, rows: int) -> None:
-        device = torch.cuda.current_device()
-        if device not in self._compiled:
-            compiled = launch_in_triton(table, partials, rows)
-            fits = _direct_launch_fits() and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata")
-            self._compiled[device] = compiled if fits else None
-            return
-        compiled = self._compiled[device]
-        if compiled is None:
-            launch_in_triton(table, partials, rows)
-            return
-        stream = triton.runtime.driver.active.get_current_stream(device)
-        try:
-            compiled.run(PROGRAMS, rows, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
-                         table, partials, PROGRAMS, BLOCK)
-        except TypeError:  # a launcher that takes its arguments otherwise refuses them before launching
-            self._compiled[device] = None
-            launch_in_triton(table, partials, rows)
-
-
-_LAUNCHER = _Launcher()
+_LAUNCHER = DirectLauncher(_batch_stats_kernel, {"PROGRAMS": PROGRAMS, "BLOCK": BLOCK}, num_warps=4)

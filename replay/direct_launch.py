@@ -1,0 +1,79 @@
+"""The tool's own Triton kernels launched through their compiled launcher, past Triton's launch path.
+
+Triton's own launch (binding, specialisation key, cache lookup, hooks) costs a launch two to five
+times what the launch itself does: 30 us against 16 us on the H100 host alone, 55-90 us against
+~15 us inside a recording (docs/PERFORMANCE.md). A kernel the tool launches many times with
+arguments of one kind (a pinned table's address, a few ints) is launched through Triton once on
+each device, which compiles it; later launches call the compiled kernel's launcher directly, as
+Triton's launch path ends by doing. Where this Triton launches otherwise (read once from its
+source), or the tensors are in host memory (the interpreter), every launch goes through Triton.
+The direct path passes no launch hooks: the tool's own kernels are never calls of the program.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import triton
+
+from replay.context import recorder_kernel
+
+
+def _fits() -> bool:
+    """Whether this Triton launches a compiled kernel as `kernel.run(grid0, grid1, grid2, stream,
+    function, packed_metadata, launch_metadata, enter_hook, exit_hook, *arguments)`, every bound
+    argument (constexprs included) last: the call its own launch path makes."""
+    try:
+        source = inspect.getsource(triton.runtime.jit.JITFunction.run)
+    except (OSError, TypeError, AttributeError):
+        return False
+    source = " ".join(source.split())
+    return ("kernel.run(grid_0, grid_1, grid_2, stream, kernel.function, kernel.packed_metadata, launch_metadata"
+            in source and "launch_exit_hook, *bound_args.values())" in source)
+
+
+FITS = _fits()
+
+
+class DirectLauncher:
+    """Launches `kernel` (a @triton.jit function) with `constants` (its constexprs by name, the
+    same every launch) and `num_warps`: through Triton the first time on each device (which
+    compiles), then through the compiled kernel's launcher."""
+
+    def __init__(self, kernel: Any, constants: dict[str, Any], num_warps: int):
+        names = list(kernel.arg_names)
+        if list(constants) != names[len(names) - len(constants):]:
+            raise ValueError(f"{kernel}: the constants must be its last parameters, in order: {names}")
+        self.kernel, self.constants, self.num_warps = kernel, constants, num_warps
+        self._constant_values = tuple(constants.values())  # after the runtime arguments, as the parameters go
+        self.compiled: dict[int, Any] = {}  # per device (a kernel is loaded on one); None: Triton's launch always
+
+    def in_triton(self, grid: tuple[int, ...], *arguments: Any) -> Any:
+        """Triton's own launch (the interpreter's included); the compiled kernel, where it gives one."""
+        with recorder_kernel():  # the tool's own launch: never a call of the program's
+            return self.kernel[grid](*arguments, **self.constants, num_warps=self.num_warps)
+
+    def launch(self, device: torch.device, grid: tuple[int, int, int], *arguments: Any) -> None:
+        """Queue the kernel on `device`'s current stream (a CPU device: Triton's interpreter, now),
+        `arguments` its parameters before the constants, in order."""
+        if device.type != "cuda":
+            self.in_triton(grid, *arguments)
+            return
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        compiled = self.compiled.get(index, False)
+        if compiled is False:
+            compiled = self.in_triton(grid, *arguments)
+            usable = FITS and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata")
+            self.compiled[index] = compiled if usable else None
+            return
+        if compiled is None:
+            self.in_triton(grid, *arguments)
+            return
+        stream = triton.runtime.driver.active.get_current_stream(index)
+        try:
+            compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
+                         *arguments, *self._constant_values)
+        except TypeError:  # a launcher that takes its arguments otherwise refuses them before launching
+            self.compiled[index] = None
+            self.in_triton(grid, *arguments)
