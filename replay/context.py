@@ -260,17 +260,18 @@ def record_launch(kernel: str, grid: Any = None, *, compiled: Any = None,
 def compiled_details(compiled: Any) -> dict[str, Any]:
     """What the object a Triton launch returns says of the compiled kernel: warps, stages, shared
     memory, hash and registers, where the backend reports them (a GPU does; the interpreter, nothing),
-    as JSON. Read once a kernel (after its first launch, which loads it and counts its registers):
-    a recording asks at every launch."""
+    as JSON. Read once a kernel once it is loaded (its registers counted): a recording asks at
+    every launch."""
     if compiled is None:
         return {}
     known = _COMPILED_DETAILS.get(id(compiled))
     if known is not None and known[0] is compiled:
         return dict(known[1])
     details = _read_compiled_details(compiled)
-    if len(_COMPILED_DETAILS) >= _COMPILED_KEPT:
-        _COMPILED_DETAILS.clear()
-    _COMPILED_DETAILS[id(compiled)] = (compiled, details)  # held: its id names no other kernel meanwhile
+    if "registers" in details:  # loaded (its registers are counted then): what it says stays true
+        if len(_COMPILED_DETAILS) >= _COMPILED_KEPT:
+            _COMPILED_DETAILS.clear()
+        _COMPILED_DETAILS[id(compiled)] = (compiled, details)  # held: its id names no other kernel meanwhile
     return dict(details)
 
 

@@ -60,7 +60,16 @@ class DirectLauncher:
         if device.type != "cuda":
             self.in_triton(grid, *arguments)
             return
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        current = torch.cuda.current_device()
+        index = device.index if device.index is not None else current
+        if index != current:  # Triton compiles and loads for the current device: make it `device`
+            with torch.cuda.device(index):
+                self._launch_on(index, grid, arguments)
+        else:
+            self._launch_on(index, grid, arguments)
+
+    def _launch_on(self, index: int, grid: tuple[int, int, int], arguments: tuple[Any, ...]) -> None:
+        """Launch on device `index`, the current one."""
         compiled = self.compiled.get(index, False)
         if compiled is False:
             compiled = self.in_triton(grid, *arguments)

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replay.context import recorder_kernel
 from replay.direct_launch import DirectLauncher
 from replay.recorder.piece_batch import ROW
 from replay.snapshot.writer import CHUNK_BYTES
@@ -35,8 +36,9 @@ def _weights(device: torch.device) -> torch.Tensor:
     weights = _WEIGHTS.get(device)
     if weights is None:
         gen = torch.Generator().manual_seed(0x5EED)
-        weights = torch.randint(-(1 << 62), 1 << 62, (2, WORDS), generator=gen, dtype=torch.int64)
-        weights = _WEIGHTS[device] = weights.to(device)
+        with recorder_kernel():  # the recorder's own operators: never calls of the program
+            weights = torch.randint(-(1 << 62), 1 << 62, (2, WORDS), generator=gen, dtype=torch.int64)
+            weights = _WEIGHTS[device] = weights.to(device)
     return weights
 
 

@@ -38,7 +38,9 @@ class LaunchRecorder:
         self.state_names = frozenset(options.state_names)
         self._sources: set[str] = set()  # source hashes stored in this snapshot
         # what a kernel's launches with the same tensor parameters share, worked out at the first (_Shape)
-        self._shapes: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], _Shape] = {}
+        # by the kernel's details (their identity: two kernels of one name and source may call other
+        # helpers, which decide what they write), its parameters and its tensor parameters
+        self._shapes: dict[tuple[int, tuple[str, ...], tuple[str, ...]], tuple[kernels.KernelInfo, _Shape]] = {}
         self._lock = threading.Lock()
 
     def launch(self, kernel: Any, original: Callable[..., Any], args: tuple, grid: Any, kwargs: dict,
@@ -127,14 +129,16 @@ class LaunchRecorder:
     def _shape(self, info: kernels.KernelInfo, params: dict[str, Any]) -> _Shape:
         """What this launch shares with the kernel's others that pass tensors for the same parameters."""
         tensors = tuple(n for n, v in params.items() if isinstance(v, torch.Tensor))
-        key = (info.name, info.source_sha256 or "", tuple(params), tensors)
-        shape = self._shapes.get(key)
-        if shape is None:
-            shape = self._shapes[key] = _Shape(
+        key = (id(info), tuple(params), tensors)
+        known = self._shapes.get(key)
+        if known is not None and known[0] is info:  # held: its id names no other kernel's details meanwhile
+            return known[1]
+        shape = _Shape(
                 state=tuple(n for n in tensors if n in self.state_names),
                 mutates=tuple(n for n in tensors if n in info.written),
                 write_only=tuple(n for n in tensors if n in info.write_only),
                 constexprs=sorted(n for n in info.constexprs if n in params))
+        self._shapes[key] = (info, shape)
         return shape
 
     def _describe(self, info: kernels.KernelInfo, shape: _Shape, params: dict[str, Any],
@@ -160,7 +164,9 @@ class LaunchRecorder:
 
     def _store_source(self, kernel: str, text: str | None, digest: str | None) -> str | None:
         """Store `text` (whose sha256 is `digest`) once per snapshot; its digest."""
-        if text is None or digest is None or digest in self._sources:  # one set lookup a launch, once stored
+        if text is None or digest is None:
+            return None
+        if digest in self._sources:  # stored already: one set lookup a launch, no lock
             return digest
         with self._lock:
             known = digest in self._sources

@@ -166,3 +166,20 @@ def test_an_autotuned_kernel_under_heuristics_keeps_its_config_and_replays(tmp_p
     (call,) = Snapshot(tmp_path / "snap")
     assert call.triton["autotune"]["BLOCK"] == 32 and call.arguments()["EVEN"] is False  # 20 % 32
     assert replayed(tmp_path / "snap")["passed"]
+
+
+def test_a_compiled_kernels_details_are_kept_once_it_is_loaded_and_given_as_copies() -> None:
+    """A recording reads a compiled kernel's details once (at every launch it would cost ~25 us), but
+    not before the kernel is loaded: its registers are counted only then."""
+    from types import SimpleNamespace
+
+    from replay.context import compiled_details
+
+    compiled = SimpleNamespace(metadata=SimpleNamespace(num_warps=4, num_stages=3, shared=0, hash="h"))
+    assert "registers" not in compiled_details(compiled)  # not loaded yet: read again next time
+    compiled.n_regs = 32
+    given = compiled_details(compiled)
+    assert given == {"num_warps": 4, "num_stages": 3, "shared": 0, "hash": "h", "registers": 32}
+    given["num_warps"] = 99  # a caller's header is its own
+    compiled.metadata.num_warps = 8  # kept once loaded: not read again
+    assert compiled_details(compiled)["num_warps"] == 4

@@ -37,3 +37,25 @@ def test_a_kernel_whose_source_cannot_be_read_writes_every_parameter():
 def test_the_parameters_a_kernel_reads_through(kernel, read):
     pointers = {name for name in kernel.arg_names if name.endswith(("_ptr", "_buf"))}
     assert accessed_parameters(kernel.fn)[1] & pointers == read
+
+
+def test_a_launch_takes_the_roles_its_own_kernel_writes_not_those_of_a_namesake() -> None:
+    """Two kernels of one name and source text may call different helpers (a module reloaded after
+    a helper in another file changed), so write through different parameters: each launch is
+    described by its own kernel's analysis, whatever the recorder worked out for the other."""
+    import torch
+
+    from replay.recorder.options import RecordingOptions
+    from replay.triton_launches.kernels import KernelInfo
+    from replay.triton_launches.recording import LaunchRecorder
+
+    recorder = LaunchRecorder(None, RecordingOptions())
+    alike = dict(module="kmod", qualname="k", params=("x_ptr", "y_ptr"), defaults={}, constexprs=frozenset(),
+                 source="def k(x_ptr, y_ptr): helper(x_ptr, y_ptr)", source_sha256="0" * 64, read=frozenset(),
+                 generated=False, module_source=None, module_source_sha256=None)
+    writes_y = KernelInfo(**alike, written=frozenset({"y_ptr"}))
+    writes_x = KernelInfo(**alike, written=frozenset({"x_ptr"}))
+    params = {"x_ptr": torch.zeros(2), "y_ptr": torch.zeros(2)}
+    assert recorder._shape(writes_y, params).mutates == ("y_ptr",)
+    assert recorder._shape(writes_x, params).mutates == ("x_ptr",)
+    assert recorder._shape(writes_x, params).write_only == ("x_ptr",)
