@@ -173,16 +173,10 @@ class PieceBatch:
         """Launch the checksums of the stores added since the last flush, on the batch's device's
         current stream. The kernel reads the table where the host wrote it and writes the checksums
         both on the device and where the writers read them (host memory from `take`: on a GPU,
-        pinned, which the device reads and writes in place): a launch and an event, no copies."""
+        pinned, which the device reads and writes in place): a launch and an event, no copies (the
+        launch made on the batch's device whichever is current: direct_launch.py)."""
         if not self._rows:
             return
-        if self.device.type == "cuda" and self.device.index not in (None, torch.cuda.current_device()):
-            with torch.cuda.device(self.device):
-                self._launch()
-        else:
-            self._launch()
-
-    def _launch(self) -> None:
         kernel = sums_kernel()
         rows, pieces, programs, checksums = self._rows, self._pieces, self._programs, self._pending
         assert checksums is not None  # a batch with rows has them
