@@ -37,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
@@ -45,6 +44,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from replay.recorder.latch import Latch
 from replay.recorder.piece_batch import PieceBatch, Place, sums_kernel
 from replay.snapshot.writer import CHUNK_BYTES
 
@@ -69,10 +69,12 @@ MEMORIES_KEPT = 1 << 13
 # A store before its call up to this size is copied aside whole on the device, so that its checksums
 # wait for the launch after the call (one launch a call, not two). The copy costs the device two more
 # passes over the bytes (copied, then read) where summing them in place before the call and copying
-# the changed pieces costs one: at ~3 TB/s, 32 MiB cost ~20 us, less than a launch costs the
-# program's thread (55-90 us in a recording on the H100, docs/PERFORMANCE.md); a larger tensor (a
-# KV cache a decode step writes 64 KiB of) is summed in place, in a launch before the call.
-CLONE_BYTES = 32 << 20
+# the changed pieces costs one: at ~3 TB/s, 128 MiB cost ~90 us of the device, less than the launch
+# before the call would cost the program's thread (a flush, ~200 us in a recording on the H200; a
+# recording's steps are bound by the program's thread, not the device: docs/PERFORMANCE.md). A
+# larger tensor (a KV cache of GBs a decode step writes 64 KiB of) is summed in place, in a launch
+# before the call. 128 MiB holds a 32000-word vocabulary's logits for 2048 tokens in bf16.
+CLONE_BYTES = 128 << 20
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 
@@ -140,14 +142,13 @@ class PieceHistory:
     cloned: bool = False  # `staged` holds every piece, copied before its call: the checksums read that copy
     digests: list[str] | None = None
     chunk_list: str | None = None  # the digest of the list of `digests`, as stored
-    _done: threading.Event = field(default_factory=threading.Event)
+    _done: Latch = field(default_factory=Latch)
     _let_go: Callable[[int], None] = lambda nbytes: None  # gives the staged bytes back to the budget
     _key: bytes | None = None
 
     def __post_init__(self) -> None:
+        # held by this store alone: one dropped unwritten (its call abandoned) gives its bytes back as it goes
         self._hold = _Hold(self.staged.numel() if self.staged is not None else 0, self._let_go)
-        if self.staged is not None:  # a store dropped unwritten (its call abandoned) gives its bytes back too
-            weakref.finalize(self, self._hold.give_back)
 
     @property
     def sums(self) -> np.ndarray:
@@ -304,7 +305,9 @@ class PieceHistory:
 
 class _Hold:
     """Staged device bytes counted against the budget, given back once: when a writer is done with
-    their store, or when the store is dropped unwritten."""
+    their store, or when the store is dropped unwritten (its history, the one holder, goes: a
+    weakref.finalize a store cost the program's thread more)."""
+    __slots__ = ("_nbytes", "_give_back")
 
     def __init__(self, nbytes: int, give_back: Callable[[int], None]):
         self._nbytes, self._give_back = nbytes, give_back
@@ -313,6 +316,8 @@ class _Hold:
         nbytes, self._nbytes = self._nbytes, 0
         if nbytes:
             self._give_back(nbytes)
+
+    __del__ = give_back
 
 
 def _words(span: torch.Tensor) -> torch.Tensor | None:

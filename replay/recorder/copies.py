@@ -264,15 +264,32 @@ class Copier:
     def flush(self) -> None:
         """Launch the checksums of the tracked stores made since the last flush, on every device
         (one that fails tells its stores' readers so, and does not keep the others from launching):
-        the first failure is raised."""
+        the first failure is raised. Their readers wait for mark(), which records the event after them."""
         failure: BaseException | None = None
         for batch in self._batches.values():
             try:
-                batch.flush()
+                batch.launch()
             except BaseException as exc:
                 failure = failure or exc
         if failure is not None:
             raise failure
+
+    def _land(self) -> dict[torch.device, torch.cuda.Event]:
+        """Tell each batch's checksums the event after them, which is the call's own on that device
+        (one event a device a call): a batch that cannot have one has its checksums failed, not
+        waited for. The events, by device."""
+        events: dict[torch.device, torch.cuda.Event] = {}
+        for device, batch in self._batches.items():
+            if device.type != "cuda":
+                batch.landed(None)
+                continue
+            try:
+                events[device] = cuda_streams.event_now(device)
+            except Exception as exc:  # a broken device: its readers are told; the call's own event says it again
+                batch.failed(exc)
+                continue
+            batch.landed(events[device])
+        return events
 
     def _count_handed_over(self) -> None:
         """The call's staged stores go to the writers (or are dropped): no longer in the making."""
@@ -294,7 +311,8 @@ class Copier:
                 self.flush()
         finally:
             self._count_handed_over()
-        events = [cuda_streams.event_now(device) for device in self._devices]
+            recorded = self._land()
+        events = [recorded.get(device) or cuda_streams.event_now(device) for device in self._devices]
         self._devices = set()
 
         def landed() -> None:

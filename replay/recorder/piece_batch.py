@@ -1,6 +1,7 @@
 """A call's tracked stores on one device, checksummed by one launch: rows of the table that
 piece_sums.py's kernel reads where the host wrote them, checksums it writes where the host reads
-them (pinned memory, which a GPU reads and writes in place), one event.
+them (pinned memory, which a GPU reads and writes in place), and the event after them: the
+call's own, recorded as it goes to the writers (`landed`), one for all its launches.
 
 A call's stores are one batch, launched after its kernel, before the call goes to the writers:
 a store made before the call (an input it may change, a blob) reads a copy of its bytes taken
@@ -8,7 +9,7 @@ aside on the device then, which it keeps as its staged pieces (chunk_changes.py)
 no such copy (no room for it, or a tensor past chunk_changes.CLONE_BYTES) a row reads the
 program's memory, and the batch is launched before the call runs too (`flush_live`). Each store
 learns where its checksums will be (a Place: the launch and its first row); the writer that
-stores it reads them on the host once the launch's event has passed, and the first to do so gives
+stores it reads them on the host once that event has passed, and the first to do so gives
 the pinned buffer back to the pool. A store whose last store of the same memory is
 in the batch not yet launched (one tensor passed twice) has the batch launched first, so that it
 compares with checksums that exist. One launch a call rather than one a store: on the H100 a
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 
 from replay.recorder import cuda_streams
+from replay.recorder.latch import Latch
 from replay.snapshot.writer import CHUNK_BYTES
 
 ROW = 3  # int64 values a piece: its two checksums, then whether it changed
@@ -49,12 +51,11 @@ class Checksums:
     def __init__(self) -> None:
         self.on_device: torch.Tensor | None = None
         self._host: np.ndarray | None = None
-        self._copy: torch.Tensor | None = None  # the view of `_buffer` the kernel writes them in
-        self._buffer: torch.Tensor | None = None  # the pooled buffer it is a view of
+        self._buffer: torch.Tensor | None = None  # the pooled buffer the kernel writes them in, from its start
         self._give: Callable[[torch.Tensor], None] | None = None
         self._event: torch.cuda.Event | None = None
         self._failure: BaseException | None = None
-        self._launched = threading.Event()
+        self._launched = Latch()
         self._lock = threading.Lock()
 
     @classmethod
@@ -65,11 +66,15 @@ class Checksums:
         checksums._launched.set()
         return checksums
 
-    def launched(self, on_device: torch.Tensor, copy: torch.Tensor, buffer: torch.Tensor,
-                 give: Callable[[torch.Tensor], None], event: torch.cuda.Event | None) -> None:
-        """The launch is issued: its checksums are `on_device` and, once `event` has passed (None:
-        at once, the interpreter's), in `copy`, a view of `buffer`, given back with `give` once read."""
-        self.on_device, self._copy, self._buffer, self._give, self._event = on_device, copy, buffer, give, event
+    def launched(self, on_device: torch.Tensor, buffer: torch.Tensor, give: Callable[[torch.Tensor], None]) -> None:
+        """The launch is issued: its checksums are `on_device` (later stores compare with them there)
+        and, once landed() says by what event, at the start of `buffer`, given back with `give` once read."""
+        self.on_device, self._buffer, self._give = on_device, buffer, give
+
+    def landed(self, event: torch.cuda.Event | None) -> None:
+        """Its checksums are on the host once `event` has passed (None: at once, the interpreter's):
+        the call's own event after its last copy, one for all its launches (an event cost ~15 us)."""
+        self._event = event
         self._launched.set()
 
     def failed(self, exc: BaseException) -> None:
@@ -89,10 +94,10 @@ class Checksums:
         with self._lock:
             if self._host is None:
                 self.synchronize()
-                assert self._copy is not None and self._buffer is not None and self._give is not None
-                self._host = self._copy.numpy().reshape(-1, ROW).copy()
+                assert self.on_device is not None and self._buffer is not None and self._give is not None
+                self._host = self._buffer.numpy()[:self.on_device.numel() * _INT64].view(np.int64).reshape(-1, ROW).copy()
                 self._give(self._buffer)
-                self._copy = self._buffer = None
+                self._buffer = None
             return self._host
 
     def address(self, row: int) -> int:
@@ -101,7 +106,7 @@ class Checksums:
         return self.on_device.data_ptr() + row * ROW * _INT64
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: made for each tracked store, and a frozen one costs twice as much
 class Place:
     """Where one store's checksums are: rows start..start+pieces of a launch's."""
     checksums: Checksums
@@ -126,9 +131,10 @@ class PieceBatch:
         self._programs = 0
         self._live = False  # a row reads memory the program owns (not a copy aside): launched before its call runs
         self._pending: Checksums | None = None  # the checksums of the rows not launched yet, made by the first
-        # what the rows name by address, alive until the launch is issued (a mask made for the
-        # call is freed before it, and its memory would be another's by then)
+        # what the rows name by address, alive until the launch is issued (memory freed before it
+        # would be another's by then)
         self._held: list[Any] = []
+        self._unlanded: list[Checksums] = []  # launched, waiting for the call's event (landed())
 
     def comparable(self, last: Place) -> bool:
         """Whether a store can compare with `last` here: its launch issued, or this batch's own
@@ -145,7 +151,7 @@ class PieceBatch:
         which its call may change (not a copy the recorder took aside)."""
         kernel = sums_kernel()
         if last is not None and self.pending(last):
-            self.flush()  # what it compares with must be summed first
+            self.launch()  # what it compares with must be summed first
         nbytes = raw.numel()
         pieces = -(-nbytes // CHUNK_BYTES)
         if self._pending is None:
@@ -167,14 +173,19 @@ class PieceBatch:
         """Launch now if a row reads the program's own memory (a call about to run may change it);
         rows reading copies aside wait for the launch after the call."""
         if self._live:
-            self.flush()
+            self.launch()
 
     def flush(self) -> None:
-        """Launch the checksums of the stores added since the last flush, on the batch's device's
+        """launch(), then landed() with an event of its own: the stores' checksums readable alone."""
+        self.launch()
+        self.landed(cuda_streams.event_now(self.device) if self.device.type == "cuda" else None)
+
+    def launch(self) -> None:
+        """Launch the checksums of the stores added since the last launch, on the batch's device's
         current stream. The kernel reads the table where the host wrote it and writes the checksums
         both on the device and where the writers read them (host memory from `take`: on a GPU,
-        pinned, which the device reads and writes in place): a launch and an event, no copies (the
-        launch made on the batch's device whichever is current: direct_launch.py)."""
+        pinned, which the device reads and writes in place): a launch, no copies (made on the
+        batch's device whichever is current: direct_launch.py). Readers wait for landed()."""
         if not self._rows:
             return
         kernel = sums_kernel()
@@ -195,8 +206,8 @@ class PieceBatch:
             kernel.launch(buffer.data_ptr() + sums_bytes, len(rows), programs, self.device)  # never a program's call
             launched = True
             del held
-            event = cuda_streams.event_now(self.device) if self.device.type == "cuda" else None
-            checksums.launched(sums, buffer[:sums_bytes].view(torch.int64), buffer, self._give, event)
+            checksums.launched(sums, buffer, self._give)
+            self._unlanded.append(checksums)
         except BaseException as exc:
             if launched and self.device.type == "cuda":  # what it reads and writes may go once it has run
                 with contextlib.suppress(Exception):
@@ -204,8 +215,22 @@ class PieceBatch:
             checksums.failed(exc)
             raise
 
+    def landed(self, event: torch.cuda.Event | None) -> None:
+        """The launches made so far are behind `event` (None: done, the interpreter's): their readers go on."""
+        unlanded, self._unlanded = self._unlanded, []
+        for checksums in unlanded:
+            checksums.landed(event)
+
+    def failed(self, exc: BaseException) -> None:
+        """The launches made so far have no event to wait for: their readers are told `exc`."""
+        unlanded, self._unlanded = self._unlanded, []
+        for checksums in unlanded:
+            checksums.failed(exc)
+
     def __del__(self) -> None:
-        # never launched (its call dropped mid-way): whoever reads its checksums is told, not kept waiting
+        # never launched, or never landed (its call dropped mid-way): whoever reads its checksums is
+        # told, not kept waiting
+        dropped = RuntimeError("the recorder dropped these stores before their checksums were launched")
         if self._rows and self._pending is not None:
-            self._pending.failed(RuntimeError("the recorder dropped these stores before their checksums were "
-                                              "launched"))
+            self._pending.failed(dropped)
+        self.failed(dropped)

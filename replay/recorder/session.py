@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from replay import settings
-from replay.recorder import graphs, staging, stream_order
+from replay.recorder import graphs, staging, stream_order, unchanged_bits
 from replay.recorder.chunk_changes import PieceTracker
 from replay.recorder.footprint import Footprint, StorageIds
 from replay.recorder.stream_order import StreamClocks
@@ -36,7 +36,6 @@ from replay.context import collecting
 from replay.errors import CaptureError
 from replay.settings import SettingError
 from replay.snapshot import SnapshotWriter
-from replay.snapshot import unwritten
 from replay.snapshot.tensors import Geometry, geometry_of, storage_span
 from replay.snapshot.writer import MANIFEST
 
@@ -243,14 +242,16 @@ class Recording(GraphRecording):
         mask = None
         if held.geometry == after.geometry and held.address == span.data_ptr():
             with contextlib.suppress(torch.cuda.OutOfMemoryError):
-                mask = unwritten.unchanged_mask(held.span, span)
+                mask = unchanged_bits.unchanged_mask(held.span, span)
         if mask is None:
             call.copies[key] = copier.copy_span(held.span, held.geometry)
             return
-        kept = staging.Tensor(f"kept/{name}", f"the elements {after.what} left as they were", mask, geometry_of(mask),
-                              persistent=True)
-        self._store(copier, call, kept)
-        call.befores[key] = (held.geometry, {"after": after.key, "unchanged": kept.key})
+        # a host copy, its pieces hashed by a writer: a tracked store cost the program's thread twice as
+        # much, for bytes a sixteenth of the buffer's (or less), mostly alike from call to call
+        kept = copier.copy_span(mask, geometry_of(mask))
+        kept.chunked = mask.numel() >= max(self.options.chunk_threshold, 1)
+        call.copies[f"kept/{name}"] = kept
+        call.befores[key] = (held.geometry, {"after": after.key, "unchanged": f"kept/{name}"})
 
     def blob(self, t: torch.Tensor, copier: Copier, geometry: Geometry | None = None) -> BlobRef:
         """The blob of a read-only tensor: the one taken already, while its version is the same;
@@ -351,7 +352,8 @@ class Recording(GraphRecording):
             self.ring.add(call)
         else:
             self.calls.submit(call)
-            self.spend(call.nbytes)
+            if self.options.max_bytes:  # its bytes summed only where a budget counts them
+                self.spend(call.nbytes)
 
     def count_unrecorded(self, *, calls: int = 0, replays: int = 0) -> None:
         with self._report_lock:

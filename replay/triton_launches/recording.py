@@ -128,7 +128,7 @@ class LaunchRecorder:
 
     def _shape(self, info: kernels.KernelInfo, params: dict[str, Any]) -> _Shape:
         """What this launch shares with the kernel's others that pass tensors for the same parameters."""
-        tensors = tuple(n for n, v in params.items() if isinstance(v, torch.Tensor))
+        tensors = tuple([n for n, v in params.items() if isinstance(v, torch.Tensor)])  # a list: no generator to resume
         key = (id(info), tuple(params), tensors)
         known = self._shapes.get(key)
         if known is not None and known[0] is info:  # held: its id names no other kernel's details meanwhile
@@ -157,9 +157,11 @@ class LaunchRecorder:
         config = getattr(autotuner, "best_config", None)
         if config is not None:
             described["autotune"] = {k: _json(v) for k, v in getattr(config, "all_kwargs", dict)().items()}
-        device = next((v.device for v in params.values() if isinstance(v, torch.Tensor)), None)
-        if device is not None and device.type == "cuda":
-            described["stream"] = cuda_streams.current(device).cuda_stream
+        for value in params.values():  # the first tensor's device: the launch's
+            if isinstance(value, torch.Tensor):
+                if value.device.type == "cuda":
+                    described["stream"] = cuda_streams.current(value.device).cuda_stream
+                break
         return described
 
     def _store_source(self, kernel: str, text: str | None, digest: str | None) -> str | None:

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 import replay
 from replay.cli import main
+from replay.recorder import unchanged_bits
 from replay.snapshot import unwritten
 from replay.snapshot.reader import Snapshot
 
@@ -79,6 +80,23 @@ def test_what_the_launch_left_unwritten_replays_and_an_element_it_no_longer_writ
     assert "'out_ptr' differs in 1/16 elements; first at [11]: nan vs 22.0" in json.dumps(report)
 
 
+def test_the_mask_made_by_the_kernel_records_the_same(tmp_path: Path, kernels, device: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(unchanged_bits, "DEVICES", (device,))  # on the CPU, the kernel in the interpreter
+
+    def torch_made(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the mask was made by torch's operations, not the kernel")
+    monkeypatch.setattr(unwritten, "unchanged_mask", torch_made)
+    x = torch.arange(12.0, device=device)
+    out = torch.full((16,), LEFTOVER, device=device)
+    with replay.recording(tmp_path / "snap"):
+        kernels.head[(1,)](x, out, 12, BLOCK=16)
+    (call,) = Snapshot(tmp_path / "snap")
+    before = call.tensors["in/out_ptr"]
+    assert before[:12].isnan().all() and (before[12:] == LEFTOVER).all()
+    assert replayed(tmp_path / "snap", tmp_path / "clean")[0] == 0
+
+
 def test_an_out_buffer_of_an_operator_is_stored_the_same_way(tmp_path: Path) -> None:
     x, buffer = torch.arange(4.0), torch.full((6,), LEFTOVER)
     with replay.recording(tmp_path / "snap", torch_ops=True, triton=False):
@@ -140,3 +158,26 @@ def test_the_mask_marks_exactly_the_unchanged_elements_and_every_changed_one_dif
         assert (raw_made[changed & ~after_was_fill] == unwritten.FILL).all()
         assert (raw_made[changed & after_was_fill] == 0).all()
     assert not (made[changed] == after[changed]).any()  # each differs as the dtype compares it
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # `device`: fixed
+@given(dtype=st.sampled_from(DTYPES), size=st.sampled_from([0, 1, 7, 8, 9, 63, 8191, 8192, 8200, 20000]),
+       seed=st.integers(0, 2 ** 16))
+def test_the_kernel_makes_the_mask_torch_makes(dtype: torch.dtype, size: int, seed: int, device: str) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    width = torch.empty(0, dtype=dtype).element_size()
+    before = torch.randint(0, 256, (size * width,), dtype=torch.uint8, generator=gen)
+    after = before.clone().view(size, width)
+    changed = torch.rand(size, generator=gen) < 0.5
+    byte = torch.randint(0, width, (size,), generator=gen)  # one byte of a changed element differs, no more
+    after[changed, byte[changed]] ^= 1 << torch.randint(0, 8, (int(changed.sum()),), generator=gen).to(torch.uint8)
+    before, after = before.view(dtype).to(device), after.view(-1).view(dtype).to(device)
+    original = unchanged_bits.DEVICES
+    unchanged_bits.DEVICES = (torch.device(device).type,)  # not a fixture: hypothesis runs many examples a test
+    try:
+        made = unchanged_bits.unchanged_mask(before, after)
+    finally:
+        unchanged_bits.DEVICES = original
+    assert made.device == after.device and torch.equal(made.cpu(), unwritten.unchanged_mask(before, after).cpu())
+    bits = (made.cpu().view(-1, 1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    assert torch.equal(bits.view(-1)[:size] == 1, ~changed)

@@ -1,0 +1,52 @@
+"""An output buffer's mask of unchanged elements (replay/snapshot/unwritten.py) made by one kernel.
+
+unwritten.unchanged_mask makes it with eight torch operations: on a GPU, inside a recording that
+pays for each operation on the program's thread, a launch of this kernel through its compiled
+launcher (direct_launch.py) costs a fraction of that, for the same bits (tests hold the two
+equal). The spans are passed as addresses, so one compiled variant serves every buffer of an
+element size: nothing compiles mid-recording after the first mask of each size.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from replay.direct_launch import DirectLauncher
+from replay.snapshot import unwritten
+
+DEVICES = ("cuda",)  # where the kernel makes the mask (else torch does); tests add "cpu" for the interpreter
+_BYTES = 1024  # mask bytes a program writes: 8192 elements
+_WORDS = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}  # an element compared as one integer, bit for bit
+
+
+@triton.jit(do_not_specialize=["before", "after", "mask", "elements"])  # one variant an element size
+def _unchanged_bits_kernel(before, after, mask, elements, WORD: tl.constexpr, BYTES: tl.constexpr):
+    start = tl.program_id(0).to(tl.int64) * BYTES
+    byte = start + tl.arange(0, BYTES)
+    bit = tl.arange(0, 8)
+    element = byte[:, None] * 8 + bit[None, :]
+    inside = element < elements
+    was = tl.load(before.to(tl.pointer_type(WORD)) + element, mask=inside, other=0)
+    now = tl.load(after.to(tl.pointer_type(WORD)) + element, mask=inside, other=0)
+    same = ((was == now) & inside).to(tl.int32) << bit[None, :]  # past the end: 0, as the torch version pads
+    tl.store(mask.to(tl.pointer_type(tl.uint8)) + byte, tl.sum(same, axis=1).to(tl.uint8),
+             mask=byte < (elements + 7) // 8)
+
+
+_LAUNCHERS = {size: DirectLauncher(_unchanged_bits_kernel, {"WORD": word, "BYTES": _BYTES}, num_warps=4)
+              for size, word in _WORDS.items()}
+
+
+def unchanged_mask(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
+    """What unwritten.unchanged_mask gives for two 1-D spans of one dtype and length, made on
+    their stream with no wait: on DEVICES by the kernel, elsewhere by torch's operations."""
+    if after.device.type not in DEVICES:
+        return unwritten.unchanged_mask(before, after)
+    elements = after.numel()
+    mask = torch.empty(unwritten.mask_bytes(elements), dtype=torch.uint8, device=after.device)
+    if elements:
+        programs = -(-mask.numel() // _BYTES)
+        _LAUNCHERS[after.element_size()].launch(after.device, (programs, 1, 1), before.data_ptr(), after.data_ptr(),
+                                                mask.data_ptr(), elements)
+    return mask
