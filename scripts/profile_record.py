@@ -63,7 +63,7 @@ TIMED = (
     ("replay.recorder.chunk_changes", "staging_buffer"),
     ("replay.recorder.piece_batch", "PieceBatch.add"),
     ("replay.recorder.chunk_changes", "PieceHistory.__post_init__"),
-    ("replay.recorder.piece_batch", "PieceBatch.flush"),
+    ("replay.recorder.piece_batch", "PieceBatch.launch"),
     ("replay.recorder.piece_batch", "Checksums.__init__"),
     ("replay.recorder.piece_sums", "launch"),
     ("replay.direct_launch", "DirectLauncher.launch"),
@@ -73,7 +73,7 @@ TIMED = (
     ("replay.recorder.stream_order", "StreamClocks.issue"),
     ("replay.recorder.staging", "header"),
     ("replay.recorder.piece_batch", "Checksums.host"),
-    ("replay.snapshot.unwritten", "unchanged_mask"),
+    ("replay.recorder.unchanged_bits", "unchanged_mask"),
     ("replay.recorder.pipeline", "CallWriter.submit"),
 )
 
