@@ -4,9 +4,14 @@ unwritten.unchanged_mask makes it with eight torch operations: on a GPU, inside 
 pays for each operation on the program's thread, a launch of this kernel through its compiled
 launcher (direct_launch.py) costs a fraction of that, for the same bits (tests hold the two
 equal). The spans are passed as addresses, so one compiled variant serves every buffer of an
-element size: nothing compiles mid-recording after the first mask of each size.
+element size (two: Triton types an integer argument as 32 or 64 bits by its value, so buffers of
+2^31 elements or more have a variant of their own): nothing compiles mid-recording after the first
+mask of each kind. Where the kernel fails on a device (it compiles no more, say), torch's operators
+make the masks there from then on: a recording never fails for want of its own kernel.
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 import triton
@@ -15,9 +20,12 @@ import triton.language as tl
 from replay.direct_launch import DirectLauncher
 from replay.snapshot import unwritten
 
+log = logging.getLogger("replay")
+
 DEVICES = ("cuda",)  # where the kernel makes the mask (else torch does); tests add "cpu" for the interpreter
 _BYTES = 1024  # mask bytes a program writes: 8192 elements
 _WORDS = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}  # an element compared as one integer, bit for bit
+_INT32_END = 1 << 31  # from here an integer argument is passed as 64 bits: another compiled variant
 
 
 @triton.jit(do_not_specialize=["before", "after", "mask", "elements"])  # one variant an element size
@@ -30,23 +38,37 @@ def _unchanged_bits_kernel(before, after, mask, elements, WORD: tl.constexpr, BY
     was = tl.load(before.to(tl.pointer_type(WORD)) + element, mask=inside, other=0)
     now = tl.load(after.to(tl.pointer_type(WORD)) + element, mask=inside, other=0)
     same = ((was == now) & inside).to(tl.int32) << bit[None, :]  # past the end: 0, as the torch version pads
-    tl.store(mask.to(tl.pointer_type(tl.uint8)) + byte, tl.sum(same, axis=1).to(tl.uint8),
-             mask=byte < (elements + 7) // 8)
+    # a byte holds an element: `byte` is 64 bits, where `elements + 7` of a 32-bit `elements` could wrap
+    tl.store(mask.to(tl.pointer_type(tl.uint8)) + byte, tl.sum(same, axis=1).to(tl.uint8), mask=byte * 8 < elements)
 
 
-_LAUNCHERS = {size: DirectLauncher(_unchanged_bits_kernel, {"WORD": word, "BYTES": _BYTES}, num_warps=4)
-              for size, word in _WORDS.items()}
+# by element size and whether the element count takes 64 bits
+_LAUNCHERS = {(size, wide): DirectLauncher(_unchanged_bits_kernel, {"WORD": word, "BYTES": _BYTES}, num_warps=4)
+              for size, word in _WORDS.items() for wide in (False, True)}
+_FAILED: set[torch.device] = set()  # devices where the kernel failed: torch's operators there
+
+
+def launcher(element_size: int, elements: int) -> DirectLauncher:
+    """The launcher whose compiled variant takes `elements` as Triton passes it."""
+    return _LAUNCHERS[element_size, elements >= _INT32_END]
 
 
 def unchanged_mask(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     """What unwritten.unchanged_mask gives for two 1-D spans of one dtype and length, made on
     their stream with no wait: on DEVICES by the kernel, elsewhere by torch's operations."""
-    if after.device.type not in DEVICES:
+    device = after.device
+    if device.type not in DEVICES or device in _FAILED:
         return unwritten.unchanged_mask(before, after)
     elements = after.numel()
-    mask = torch.empty(unwritten.mask_bytes(elements), dtype=torch.uint8, device=after.device)
+    mask = torch.empty(unwritten.mask_bytes(elements), dtype=torch.uint8, device=device)
     if elements:
-        programs = -(-mask.numel() // _BYTES)
-        _LAUNCHERS[after.element_size()].launch(after.device, (programs, 1, 1), before.data_ptr(), after.data_ptr(),
-                                                mask.data_ptr(), elements)
+        try:
+            launcher(after.element_size(), elements).launch(device, (-(-mask.numel() // _BYTES), 1, 1),
+                                                            before.data_ptr(), after.data_ptr(), mask.data_ptr(),
+                                                            elements)
+        except Exception as exc:
+            _FAILED.add(device)
+            log.warning(f"replay: capture: the recorder's mask kernel failed on {device} ({type(exc).__name__}: "
+                        f"{exc}); output buffers' masks are made by torch's operators there from now on")
+            return unwritten.unchanged_mask(before, after)
     return mask

@@ -97,6 +97,58 @@ def test_the_mask_made_by_the_kernel_records_the_same(tmp_path: Path, kernels, d
     assert replayed(tmp_path / "snap", tmp_path / "clean")[0] == 0
 
 
+def test_a_count_near_two_to_the_31_still_writes_every_mask_byte(device: str) -> None:
+    # the last mask byte's bound, worked out from a 32-bit count, must not wrap
+    gen = torch.Generator().manual_seed(3)
+    before = torch.randint(0, 256, (8192,), dtype=torch.uint8, generator=gen)
+    after = before.clone()
+    after[::3] ^= 1
+    before, after = before.to(device), after.to(device)
+    mask = torch.zeros(1024, dtype=torch.uint8, device=device)
+    elements = 2 ** 31 - 1  # one program reads the first 8192 of them: all of these
+    unchanged_bits.launcher(1, elements).in_triton((1, 1, 1), before.data_ptr(), after.data_ptr(), mask.data_ptr(),
+                                                  elements)
+    assert torch.equal(mask.cpu(), unwritten.unchanged_mask(before, after).cpu())
+
+
+def test_counts_of_two_to_the_31_or_more_have_a_variant_of_their_own() -> None:
+    # Triton passes an integer of 2^31 or more as 64 bits: a launcher compiled for 32 cannot take it
+    assert unchanged_bits.launcher(1, 2 ** 31 - 1) is unchanged_bits.launcher(1, 5)
+    assert unchanged_bits.launcher(1, 2 ** 31) is not unchanged_bits.launcher(1, 2 ** 31 - 1)
+    assert unchanged_bits.launcher(2, 5) is not unchanged_bits.launcher(1, 5)
+
+
+@pytest.mark.gpu
+def test_a_buffer_of_two_to_the_31_elements_after_a_small_one_gets_its_mask() -> None:
+    small = torch.zeros(64, dtype=torch.int8, device="cuda")
+    unchanged_bits.unchanged_mask(small, small + 1)  # compiles the 32-bit count's variant first
+    before = torch.zeros(2 ** 31 + 64, dtype=torch.int8, device="cuda")
+    after = before.clone()
+    after[-70:-3] = 1
+    made = unchanged_bits.unchanged_mask(before, after)
+    assert torch.equal(made, unwritten.unchanged_mask(before, after))
+
+
+def test_a_mask_kernel_that_fails_leaves_the_masks_to_torch(tmp_path: Path, kernels, device: str,
+                                                             monkeypatch: pytest.MonkeyPatch, said) -> None:
+    class Failing:
+        def launch(self, *args: object) -> None:
+            raise OverflowError("signed integer is greater than maximum")
+    monkeypatch.setattr(unchanged_bits, "DEVICES", (device,))
+    monkeypatch.setattr(unchanged_bits, "_FAILED", set())
+    monkeypatch.setattr(unchanged_bits, "launcher", lambda *_: Failing())
+    x = torch.arange(12.0, device=device)
+    with replay.recording(tmp_path / "snap"):
+        for _ in range(2):  # the second, after the kernel failed: no launch tried
+            kernels.head[(1,)](x, torch.full((16,), LEFTOVER, device=device), 12, BLOCK=16)
+    before = [call.tensors["in/out_ptr"] for call in Snapshot(tmp_path / "snap")]
+    assert before[0][:12].isnan().all() and (before[0][12:] == LEFTOVER).all()
+    assert before[1][:12].isnan().all() and (before[1][12:] == LEFTOVER).all()
+    assert [line for line in said() if "mask kernel" in line] == [
+        f"replay: capture: the recorder's mask kernel failed on {torch.device(device)} (OverflowError: signed integer "
+        "is greater than maximum); output buffers' masks are made by torch's operators there from now on"]
+
+
 def test_an_out_buffer_of_an_operator_is_stored_the_same_way(tmp_path: Path) -> None:
     x, buffer = torch.arange(4.0), torch.full((6,), LEFTOVER)
     with replay.recording(tmp_path / "snap", torch_ops=True, triton=False):
