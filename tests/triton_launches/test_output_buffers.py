@@ -145,7 +145,7 @@ def test_a_mask_kernel_that_fails_leaves_the_masks_to_torch(tmp_path: Path, kern
     assert before[0][:12].isnan().all() and (before[0][12:] == LEFTOVER).all()
     assert before[1][:12].isnan().all() and (before[1][12:] == LEFTOVER).all()
     assert [line for line in said() if "mask kernel" in line] == [
-        f"replay: capture: the recorder's mask kernel failed on {torch.device(device)} (OverflowError: signed integer "
+        f"replay: capture: the recorder's mask kernel failed on {x.device} (OverflowError: signed integer "
         "is greater than maximum); output buffers' masks are made by torch's operators there from now on"]
 
 
