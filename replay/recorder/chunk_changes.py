@@ -70,7 +70,7 @@ MEMORIES_KEPT = 1 << 13
 # wait for the launch after the call (one launch a call, not two). The copy costs the device two more
 # passes over the bytes (copied, then read) where summing them in place before the call and copying
 # the changed pieces costs one: at ~3 TB/s, 128 MiB cost ~90 us of the device, less than the launch
-# before the call would cost the program's thread (a flush, ~200 us in a recording on the H200; a
+# before the call would cost the program's thread (110-160 us in a recording on the H200; a
 # recording's steps are bound by the program's thread, not the device: docs/PERFORMANCE.md). A
 # larger tensor (a KV cache of GBs a decode step writes 64 KiB of) is summed in place, in a launch
 # before the call. 128 MiB holds a 32000-word vocabulary's logits for 2048 tokens in bf16.

@@ -95,7 +95,8 @@ class Checksums:
             if self._host is None:
                 self.synchronize()
                 assert self.on_device is not None and self._buffer is not None and self._give is not None
-                self._host = self._buffer.numpy()[:self.on_device.numel() * _INT64].view(np.int64).reshape(-1, ROW).copy()
+                written = self._buffer.numpy()[:self.on_device.numel() * _INT64]  # the sums lead the buffer
+                self._host = written.view(np.int64).reshape(-1, ROW).copy()
                 self._give(self._buffer)
                 self._buffer = None
             return self._host

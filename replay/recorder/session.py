@@ -246,8 +246,8 @@ class Recording(GraphRecording):
         if mask is None:
             call.copies[key] = copier.copy_span(held.span, held.geometry)
             return
-        # a host copy, its pieces hashed by a writer: a tracked store cost the program's thread twice as
-        # much, for bytes a sixteenth of the buffer's (or less), mostly alike from call to call
+        # a host copy, its pieces hashed by a writer: a tracked store (a staging buffer, a table row, a
+        # history) cost the program's thread more, for bytes a sixteenth of the buffer's or less
         kept = copier.copy_span(mask, geometry_of(mask))
         kept.chunked = mask.numel() >= max(self.options.chunk_threshold, 1)
         call.copies[f"kept/{name}"] = kept

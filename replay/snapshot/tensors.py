@@ -60,7 +60,8 @@ def geometry_of(t: torch.Tensor) -> Geometry:
     if t.dtype not in DTYPE_NAMES:
         raise UnsupportedTensor(f"dtype {t.dtype} is not supported by snapshot format 1")
     # torch's stubs allow a SymInt, which only symbolic tracing gives: the tensors recorded are real
-    return Geometry(DTYPE_NAMES[t.dtype], tuple(t.shape), tuple(t.stride()), t.storage_offset())  # type: ignore[arg-type]
+    offset: int = t.storage_offset()  # type: ignore[assignment]
+    return Geometry(DTYPE_NAMES[t.dtype], tuple(t.shape), tuple(t.stride()), offset)
 
 
 def storage_span(t: torch.Tensor, geometry: Geometry | None = None) -> torch.Tensor:

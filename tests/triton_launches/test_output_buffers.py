@@ -212,7 +212,8 @@ def test_the_mask_marks_exactly_the_unchanged_elements_and_every_changed_one_dif
     assert not (made[changed] == after[changed]).any()  # each differs as the dtype compares it
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # `device`: fixed
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # `device`: the same for every example
 @given(dtype=st.sampled_from(DTYPES), size=st.sampled_from([0, 1, 7, 8, 9, 63, 8191, 8192, 8200, 20000]),
        seed=st.integers(0, 2 ** 16))
 def test_the_kernel_makes_the_mask_torch_makes(dtype: torch.dtype, size: int, seed: int, device: str) -> None:
