@@ -10,6 +10,12 @@ of running it in a process of its own, the same batch every step:
 
     python scripts/bench_launches.py                       # on a GPU: 2048 tokens, hidden 4096, bf16
     python scripts/bench_launches.py --shape 8 64 2 128 96 --steps 3 --modes bare,door,record   # CPU smoke
+    git worktree add /tmp/base v1 && python scripts/bench_launches.py --against /tmp/base --rounds 5
+
+With `--against TREE` (another kernel-replay tree: a worktree, or a `git archive` unpacked), each
+round runs bare, then `record` with this tree's package and with TREE's (which goes first
+alternates), each in a process of its own: one process's later steps vary by 15-20% from the
+next's, so a change of a few percent shows only in the medians of several rounds, printed last.
 
 The first timed step comes after one warm-up step that compiles every kernel. Printed: per mode,
 the first step and the median of the later ones (ms), each against bare, the extra microseconds a
@@ -47,11 +53,19 @@ def main() -> None:
                         default=[2048, 4096, 32, 11008, 32000])
     parser.add_argument("--steps", type=int, default=13, help="timed steps after the warm-up one")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, of: " + ", ".join(MODES))
+    parser.add_argument("--against", type=Path, metavar="TREE",
+                        help="another kernel-replay tree whose recording alternates with this one's, round by round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds with --against")
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(run_mode(args.child, args.shape, args.steps, Path(args.dir))))
+        return
+    if args.against is not None:
+        if not (args.against / "replay" / "__init__.py").is_file():
+            parser.error(f"--against {args.against}: no kernel-replay tree there (no replay/__init__.py)")
+        compare(args)
         return
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -60,16 +74,44 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-launches-", dir=os.environ.get("BENCH_DIR")) as tmp:
         for mode in modes:
-            target = Path(tmp) / mode
-            done = subprocess.run([sys.executable, __file__, "--child", mode, "--dir", str(target), "--steps",
-                                   str(args.steps), "--shape", *map(str, args.shape)],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                results[mode] = {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
-                continue
-            results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+            results[mode] = run_child(mode, Path(tmp) / mode, args)
         floors = bandwidth_floors(Path(tmp))
     print_table(results, args, floors)
+
+
+def run_child(mode: str, target: Path, args: argparse.Namespace, tree: Path = ROOT) -> dict[str, Any]:
+    """One mode in a process of its own, importing `replay` from `tree`: its results, or its error."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, __file__, "--child", mode, "--dir", str(target), "--steps",
+                           str(args.steps), "--shape", *map(str, args.shape)], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Rounds of bare, this tree's recording and the other's, alternating which recording goes first."""
+    trees = {"this tree": ROOT, str(args.against): args.against.resolve()}
+    later: dict[str, list[float]] = {"bare": [], **{name: [] for name in trees}}
+    print(f"later steps, median ms ({args.steps} timed steps a run; `record` for each tree)\n")
+    print("| round | " + " | ".join(later) + " |")
+    print("| --- |" + " ---: |" * len(later))
+    for round_ in range(1, args.rounds + 1):
+        order = list(trees.items()) if round_ % 2 else list(reversed(trees.items()))
+        with tempfile.TemporaryDirectory(prefix="bench-launches-", dir=os.environ.get("BENCH_DIR")) as tmp:
+            runs = {"bare": run_child("bare", Path(tmp) / "bare", args)}
+            runs.update({name: run_child("record", Path(tmp) / f"record{n}", args, tree)
+                         for n, (name, tree) in enumerate(order)})
+        cells = {}
+        for name, result in runs.items():
+            if "error" in result:
+                cells[name] = f"failed: {result['error']}"
+                continue
+            later[name].append(statistics.median(result["steps"][1:] or result["steps"]))
+            cells[name] = f"{later[name][-1] * 1e3:.1f}"
+        print(f"| {round_} | " + " | ".join(cells[name] for name in later) + " |", flush=True)
+    medians = [f"{statistics.median(times) * 1e3:.1f}" if times else "?" for times in later.values()]
+    print("| median | " + " | ".join(medians) + " |")
 
 
 def load_block(shape: list[int]) -> Any:
@@ -154,7 +196,8 @@ def run_mode(mode: str, shape: list[int], steps: int, target: Path) -> dict[str,
         launches = traced_launches(target) / (steps + 1)  # the warm-up step traced too
     return {"steps": times, "first_written_s": first_written, "first_bytes": first_bytes,
             "program_s": program, "closed_s": closed, "bytes": sum(f.stat().st_size for f in files),
-            "files": len(files), "launches_per_step": launches, "device": torch.cuda.get_device_name() if cuda else "cpu"}
+            "files": len(files), "launches_per_step": launches,
+            "device": torch.cuda.get_device_name() if cuda else "cpu"}
 
 
 def traced_launches(target: Path) -> int:
