@@ -36,10 +36,22 @@ def _fits() -> bool:
 FITS = _fits()
 
 
+_INT32 = 1 << 31
+
+
+def _widths(arguments: tuple[Any, ...]) -> tuple[bool, ...]:
+    """Which integer arguments Triton passes as 64 bits (it types an integer by its value: from 2^31
+    on, or below -2^31): a compiled kernel takes each as it was compiled for, so each way is a
+    variant of its own."""
+    return tuple([not -_INT32 <= a < _INT32 for a in arguments if type(a) is int])
+
+
 class DirectLauncher:
     """Launches `kernel` (a @triton.jit function) with `constants` (its constexprs by name, the
-    same every launch) and `num_warps`: through Triton the first time on each device (which
-    compiles), then through the compiled kernel's launcher."""
+    same every launch) and `num_warps`: through Triton the first time on each device and for each
+    width of its integer arguments (which compiles), then through that compiled kernel's launcher.
+    Its integer parameters are meant to be `do_not_specialize`d: no other property of a value
+    is told apart here."""
 
     def __init__(self, kernel: Any, constants: dict[str, Any], num_warps: int):
         names = list(kernel.arg_names)
@@ -47,7 +59,8 @@ class DirectLauncher:
             raise ValueError(f"{kernel}: the constants must be its last parameters, in order: {names}")
         self.kernel, self.constants, self.num_warps = kernel, constants, num_warps
         self._constant_values = tuple(constants.values())  # after the runtime arguments, as the parameters go
-        self.compiled: dict[int, Any] = {}  # per device (a kernel is loaded on one); None: Triton's launch always
+        # per device (a kernel is loaded on one) and integer widths (_widths); None: Triton's launch always
+        self.compiled: dict[tuple[int, tuple[bool, ...]], Any] = {}
 
     def in_triton(self, grid: tuple[int, ...], *arguments: Any) -> Any:
         """Triton's own launch (the interpreter's included); the compiled kernel, where it gives one."""
@@ -70,11 +83,12 @@ class DirectLauncher:
 
     def _launch_on(self, index: int, grid: tuple[int, int, int], arguments: tuple[Any, ...]) -> None:
         """Launch on device `index`, the current one."""
-        compiled = self.compiled.get(index, False)
+        variant = (index, _widths(arguments))
+        compiled = self.compiled.get(variant, False)
         if compiled is False:
             compiled = self.in_triton(grid, *arguments)
             usable = FITS and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata")
-            self.compiled[index] = compiled if usable else None
+            self.compiled[variant] = compiled if usable else None
             return
         if compiled is None:
             self.in_triton(grid, *arguments)
@@ -84,5 +98,5 @@ class DirectLauncher:
             compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
                          *arguments, *self._constant_values)
         except TypeError:  # a launcher that takes its arguments otherwise refuses them before launching
-            self.compiled[index] = None
+            self.compiled[variant] = None
             self.in_triton(grid, *arguments)

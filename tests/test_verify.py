@@ -453,7 +453,7 @@ def test_the_statistics_kernel_launched_directly_reads_device_memory_through_pin
         call_stats.launch(table[b], partials[b], len(tensors))
     torch.cuda.synchronize()
     if direct_launch.FITS:
-        assert call_stats._LAUNCHER.compiled[torch.cuda.current_device()] is not None  # launched directly
+        assert call_stats._LAUNCHER.compiled[torch.cuda.current_device(), ()] is not None  # launched directly
     for b, tensors in enumerate(batches):
         _, twin = call_stats.buffers(1, 4, cuda=False)
         call_stats.on_host([t.cpu() for t in tensors], twin[0])

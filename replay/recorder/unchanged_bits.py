@@ -4,10 +4,10 @@ unwritten.unchanged_mask makes it with eight torch operations: on a GPU, inside 
 pays for each operation on the program's thread, a launch of this kernel through its compiled
 launcher (direct_launch.py) costs a fraction of that, for the same bits (tests hold the two
 equal). The spans are passed as addresses, so one compiled variant serves every buffer of an
-element size (two: Triton types an integer argument as 32 or 64 bits by its value, so buffers of
-2^31 elements or more have a variant of their own): nothing compiles mid-recording after the first
-mask of each kind. Where the kernel fails on a device (it compiles no more, say), torch's operators
-make the masks there from then on: a recording never fails for want of its own kernel.
+element size (two: buffers of 2^31 elements or more have one of their own, DirectLauncher's
+widths): nothing compiles mid-recording after the first mask of each kind. Where the kernel
+fails on a device (it compiles no more, say), torch's operators make the masks there from then
+on: a recording never fails for want of its own kernel.
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ log = logging.getLogger("replay")
 DEVICES = ("cuda",)  # where the kernel makes the mask (else torch does); tests add "cpu" for the interpreter
 _BYTES = 1024  # mask bytes a program writes: 8192 elements
 _WORDS = {1: tl.int8, 2: tl.int16, 4: tl.int32, 8: tl.int64}  # an element compared as one integer, bit for bit
-_INT32_END = 1 << 31  # from here an integer argument is passed as 64 bits: another compiled variant
 
 
 @triton.jit(do_not_specialize=["before", "after", "mask", "elements"])  # one variant an element size
@@ -42,15 +41,9 @@ def _unchanged_bits_kernel(before, after, mask, elements, WORD: tl.constexpr, BY
     tl.store(mask.to(tl.pointer_type(tl.uint8)) + byte, tl.sum(same, axis=1).to(tl.uint8), mask=byte * 8 < elements)
 
 
-# by element size and whether the element count takes 64 bits
-_LAUNCHERS = {(size, wide): DirectLauncher(_unchanged_bits_kernel, {"WORD": word, "BYTES": _BYTES}, num_warps=4)
-              for size, word in _WORDS.items() for wide in (False, True)}
+_LAUNCHERS = {size: DirectLauncher(_unchanged_bits_kernel, {"WORD": word, "BYTES": _BYTES}, num_warps=4)
+              for size, word in _WORDS.items()}  # by element size
 _FAILED: set[torch.device] = set()  # devices where the kernel failed: torch's operators there
-
-
-def launcher(element_size: int, elements: int) -> DirectLauncher:
-    """The launcher whose compiled variant takes `elements` as Triton passes it."""
-    return _LAUNCHERS[element_size, elements >= _INT32_END]
 
 
 def unchanged_mask(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
@@ -63,9 +56,8 @@ def unchanged_mask(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     mask = torch.empty(unwritten.mask_bytes(elements), dtype=torch.uint8, device=device)
     if elements:
         try:
-            launcher(after.element_size(), elements).launch(device, (-(-mask.numel() // _BYTES), 1, 1),
-                                                            before.data_ptr(), after.data_ptr(), mask.data_ptr(),
-                                                            elements)
+            _LAUNCHERS[after.element_size()].launch(device, (-(-mask.numel() // _BYTES), 1, 1), before.data_ptr(),
+                                                    after.data_ptr(), mask.data_ptr(), elements)
         except Exception as exc:
             _FAILED.add(device)
             log.warning(f"replay: capture: the recorder's mask kernel failed on {device} ({type(exc).__name__}: "

@@ -106,16 +106,17 @@ def test_a_count_near_two_to_the_31_still_writes_every_mask_byte(device: str) ->
     before, after = before.to(device), after.to(device)
     mask = torch.zeros(1024, dtype=torch.uint8, device=device)
     elements = 2 ** 31 - 1  # one program reads the first 8192 of them: all of these
-    unchanged_bits.launcher(1, elements).in_triton((1, 1, 1), before.data_ptr(), after.data_ptr(), mask.data_ptr(),
-                                                  elements)
+    unchanged_bits._LAUNCHERS[1].in_triton((1, 1, 1), before.data_ptr(), after.data_ptr(), mask.data_ptr(), elements)
     assert torch.equal(mask.cpu(), unwritten.unchanged_mask(before, after).cpu())
 
 
 def test_counts_of_two_to_the_31_or_more_have_a_variant_of_their_own() -> None:
     # Triton passes an integer of 2^31 or more as 64 bits: a launcher compiled for 32 cannot take it
-    assert unchanged_bits.launcher(1, 2 ** 31 - 1) is unchanged_bits.launcher(1, 5)
-    assert unchanged_bits.launcher(1, 2 ** 31) is not unchanged_bits.launcher(1, 2 ** 31 - 1)
-    assert unchanged_bits.launcher(2, 5) is not unchanged_bits.launcher(1, 5)
+    from replay.direct_launch import _widths
+    assert _widths((1 << 40, 2 ** 31 - 1)) == _widths((1 << 40, 5))
+    assert _widths((1 << 40, 2 ** 31)) != _widths((1 << 40, 2 ** 31 - 1))
+    assert _widths((-(2 ** 31) - 1,)) != _widths((-(2 ** 31),))
+    assert unchanged_bits._LAUNCHERS[2] is not unchanged_bits._LAUNCHERS[1]
 
 
 @pytest.mark.gpu
@@ -136,7 +137,7 @@ def test_a_mask_kernel_that_fails_leaves_the_masks_to_torch(tmp_path: Path, kern
             raise OverflowError("signed integer is greater than maximum")
     monkeypatch.setattr(unchanged_bits, "DEVICES", (device,))
     monkeypatch.setattr(unchanged_bits, "_FAILED", set())
-    monkeypatch.setattr(unchanged_bits, "launcher", lambda *_: Failing())
+    monkeypatch.setattr(unchanged_bits, "_LAUNCHERS", {size: Failing() for size in (1, 2, 4, 8)})
     x = torch.arange(12.0, device=device)
     with replay.recording(tmp_path / "snap"):
         for _ in range(2):  # the second, after the kernel failed: no launch tried
