@@ -97,7 +97,7 @@ def test_a_rare_wrong_pattern_is_caught_within_the_window_after_it_first_shows_a
     counted = delta(before)
     assert counted["flagged"] >= 1 and counted["checked"] < 100  # about 1% sampled, and windows until found
     snapshot = found[0].snapshot
-    assert snapshot is not None and snapshot.parent == verifying
+    assert snapshot is not None and snapshot.parent == verifying, found[0].unwritten
     result = CliRunner().invoke(main, ["run", str(snapshot), "--provider", __name__])
     assert result.exit_code == 1, result.output
     assert "row 3" in result.output or "rows 3" in result.output

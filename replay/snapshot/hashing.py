@@ -6,6 +6,8 @@ import os
 import threading
 from typing import Any, Sequence, cast
 
+import numpy as np
+
 from replay.snapshot import callfile
 from replay.snapshot.files import sha256_parts
 
@@ -17,6 +19,7 @@ PIECES_PER_TASK = 64
 HASHING_THREADS = min(8, os.cpu_count() or 1)
 _hashing_pool: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None  # (the pid that made it, it)
 _hashing_pool_lock = threading.Lock()
+_zero_digests: dict[int, str] = {}  # piece length -> the digest of that many zero bytes
 
 
 def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> list[str]:
@@ -29,6 +32,29 @@ def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = No
     for n in unknown:
         found[n] = hashed[first[id(pieces[n])]]
     return cast("list[str]", found)
+
+
+def zero_pieces(raw: np.ndarray, piece_bytes: int) -> list[str | None] | None:
+    """The digest of each `piece_bytes` piece of `raw` (uint8) that holds zeros only, None for the
+    others; None when none does. Found at memory speed with the interpreter lock let go, where
+    hashing runs ~1.5 GB/s a core and takes the lock at every piece: an output buffer's mask of
+    unchanged elements is zeros wherever its kernel wrote everything, at every step."""
+    whole = len(raw) // piece_bytes * piece_bytes
+    nonzero = raw[:whole].view(np.uint64).reshape(-1, piece_bytes // 8).any(axis=1).tolist() if whole else []
+    if whole < len(raw):
+        nonzero.append(bool(raw[whole:].any()))
+    if all(nonzero):
+        return None
+    return [None if written else zero_digest(min(piece_bytes, len(raw) - n * piece_bytes))
+            for n, written in enumerate(nonzero)]
+
+
+def zero_digest(length: int) -> str:
+    """The blob digest of a piece of `length` zero bytes (the same for every piece of that length)."""
+    digest = _zero_digests.get(length)
+    if digest is None:
+        digest = _zero_digests[length] = sha256_parts(callfile.blob_prefix(length), bytes(length))
+    return digest
 
 
 def hash_pieces(pieces: Sequence[Any]) -> list[str]:
