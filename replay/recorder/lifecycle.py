@@ -14,6 +14,7 @@ import atexit
 import contextlib
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -41,6 +42,12 @@ _collectives: CollectiveRecorder | None = None  # torch.distributed's collective
 _verifiers: dict[str, Callable[..., Any]] = {}  # op name -> replay.verify's hook for its calls
 _capture_hooks: list[Callable[[], object]] = []  # run before a CUDA graph capture begins (before_graph_capture)
 _lock = threading.Lock()  # two threads starting recordings at once: one wins
+# The writers share the interpreter lock with the program's threads, which let go of it in every torch
+# operator and kernel launch and then wait to take it back: a writer's Python keeps it up to the switch
+# interval (5 ms by default) before it must hand it over. While writers run, the interval is at most
+# this (docs/PERFORMANCE.md, "The writers' hold on the interpreter lock").
+SWITCH_INTERVAL_S = 0.0003
+_interval_before: tuple[float, float] | None = None  # (the program's interval, the one set) while shortened
 
 
 def active() -> Recording | None:
@@ -68,6 +75,8 @@ def start(path: str | Path, options: RecordingOptions = RecordingOptions()) -> R
             stream_order.install(_recording.clocks)
         if _recording.ring is not None:
             _install_signal_handlers()
+        if _recording.calls.threaded:
+            _shorten_switch_interval()
         return _recording
 
 
@@ -84,7 +93,24 @@ def stop() -> Recording | None:
     if rec is not None:
         _restore_signal_handlers()
         rec.close()
+        _restore_switch_interval()
     return rec
+
+
+def _shorten_switch_interval() -> None:
+    global _interval_before
+    before = sys.getswitchinterval()
+    if before > SWITCH_INTERVAL_S:
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        _interval_before = (before, sys.getswitchinterval())
+
+
+def _restore_switch_interval() -> None:
+    """The program's interval again, unless it set one of its own meanwhile."""
+    global _interval_before
+    if _interval_before is not None and sys.getswitchinterval() == _interval_before[1]:
+        sys.setswitchinterval(_interval_before[0])
+    _interval_before = None
 
 
 def _record_collectives(rec: Recording, rank: RankInfo | None) -> None:

@@ -204,6 +204,11 @@ class CallWriter:
         for thread in self._threads:
             thread.start()
 
+    @property
+    def threaded(self) -> bool:
+        """Whether calls are written on threads of their own (until close)."""
+        return bool(self._threads)
+
     def full(self) -> bool:
         """Whether a call made now would wait for room (when_full "drop": not recorded)."""
         return bool(self._threads) and self._submitted - self._taken >= self.depth

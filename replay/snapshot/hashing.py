@@ -40,7 +40,9 @@ def zero_pieces(raw: np.ndarray, piece_bytes: int) -> list[str | None] | None:
     hashing runs ~1.5 GB/s a core and takes the lock at every piece: an output buffer's mask of
     unchanged elements is zeros wherever its kernel wrote everything, at every step."""
     whole = len(raw) // piece_bytes * piece_bytes
-    nonzero = raw[:whole].view(np.uint64).reshape(-1, piece_bytes // 8).any(axis=1).tolist() if whole else []
+    nonzero: list[bool] = []
+    if whole:
+        nonzero = cast("list[bool]", raw[:whole].view(np.uint64).reshape(-1, piece_bytes // 8).any(axis=1).tolist())
     if whole < len(raw):
         nonzero.append(bool(raw[whole:].any()))
     if all(nonzero):
