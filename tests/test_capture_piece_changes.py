@@ -243,9 +243,9 @@ def check_only_changed_pieces_are_hashed(tmp_path: Path, monkeypatch: pytest.Mon
     assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked")
     # each call stores the cache before its row (as the last call left it: the list of the store
     # before, taken whole) and after (the one piece the row lands in); the first store's 16 pieces
-    # are alike (zeros): one is hashed. Only those come over.
-    assert counts == [1] * 7 and len(reused) == 5
-    assert fetched == counts
+    # are alike (zeros): one comes over, and is named by its length, not hashed. Only those come over.
+    assert counts == [0] + [1] * 6 and len(reused) == 5
+    assert fetched == [1] * 7
     last = list(Snapshot(tmp_path / "tracked"))[-1]
     assert torch.equal(last.tensors["out/cache"], cache.cpu())
 
@@ -282,8 +282,9 @@ def test_pieces_any_store_hashed_are_known_by_their_checksums(tmp_path: Path, mo
         rec.flush()  # known once hashed: a store made while the first is written may hash a piece again
         second[:16] = 7.0
         write_row(second, torch.full((4096,), 7.0, device=device), 0)  # nothing new: all its pieces were stored before
-    # first: its sevens, its zeros; after: the piece the row went to. second: everything known
-    assert counts == [2, 1, 0] and fetched == counts  # second's after: unchanged, its list taken whole
+    # first: its sevens, its zeros (named by length, not hashed); after: the piece the row went to.
+    # second: everything known; its after unchanged, its list taken whole
+    assert counts == [1, 1, 0] and fetched == [2, 1, 0]
     stored = list(Snapshot(tmp_path / "snap"))[1].tensors
     assert torch.equal(stored["in/cache"], second.cpu()) and torch.equal(stored["out/cache"], second.cpu())
 
@@ -297,7 +298,7 @@ def test_past_the_device_staging_budget_a_store_comes_over_whole(tmp_path: Path,
     counts, fetched = hashed_pieces(monkeypatch), fetched_pieces(monkeypatch)
     record_decode(tmp_path / "tracked", device)
     assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked")
-    assert counts == [1] * 7  # flagged either way: hashed the same
+    assert counts == [0] + [1] * 6  # flagged either way: hashed the same (the zeros by their length)
     assert 0 < len(fetched) < len(counts)  # some stores found the budget spent and came over whole
 
 

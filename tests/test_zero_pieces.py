@@ -4,6 +4,7 @@ so a recording's writers would otherwise hash megabytes of zeros at every step."
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -15,32 +16,35 @@ import replay
 from replay.snapshot import Snapshot, hashing
 from replay.snapshot.writer import CHUNK_BYTES, SnapshotWriter
 
-PIECE = 64  # bytes: small pieces, so that short arrays have many
+hash_here = hashing.hash_pieces_here  # hashing's own, whatever a test patches
 
 
 @settings(max_examples=60, deadline=None)
-@given(pieces=st.lists(st.booleans(), min_size=1, max_size=9), tail=st.integers(0, PIECE - 1),
+@given(pieces=st.lists(st.tuples(st.integers(1, 96), st.booleans(), st.booleans()), min_size=1, max_size=8),
        offset=st.integers(0, 7), data=st.data())
-def test_the_zero_pieces_are_those_hashing_names_as_zeros(pieces: list[bool], tail: int, offset: int,
-                                                          data: st.DataObject) -> None:
-    """Each piece written or zeros as drawn (a short last one too, at any alignment): a zero piece's
-    digest is the one hashing gives it, a written one is left to hashing, and None means none is zero."""
-    length = len(pieces) * PIECE + tail
-    raw = np.zeros(length + offset, dtype=np.uint8)[offset:]
-    for n, written in enumerate(pieces + [tail > 0 and data.draw(st.booleans())]):
-        if written and n * PIECE < length:
-            at = data.draw(st.integers(n * PIECE, min(length, (n + 1) * PIECE) - 1))
-            raw[at] = data.draw(st.integers(1, 255))
-    cut = [raw[start:start + PIECE] for start in range(0, length, PIECE)]
-    expected = [None if piece.any() else digest for piece, digest in zip(cut, hashing.hash_pieces_here(cut))]
-    found = hashing.zero_pieces(raw, PIECE)
-    assert found == (None if all(digest is None for digest in expected) else expected)
+def test_a_piece_of_zeros_gets_the_digest_hashing_gives_it_without_being_hashed(
+        pieces: list[tuple[int, bool, bool]], offset: int, data: st.DataObject) -> None:
+    """Pieces of any length and alignment, each written (one nonzero byte somewhere) or zeros, and
+    known already or not: every digest is hashing's, and only the unknown written pieces are hashed."""
+    raw = np.zeros(sum(length for length, _, _ in pieces) + offset, dtype=np.uint8)[offset:]
+    cut, start = [], 0
+    for length, written, _ in pieces:
+        piece = raw[start:start + length]
+        if written:
+            piece[data.draw(st.integers(0, length - 1))] = data.draw(st.integers(1, 255))
+        cut.append(piece)
+        start += length
+    truth = hash_here(cut)
+    known = [digest if is_known else None for digest, (_, _, is_known) in zip(truth, pieces)]
+    hashed: list[int] = []
+    with mock.patch.object(hashing, "hash_pieces_here", lambda some: (hashed.append(len(some)), hash_here(some))[1]):
+        assert hashing.piece_digests(cut, known) == truth
+    assert sum(hashed) == sum(written and not is_known for _, written, is_known in pieces)
 
 
 def test_a_chunked_tensor_of_zeros_is_stored_with_only_its_written_piece_hashed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     hashed: list[int] = []
-    hash_here = hashing.hash_pieces_here
     monkeypatch.setattr(hashing, "hash_pieces_here", lambda pieces: (hashed.append(len(pieces)), hash_here(pieces))[1])
     span = torch.zeros(3 * CHUNK_BYTES + 100, dtype=torch.uint8)
     span[CHUNK_BYTES + 5] = 7  # one written piece among zeros
@@ -48,7 +52,7 @@ def test_a_chunked_tensor_of_zeros_is_stored_with_only_its_written_piece_hashed(
     listed, digests = writer.put_chunks(span)
     assert sum(hashed) == 1  # the written piece only (the list itself is a blob, hashed apart)
     assert digests[0] == digests[2] != digests[1]
-    assert digests[3] == hashing.hash_pieces_here([np.zeros(100, np.uint8)])[0]
+    assert digests[3] == hash_here([np.zeros(100, np.uint8)])[0]
     writer.close()
     assert (tmp_path / "snap" / "blobs").exists() and listed
 

@@ -395,16 +395,12 @@ class CallWriter:
             known, alike, _ = history.plan(history.known())
             for n, first in alike.items():
                 pieces[n] = pieces[first]
-        new = [n for n, seen in enumerate(known) if seen is None]
-        zeros = None if copy.on_device else self.writer.zero_pieces(copy.span)
-        if zeros is not None:  # known without hashing, and remembered by their checksums as the hashed are
-            known = [seen or zero for seen, zero in zip(known, zeros)]
         try:
             digest, digests = self.writer.put_pieces(pieces, known)
         finally:
             if buffer is not None:
                 self.pool.give(buffer)
-        history.hashed(digests, digest, new=new)
+        history.hashed(digests, digest, new=[n for n, seen in enumerate(known) if seen is None])
         return digest
 
     def discard(self, pending: Pending, landed: bool = False) -> None:

@@ -24,31 +24,24 @@ _zero_digests: dict[int, str] = {}  # piece length -> the digest of that many ze
 
 def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> list[str]:
     """The blob digest of each piece (a numpy uint8 array), where `known` does not give it; a
-    piece listed at many places as the very same array is hashed once."""
+    piece listed at many places as the very same array is hashed once, and a piece of zeros not
+    at all: found zero at memory speed with the interpreter lock let go (hashing runs ~1.5 GB/s a
+    core and takes the lock at every piece), its digest is its length's. An output buffer's mask
+    of unchanged elements is zeros wherever its kernel wrote everything, at every step."""
     found: list[str | None] = list(known) if known is not None else [None] * len(pieces)
     unknown = [n for n, digest in enumerate(found) if digest is None]
     first = {id(pieces[n]): n for n in reversed(unknown)}  # the first place each array is listed
-    hashed = dict(zip(first.values(), hash_pieces([pieces[n] for n in first.values()])))
+    named = {n: zero_digest(len(pieces[n])) for n in first.values() if not _written(pieces[n])}
+    wanted = [n for n in first.values() if n not in named]
+    named.update(zip(wanted, hash_pieces([pieces[n] for n in wanted])))
     for n in unknown:
-        found[n] = hashed[first[id(pieces[n])]]
+        found[n] = named[first[id(pieces[n])]]
     return cast("list[str]", found)
 
 
-def zero_pieces(raw: np.ndarray, piece_bytes: int) -> list[str | None] | None:
-    """The digest of each `piece_bytes` piece of `raw` (uint8) that holds zeros only, None for the
-    others; None when none does. Found at memory speed with the interpreter lock let go, where
-    hashing runs ~1.5 GB/s a core and takes the lock at every piece: an output buffer's mask of
-    unchanged elements is zeros wherever its kernel wrote everything, at every step."""
-    whole = len(raw) // piece_bytes * piece_bytes
-    nonzero: list[bool] = []
-    if whole:
-        nonzero = cast("list[bool]", raw[:whole].view(np.uint64).reshape(-1, piece_bytes // 8).any(axis=1).tolist())
-    if whole < len(raw):
-        nonzero.append(bool(raw[whole:].any()))
-    if all(nonzero):
-        return None
-    return [None if written else zero_digest(min(piece_bytes, len(raw) - n * piece_bytes))
-            for n, written in enumerate(nonzero)]
+def _written(piece: Any) -> bool:
+    """Whether a piece holds a byte other than zero (read eight bytes at a time where it can be)."""
+    return bool((piece.view(np.uint64) if len(piece) % 8 == 0 else piece).any())
 
 
 def zero_digest(length: int) -> str:

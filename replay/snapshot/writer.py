@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from replay.errors import SnapshotError
-from replay.snapshot import callfile, hashing, schema
+from replay.snapshot import callfile, schema
 from replay.snapshot.files import create_exclusive, fsync_paths, sha256_parts, write_atomic
 from replay.snapshot.manifest import git_state, new_manifest
 from replay.snapshot.piece_packs import PACKS_DIR, PiecePacks
@@ -54,11 +54,6 @@ def _hashed_while(write: Callable[[], None], parts: Sequence[Any]) -> str:
         digest = hasher.submit(sha256_parts, *parts)
         write()
     return digest.result()
-
-
-def _bytes(span: torch.Tensor) -> Any:
-    """A host span's bytes, a numpy uint8 view."""
-    return span.reshape(-1).view(torch.uint8).numpy()
 
 
 def blob_relpath(digest: str) -> str:
@@ -238,19 +233,13 @@ class SnapshotWriter:
         pieces no call stored before go into one pack file (format 3), and the list of every
         piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return the list's
         digest and the pieces'. A piece or a list another call already stored costs nothing."""
-        return self.put_pieces(self.cut(span), self.zero_pieces(span))
+        return self.put_pieces(self.cut(span))
 
     @staticmethod
     def cut(span: torch.Tensor) -> list[Any]:
         """A host span's bytes as CHUNK_BYTES pieces (numpy views, the last one maybe short)."""
-        raw = _bytes(span)
+        raw = span.reshape(-1).view(torch.uint8).numpy()
         return [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]
-
-    @staticmethod
-    def zero_pieces(span: torch.Tensor) -> list[str | None] | None:
-        """The digests of the pieces cut() makes of `span` that are all zeros (None for the others),
-        known without hashing; None where none is."""
-        return hashing.zero_pieces(_bytes(span), CHUNK_BYTES)
 
     def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> tuple[str, list[str]]:
         """put_chunks for a span already cut into pieces (uint8 arrays); a piece whose digest
