@@ -188,7 +188,7 @@ class PieceHistory:
         """What names this store's bytes, from the checksums on the host: equal keys, equal bytes
         (but for the checksums' odds, piece_sums.py)."""
         if self._key is None:
-            digest = hashlib.blake2b(memoryview(np.ascontiguousarray(self.sums)), digest_size=16).digest()
+            digest = hashlib.blake2b(np.ascontiguousarray(self.sums).tobytes(), digest_size=16).digest()
             self._key = digest + self.nbytes.to_bytes(8, "little")
         return self._key
 
