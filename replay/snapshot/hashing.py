@@ -58,7 +58,11 @@ def hash_pieces(pieces: Sequence[Any]) -> list[str]:
     runs = [pieces[start:start + PIECES_PER_TASK] for start in range(0, len(pieces), PIECES_PER_TASK)]
     if len(runs) <= 1 or HASHING_THREADS <= 1:
         return hash_pieces_here(pieces)
-    return [digest for run in pool().map(hash_pieces_here, runs) for digest in run]
+    try:
+        tasks = [pool().submit(hash_pieces_here, run) for run in runs]
+    except RuntimeError:  # the interpreter is exiting (a recording closed at exit): no pool takes work
+        return hash_pieces_here(pieces)
+    return [digest for task in tasks for digest in task.result()]
 
 
 def hash_pieces_here(pieces: Sequence[Any]) -> list[str]:

@@ -49,9 +49,15 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _hashed_while(write: Callable[[], None], parts: Sequence[Any]) -> str:
     """The sha256 of `parts`, taken on another thread while `write()` writes them: both let go of
-    the interpreter lock, so it costs the slower of the two, not both."""
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-hash-while-writing") as hasher:
+    the interpreter lock, so it costs the slower of the two, not both; one after the other where
+    the interpreter is exiting (a recording closed at exit), as no thread takes work then."""
+    hasher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-hash-while-writing")
+    try:
         digest = hasher.submit(sha256_parts, *parts)
+    except RuntimeError:
+        write()
+        return sha256_parts(*parts)
+    with hasher:
         write()
     return digest.result()
 

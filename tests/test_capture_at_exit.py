@@ -1,0 +1,68 @@
+"""A recording closed as the interpreter exits (REPLAY_CAPTURE, `replay record`) writes every call:
+by then Python's thread pools take no work ("cannot schedule new futures after interpreter
+shutdown"), so what the writers hash on a pool is hashed on their own thread instead."""
+from __future__ import annotations
+
+import concurrent.futures.thread
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replay.snapshot import hashing, writer
+from replay.snapshot.files import sha256_parts
+
+KERNEL = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + at, tl.load(x_ptr + at, mask=at < n) * 2, mask=at < n)
+"""
+PROGRAM = """
+import torch
+from kern import scale
+
+x = torch.randn(1 << 21)  # 8 MiB: 128 pieces, hashed on the pool in two tasks
+for _ in range(3):
+    out = torch.empty_like(x)
+    scale[(x.numel() // 65536,)](x, out, x.numel(), BLOCK=65536)
+"""  # the program ends at its last launch: its recording is closed at exit
+
+
+@pytest.fixture
+def exiting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(concurrent.futures.thread, "_shutdown", True)
+
+
+def test_pieces_are_hashed_here_when_the_pool_takes_no_work(exiting: None) -> None:
+    pieces = [np.full(64, n % 251, dtype=np.uint8) for n in range(3 * hashing.PIECES_PER_TASK)]
+    assert hashing.hash_pieces(pieces) == hashing.hash_pieces_here(pieces)
+
+
+def test_a_file_is_hashed_after_its_write_when_no_thread_takes_work(exiting: None) -> None:
+    written: list[bytes] = []
+    parts = [b"kernel", b"-replay"]
+    assert writer._hashed_while(lambda: written.append(b"".join(parts)), parts) == sha256_parts(*parts)
+    assert written == [b"kernel-replay"]
+
+
+def test_a_program_recorded_to_its_last_launch_keeps_every_call(tmp_path: Path) -> None:
+    (tmp_path / "kern.py").write_text(KERNEL)
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-m", "replay", "record", "-o", str(tmp_path / "snap"), "--",
+                           sys.executable, str(tmp_path / "prog.py")], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    said = done.stdout + done.stderr
+    assert "recorded 3 calls" in said and "capture error" not in said, said
+    replayed = subprocess.run([sys.executable, "-m", "replay", "run", str(tmp_path / "snap"), "--code", str(tmp_path)],
+                              capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
