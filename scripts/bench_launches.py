@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK = ROOT / "tests" / "liger_block" / "block.py"
@@ -133,6 +133,24 @@ def step_inputs(block: Any) -> tuple[Any, Any, Any, Any, Any]:
     x = torch.randn(1, block.TOKENS, block.HIDDEN, generator=gen).to(block.DEVICE, block.DTYPE)
     target_ids = torch.randint(0, block.VOCAB, (block.TOKENS,), generator=gen).to(block.DEVICE)
     return weights, x, target_ids, cos, sin
+
+
+def timed_step(shape: list[int]) -> Callable[[], float]:
+    """One step of the block at `shape` (loaded, its inputs made once), run and timed: milliseconds
+    from the device idle to the device done (diagnostic scripts time steps this way)."""
+    import torch
+
+    block = load_block(shape)
+    inputs = step_inputs(block)
+    sync: Callable[[], None] = torch.cuda.synchronize if block.DEVICE == "cuda" else (lambda: None)
+
+    def step() -> float:
+        sync()
+        started = time.perf_counter()
+        block.step(*inputs)
+        sync()
+        return (time.perf_counter() - started) * 1e3
+    return step
 
 
 def prepare(mode: str, target: Path) -> None:

@@ -259,21 +259,9 @@ def main() -> None:
                         help="count the calls each recorded launch makes (sys.setprofile) instead of sampling")
     args = parser.parse_args()
 
-    import torch
-
     import replay  # before Liger imports Triton: without a GPU, the interpreter
 
-    block = bench_launches.load_block(args.shape)
-    sync = torch.cuda.synchronize if block.DEVICE == "cuda" else (lambda: None)
-    inputs = bench_launches.step_inputs(block)
-
-    def step() -> float:
-        sync()
-        started = time.perf_counter()
-        block.step(*inputs)
-        sync()
-        return (time.perf_counter() - started) * 1e3
-
+    step = bench_launches.timed_step(args.shape)
     step()  # compiles every kernel
     print("bare ms:", " ".join(f"{step():.1f}" for _ in range(5)))
     counted = count_stores()

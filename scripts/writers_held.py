@@ -27,9 +27,8 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_launches  # noqa: E402  (the block and its inputs, loaded the same way)
@@ -52,22 +51,10 @@ def hold_writers() -> threading.Event:
 
 def run(shape: list[int], rounds: int, block: int, intervals: list[float]) -> dict[str, list[float]]:
     """Each kind's step times (ms), `block` steps a turn, `rounds` turns each; 'bare' first."""
-    import torch
-
     import replay
 
     going = hold_writers()
-    program = bench_launches.load_block(shape)
-    inputs = bench_launches.step_inputs(program)
-    sync: Callable[[], None] = torch.cuda.synchronize if program.DEVICE == "cuda" else (lambda: None)
-
-    def step() -> float:
-        sync()
-        started = time.perf_counter()
-        program.step(*inputs)
-        sync()
-        return (time.perf_counter() - started) * 1e3
-
+    step = bench_launches.timed_step(shape)
     step()  # compiles every kernel
     times: dict[str, list[float]] = {"bare": [step() for _ in range(block)], "working": [], "held": []}
     times.update({f"si{ms:g}": [] for ms in intervals})
