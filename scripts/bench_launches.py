@@ -49,8 +49,7 @@ CAPTURED = {"bare": "nothing", "door": "nothing (every launch filtered out)", "r
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", nargs=5, type=int, metavar=("TOKENS", "HIDDEN", "HEADS", "FFN", "VOCAB"),
-                        default=[2048, 4096, 32, 11008, 32000])
+    add_shape(parser)
     parser.add_argument("--steps", type=int, default=13, help="timed steps after the warm-up one")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, of: " + ", ".join(MODES))
     parser.add_argument("--against", type=Path, metavar="TREE",
@@ -112,6 +111,12 @@ def compare(args: argparse.Namespace) -> None:
         print(f"| {round_} | " + " | ".join(cells[name] for name in later) + " |", flush=True)
     medians = [f"{statistics.median(times) * 1e3:.1f}" if times else "?" for times in later.values()]
     print("| median | " + " | ".join(medians) + " |")
+
+
+def add_shape(parser: argparse.ArgumentParser) -> None:
+    """--shape: the block's sizes (the Liger block at 2048 tokens, hidden 4096, unless given)."""
+    parser.add_argument("--shape", nargs=5, type=int, metavar=("TOKENS", "HIDDEN", "HEADS", "FFN", "VOCAB"),
+                        default=[2048, 4096, 32, 11008, 32000])
 
 
 def load_block(shape: list[int]) -> Any:

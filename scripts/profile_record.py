@@ -249,8 +249,7 @@ def count_compiles(step: list[int]) -> collections.Counter[tuple[int, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", nargs=5, type=int, metavar=("TOKENS", "HIDDEN", "HEADS", "FFN", "VOCAB"),
-                        default=[2048, 4096, 32, 11008, 32000])
+    bench_launches.add_shape(parser)
     parser.add_argument("--steps", type=int, default=12, help="recorded steps; the first two are not sampled")
     parser.add_argument("--interval", type=float, default=0.5, help="milliseconds between samples")
     parser.add_argument("--top", type=int, default=25, help="functions shown a table")

@@ -80,8 +80,7 @@ def run(shape: list[int], rounds: int, block: int, intervals: list[float]) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", nargs=5, type=int, metavar=("TOKENS", "HIDDEN", "HEADS", "FFN", "VOCAB"),
-                        default=[2048, 4096, 32, 11008, 32000])
+    bench_launches.add_shape(parser)
     parser.add_argument("--rounds", type=int, default=10, help="turns of each kind")
     parser.add_argument("--block", type=int, default=6,
                         help="steps a turn (the writers' queue holds 64 calls: a held block must fit)")
