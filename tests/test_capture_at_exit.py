@@ -1,10 +1,14 @@
 """A recording closed as the interpreter exits (REPLAY_CAPTURE, `replay record`) writes every call:
 by then Python's thread pools take no work ("cannot schedule new futures after interpreter
-shutdown"), so what the writers hash on a pool is hashed on their own thread instead."""
+shutdown"), so what the writers hash on a pool is hashed on their own thread instead. A SIGTERM
+(a scheduler's or a timeout's polite kill) writes every call before it ends the process; a program
+that ignores SIGTERM goes on ignoring it, and a forked child's SIGTERM is its own."""
 from __future__ import annotations
 
 import concurrent.futures.thread
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay.snapshot import hashing, writer
+from replay.snapshot import Snapshot, hashing, writer
 from replay.snapshot.files import sha256_parts
 
 KERNEL = """
@@ -66,3 +70,56 @@ def test_a_program_recorded_to_its_last_launch_keeps_every_call(tmp_path: Path) 
     replayed = subprocess.run([sys.executable, "-m", "replay", "run", str(tmp_path / "snap"), "--code", str(tmp_path)],
                               capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+
+
+ENDINGS = """
+import os, signal, sys, time
+import torch
+from kern import scale
+
+how = sys.argv[1]
+x = torch.randn(1 << 16)
+for n in range(3):
+    out = torch.empty_like(x)
+    scale[(1,)](x, out, x.numel(), BLOCK=65536)
+    if n == 1 and how == "fork":  # a child forked mid-recording, ended by SIGTERM: nothing of its own to write
+        ready, say_ready = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.write(say_ready, b"!")  # running Python: a signal now is not one Python drops at the fork
+            time.sleep(60)
+            os._exit(0)
+        os.read(ready, 1)
+        os.kill(child, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        while os.waitpid(child, os.WNOHANG) == (0, 0):
+            assert time.monotonic() < deadline, "the forked child did not end on SIGTERM"
+            time.sleep(0.05)
+if how in ("term", "ignored"):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1)
+    scale[(1,)](x, out, x.numel(), BLOCK=65536)  # recorded where the signal is ignored: the recording goes on
+print("went on", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["term", "ignored", "fork"])
+def test_sigterm_writes_every_call_before_the_process_ends(tmp_path: Path, how: str) -> None:
+    (tmp_path / "kern.py").write_text(KERNEL)
+    (tmp_path / "endings.py").write_text(ENDINGS)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(tmp_path)}
+    runner = ("import replay, runpy, signal, sys\n"
+              "if sys.argv[3] == 'ignored':  # before the recording starts: it must not stop ignoring it\n"
+              "    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "with replay.recording(sys.argv[1]):\n"
+              "    sys.argv = sys.argv[2:]\n"
+              "    runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    program = subprocess.Popen([sys.executable, "-c", runner, str(tmp_path / "snap"), str(tmp_path / "endings.py"), how],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    out, err = program.communicate(timeout=300)
+    if how == "term":
+        assert program.returncode == -signal.SIGTERM and "went on" not in out, err
+    else:
+        assert program.returncode == 0 and "went on" in out, err
+    assert len(Snapshot(tmp_path / "snap")) == (4 if how == "ignored" else 3), err
+    assert json.loads((tmp_path / "snap" / "manifest.json").read_text())["capture_errors"] == []

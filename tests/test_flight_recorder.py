@@ -185,7 +185,7 @@ def test_a_second_sigterm_does_not_cut_the_dump_short(tmp_path: Path, gap: float
         child.kill()
         child.wait()
     assert steps_recorded(snapshot) == list(range(40))
-    assert "SIGTERM again while the flight recording is written: it is finished first" in child.stderr.read()
+    assert "SIGTERM again while the recording is written: it is finished first" in child.stderr.read()
 
 
 TWO_FLIGHTS = textwrap.dedent("""

@@ -4,7 +4,8 @@ One recording is active at a time (`start`, `stop`, or `recording(...)` as a blo
 recording is active or an op is verified (replay.verify), recorded calls are intercepted
 (replay/recorder/intercept.py) and CUDA graphs' capture and replay are wrapped here, so that a
 graph captured while recording is staged (replay/recorder/graphs.py) and recorded at each replay.
-A flight recording also answers SIGUSR1 and SIGTERM. Everything here calls down: the recording,
+A recording writes what it holds on SIGTERM before the signal ends the process (a flight recording
+also dumps on SIGUSR1 and goes on). Everything here calls down: the recording,
 the interception, the graph staging.
 """
 from __future__ import annotations
@@ -73,8 +74,7 @@ def start(path: str | Path, options: RecordingOptions = RecordingOptions()) -> R
             door.install(LaunchRecorder(_recording, options))
         if torch.cuda.is_available():
             stream_order.install(_recording.clocks)
-        if _recording.ring is not None:
-            _install_signal_handlers()
+        _install_signal_handlers(flight=_recording.ring is not None)
         if _recording.calls.threaded:
             _shorten_switch_interval()
         return _recording
@@ -332,20 +332,25 @@ _previous_handlers: dict[int, Any] = {}
 
 
 class _Termination:
-    """Where a SIGTERM's dump stands: a second SIGTERM during it does not cut it short."""
+    """Where a SIGTERM's writing stands: a second SIGTERM during it does not cut it short."""
 
     dumping = False  # the dump thread runs
     dumped = False  # it is done: the next SIGTERM (its own) goes to the handler there was before
+    pid = 0  # the process whose recording the handlers serve (a forked child's signals are passed on)
 
 
-def _install_signal_handlers() -> None:
-    """SIGUSR1 dumps a flight recording and goes on; SIGTERM dumps it, closes it and lets the
-    signal do what it did before (by default, end the process). Only the main thread may set
-    handlers: elsewhere dump() and an exception leaving the block still write."""
+def _install_signal_handlers(flight: bool) -> None:
+    """SIGTERM writes the calls a recording holds (a flight recording: dumps them), closes it and
+    lets the signal do what it did before (by default, end the process): a job scheduler's or a
+    timeout's polite kill loses nothing. SIGUSR1 dumps a `flight` recording and goes on. Only the
+    main thread may set handlers: elsewhere dump(), close() at exit and an exception leaving the
+    block still write."""
     if threading.current_thread() is threading.main_thread():
-        _Termination.dumping = _Termination.dumped = False  # a new flight recording: none dumped yet
-        for number in _FLIGHT_SIGNALS:
-            _previous_handlers[number] = signal.signal(number, _on_signal)
+        _Termination.dumping = _Termination.dumped = False  # a new recording: none written on a signal yet
+        _Termination.pid = os.getpid()
+        for number in _FLIGHT_SIGNALS if flight else (signal.SIGTERM,):
+            if signal.getsignal(number) is not signal.SIG_IGN:  # a program that ignores it goes on ignoring it
+                _previous_handlers[number] = signal.signal(number, _on_signal)
 
 
 def _restore_signal_handlers() -> None:
@@ -359,23 +364,31 @@ def _on_signal(number: int, frame: Any) -> None:
     """Runs on the main thread between two bytecodes, maybe while it holds a lock the writer needs:
     it waits for nothing. The work happens on a thread of its own; for SIGTERM that thread sends
     the signal again once the calls are on disk, and this handler passes it on to the handler
-    there was before. A SIGTERM that comes while the dump is written is said, and waits for it."""
+    there was before. A SIGTERM that comes while they are written is said, and waits for them."""
     rec = _recording
+    if os.getpid() != _Termination.pid:  # a forked child (a DataLoader's worker): the recording is its parent's
+        _pass_on(number)
+        return
     if number == signal.SIGTERM:
         if _Termination.dumping and not _Termination.dumped:
             # written straight to stderr: a handler may not take the logging lock the main thread may hold
-            os.write(2, b"replay: capture: SIGTERM again while the flight recording is written: it is finished "
+            os.write(2, b"replay: capture: SIGTERM again while the recording is written: it is finished "
                         b"first, then the process ends\n")
             return
-        if _Termination.dumped or rec is None or rec.ring is None:
-            previous = _previous_handlers.pop(number, signal.SIG_DFL)
-            signal.signal(number, previous if previous is not None else signal.SIG_DFL)
-            os.kill(os.getpid(), number)
+        if _Termination.dumped or rec is None:
+            _pass_on(number)
             return
         _Termination.dumping = True
     elif rec is None or rec.ring is None:  # the recording ended where no handler could be put back
         return
-    threading.Thread(target=_dump_on_signal, args=(rec, number), name="replay-flight-dump", daemon=True).start()
+    threading.Thread(target=_dump_on_signal, args=(rec, number), name="replay-on-signal", daemon=True).start()
+
+
+def _pass_on(number: int) -> None:
+    """The signal to the handler there was before ours (by default, SIGTERM ends the process)."""
+    previous = _previous_handlers.pop(number, signal.SIG_DFL)
+    signal.signal(number, previous if previous is not None else signal.SIG_DFL)
+    os.kill(os.getpid(), number)
 
 
 def _dump_on_signal(rec: Recording, number: int) -> None:
