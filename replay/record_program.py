@@ -4,8 +4,9 @@ The command runs as it would from a shell, with REPLAY_CAPTURE naming the snapsh
 directory first on PYTHONPATH whose sitecustomize imports replay (replay/bootstrap/): its first
 Python process records every registered call and every Triton launch, and writes the snapshot
 out as it exits; under torchrun each rank records instead, into the snapshot's rank-<r>/. Ctrl-C
-reaches the program, which stops and writes what it recorded; this process waits for it and then
-says what the snapshot holds.
+reaches the program, which stops and writes what it recorded; a SIGTERM sent to this process (by
+`timeout`, a scheduler) is passed on to the program, which writes what it recorded and ends; this
+process waits for it either way and then says what the snapshot holds.
 """
 from __future__ import annotations
 
@@ -63,12 +64,22 @@ def record_program(command: list[str], snapshot: Path, environment: dict[str, st
     env = {**os.environ, **environment, "REPLAY_CAPTURE": str(snapshot.resolve()), "PYTHONPATH": os.pathsep.join(path),
            settings.RUN_ID.name: uuid.uuid4().hex}  # shared by a torchrun program's ranks, told from other runs
     # Ctrl-C is the program's (it stops and writes): this process waits it out. A handler, not
-    # SIG_IGN, which the program would inherit through exec and never see a Ctrl-C at all
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    # SIG_IGN, which the program would inherit through exec and never see a Ctrl-C at all. A
+    # SIGTERM is sent to this process alone: passed on, the program writes and ends, then this says so
+    running: list[subprocess.Popen] = []
+
+    def pass_on(number: int, frame: object) -> None:
+        for program in running:
+            program.send_signal(number)
+    previous = {number: signal.signal(number, handler) for number, handler in
+                ((signal.SIGINT, lambda number, frame: None), (signal.SIGTERM, pass_on))}
     try:
-        exit_code = subprocess.run(command, env=env).returncode
+        with subprocess.Popen(command, env=env) as program:
+            running.append(program)
+            exit_code = program.wait()
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
     result = RecordedProgram(snapshot, 128 - exit_code if exit_code < 0 else exit_code,
                              recorded=(snapshot / MANIFEST).exists() or is_multi_rank(snapshot))
     for rank, member in (snapshot_members(snapshot) if result.recorded else {}).items():

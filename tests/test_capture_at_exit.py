@@ -123,3 +123,36 @@ def test_sigterm_writes_every_call_before_the_process_ends(tmp_path: Path, how: 
         assert program.returncode == 0 and "went on" in out, err
     assert len(Snapshot(tmp_path / "snap")) == (4 if how == "ignored" else 3), err
     assert json.loads((tmp_path / "snap" / "manifest.json").read_text())["capture_errors"] == []
+
+
+WAITING = """
+import sys, time
+import torch
+from kern import scale
+
+x = torch.randn(1 << 16)
+for _ in range(3):
+    out = torch.empty_like(x)
+    scale[(1,)](x, out, x.numel(), BLOCK=65536)
+print("ready", flush=True)
+time.sleep(30)  # ended by the SIGTERM passed on long before
+"""
+
+
+def test_a_sigterm_sent_to_replay_record_is_the_programs_and_every_call_is_written(tmp_path: Path) -> None:
+    """`timeout 60 replay record -- python train.py` signals `replay record` alone: the program gets
+    it, writes its calls and ends, and `replay record` says what was recorded, with the signal's code."""
+    (tmp_path / "kern.py").write_text(KERNEL)
+    (tmp_path / "waiting.py").write_text(WAITING)
+    recorder = subprocess.Popen([sys.executable, "-m", "replay", "record", "-o", str(tmp_path / "snap"), "--",
+                                 sys.executable, str(tmp_path / "waiting.py")], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**os.environ, "TRITON_INTERPRET": "1"},
+                                cwd=tmp_path)
+    try:
+        assert recorder.stdout is not None and recorder.stdout.readline().strip() == "ready"
+        recorder.send_signal(signal.SIGTERM)
+        out, err = recorder.communicate(timeout=120)
+    finally:
+        recorder.kill()
+    assert recorder.returncode == 128 + signal.SIGTERM, err
+    assert "recorded 3 calls" in out + err and len(Snapshot(tmp_path / "snap")) == 3, err
