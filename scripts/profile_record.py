@@ -5,6 +5,7 @@ runs it) recorded step after step, with the Python stacks of every thread sample
     python scripts/profile_record.py --steps 12 --interval 0.5
     python scripts/profile_record.py --timers                 # the recorder's steps timed instead
     python scripts/profile_record.py --census                 # the calls a recorded launch makes, counted
+    python scripts/profile_record.py --timers --hold-writers --steps 8   # no writer takes the lock meanwhile
 
 Printed: bare and recorded step times, how many stores of each kind a step makes (counted by
 wrapping the Copier's methods), the Triton kernels compiled after the first recorded step (a
@@ -37,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_launches  # noqa: E402  (the block and its inputs, loaded the same way)
+import writers_held  # noqa: E402
 
 STORES = ("copy", "copy_blob", "copy_chunked")
 # (module, attribute path) of the recorder's steps timed by --timers, outermost first
@@ -256,10 +258,16 @@ def main() -> None:
     parser.add_argument("--timers", action="store_true", help="time the recorder's steps (TIMED) instead of sampling")
     parser.add_argument("--census", action="store_true",
                         help="count the calls each recorded launch makes (sys.setprofile) instead of sampling")
+    parser.add_argument("--hold-writers", action="store_true",
+                        help="hold the writers still over the profiled steps (at most 6: their queue holds 64 calls), "
+                             "so that no wait for the interpreter lock they take blurs the program's own costs")
     args = parser.parse_args()
+    if args.hold_writers and not 2 < args.steps <= 8:
+        parser.error(f"--hold-writers: --steps {args.steps}: give 3 to 8 (two unprofiled, then up to six held)")
 
     import replay  # before Liger imports Triton: without a GPU, the interpreter
 
+    going = writers_held.hold_writers()
     step = bench_launches.timed_step(args.shape)
     step()  # compiles every kernel
     print("bare ms:", " ".join(f"{step():.1f}" for _ in range(5)))
@@ -274,6 +282,8 @@ def main() -> None:
         for n in range(args.steps):
             at_step[0] = n
             if n == 2:  # after the first step's new bytes are written: the steady state
+                if args.hold_writers:
+                    going.clear()
                 counted.clear()
                 for totals in timed.values():
                     totals[:] = [0, 0.0, 0.0]
@@ -284,6 +294,7 @@ def main() -> None:
             times.append(step())
             if n == 0:
                 recording.flush()
+        going.set()
         sampler.on.clear()
         if census is not None:
             census.on.clear()
