@@ -11,6 +11,7 @@ blocks of steps that take turns:
     python scripts/writers_held.py                          # on a GPU: 2048 tokens, hidden 4096, bf16
     python scripts/writers_held.py --switch-intervals 5,1 --rounds 10
     python scripts/writers_held.py --shape 8 64 2 128 96 --rounds 2 --block 2    # CPU smoke
+    python scripts/writers_held.py --small-op 60 --block 1 --switch-intervals 5  # 60 calls of a small op a step
 
 The writers write about half a megabyte a later step here, yet held they cost the program no
 time at all: what `working` costs over `held` is their Python holding the lock that the program's
@@ -27,8 +28,9 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_launches  # noqa: E402  (the block and its inputs, loaded the same way)
@@ -49,12 +51,34 @@ def hold_writers() -> threading.Event:
     return going
 
 
-def run(shape: list[int], rounds: int, block: int, intervals: list[float]) -> dict[str, list[float]]:
-    """Each kind's step times (ms), `block` steps a turn, `rounds` turns each; 'bare' first."""
+def small_op_step(calls: int) -> Callable[[], float]:
+    """A step of `calls` calls of a small registered op (four arguments, one written in place), timed."""
+    import torch
+
+    import replay
+
+    @replay.capture("writers_held_small_op", mutates=("cache",))
+    def small_op(x: torch.Tensor, w: torch.Tensor, cache: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cache[positions] = x @ w
+        return x * 2
+
+    x, w, cache, positions = torch.randn(4, 64), torch.randn(64, 64), torch.zeros(64, 64), torch.arange(4)
+
+    def step() -> float:
+        started = time.perf_counter()
+        for n in range(calls):
+            small_op(x, w, cache, (positions + n) % 64)
+        return (time.perf_counter() - started) * 1e3
+    return step
+
+
+def run(shape: list[int], rounds: int, block: int, intervals: list[float], small_op: int = 0) -> dict[str, list[float]]:
+    """Each kind's step times (ms), `block` steps a turn, `rounds` turns each; 'bare' first. A step is
+    the Liger block's at `shape`, or with `small_op`, that many calls of a small op."""
     import replay
 
     going = hold_writers()
-    step = bench_launches.timed_step(shape)
+    step = small_op_step(small_op) if small_op else bench_launches.timed_step(shape)
     step()  # compiles every kernel
     times: dict[str, list[float]] = {"bare": [step() for _ in range(block)], "working": [], "held": []}
     times.update({f"si{ms:g}": [] for ms in intervals})
@@ -85,9 +109,11 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=6,
                         help="steps a turn (the writers' queue holds 64 calls: a held block must fit)")
     parser.add_argument("--switch-intervals", default="", help="comma-separated milliseconds, each a kind of its own")
+    parser.add_argument("--small-op", type=int, default=0, metavar="CALLS",
+                        help="a step of CALLS calls of a small registered op instead of the Liger block")
     args = parser.parse_args()
     intervals = [float(ms) for ms in args.switch_intervals.split(",") if ms]
-    times = run(args.shape, args.rounds, args.block, intervals)
+    times = run(args.shape, args.rounds, args.block, intervals, args.small_op)
     print("| kind | steps | median ms | mean ms |")
     print("| --- | ---: | ---: | ---: |")
     for kind, steps in times.items():

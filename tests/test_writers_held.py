@@ -54,3 +54,11 @@ def test_held_writers_write_nothing_until_let_go(tmp_path: Path, monkeypatch: py
         going.set()
         recording.flush()
         assert len(finished) == 3 and recording.calls_written == 3
+
+
+def test_a_small_op_step_takes_its_turns_too() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--small-op", "5", "--block", "1", "--rounds", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    kinds = [line.split(" | ")[0].strip("| ") for line in done.stdout.splitlines() if line.startswith("| ")][2:]
+    assert kinds == ["bare", "working", "held"]

@@ -55,7 +55,8 @@ def serialize_parts(metadata: dict[str, str] | None, spans: dict[str, torch.Tens
                          "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
         if nbytes:
-            flat = span.detach().contiguous().as_strided((span.numel(),), (1,))  # a lone element may have any stride
+            flat = span if span.dim() == 1 and span.stride(0) == 1 and not span.requires_grad else \
+                span.detach().contiguous().as_strided((span.numel(),), (1,))  # a lone element may have any stride
             parts.append(flat.view(torch.uint8).numpy())
     text = json.dumps(entries, separators=(",", ":"), ensure_ascii=False).encode()
     text += b" " * (-len(text) % 8)
