@@ -156,3 +156,23 @@ def test_a_sigterm_sent_to_replay_record_is_the_programs_and_every_call_is_writt
         recorder.kill()
     assert recorder.returncode == 128 + signal.SIGTERM, err
     assert "recorded 3 calls" in out + err and len(Snapshot(tmp_path / "snap")) == 3, err
+
+
+def test_a_sigterm_handler_the_program_sets_while_recording_stays_after(tmp_path: Path) -> None:
+    import replay
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with replay.recording(tmp_path / "snap"):
+            assert signal.getsignal(signal.SIGTERM) is not before  # the recording's, while it runs
+            signal.signal(signal.SIGTERM, own_handler)
+        assert signal.getsignal(signal.SIGTERM) is own_handler
+        with replay.recording(tmp_path / "again"):
+            pass
+        assert signal.getsignal(signal.SIGTERM) is own_handler  # put back where the recording set its own
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def own_handler(number: int, frame: object) -> None:
+    """A program's own SIGTERM handler (never called here)."""

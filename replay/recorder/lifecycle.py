@@ -354,10 +354,13 @@ def _install_signal_handlers(flight: bool) -> None:
 
 
 def _restore_signal_handlers() -> None:
+    """The handlers there were before ours, where ours are still set: one the program set while
+    recording is its own, and stays."""
     if threading.current_thread() is threading.main_thread():
         while _previous_handlers:
             number, previous = _previous_handlers.popitem()
-            signal.signal(number, previous if previous is not None else signal.SIG_DFL)
+            if signal.getsignal(number) is _on_signal:
+                signal.signal(number, previous if previous is not None else signal.SIG_DFL)
 
 
 def _on_signal(number: int, frame: Any) -> None:
