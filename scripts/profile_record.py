@@ -267,7 +267,7 @@ def main() -> None:
 
     import replay  # before Liger imports Triton: without a GPU, the interpreter
 
-    going = writers_held.hold_writers()
+    going = writers_held.hold_writers() if args.hold_writers else None  # else the writers run untouched
     step = bench_launches.timed_step(args.shape)
     step()  # compiles every kernel
     print("bare ms:", " ".join(f"{step():.1f}" for _ in range(5)))
@@ -282,7 +282,7 @@ def main() -> None:
         for n in range(args.steps):
             at_step[0] = n
             if n == 2:  # after the first step's new bytes are written: the steady state
-                if args.hold_writers:
+                if going is not None:
                     going.clear()
                 counted.clear()
                 for totals in timed.values():
@@ -294,7 +294,8 @@ def main() -> None:
             times.append(step())
             if n == 0:
                 recording.flush()
-        going.set()
+        if going is not None:
+            going.set()
         sampler.on.clear()
         if census is not None:
             census.on.clear()

@@ -31,7 +31,7 @@ def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = No
     found: list[str | None] = list(known) if known is not None else [None] * len(pieces)
     unknown = [n for n, digest in enumerate(found) if digest is None]
     first = {id(pieces[n]): n for n in reversed(unknown)}  # the first place each array is listed
-    named = {n: zero_digest(len(pieces[n])) for n in first.values() if not _written(pieces[n])}
+    named = {n: _zero_digest(len(pieces[n])) for n in first.values() if not _written(pieces[n])}
     wanted = [n for n in first.values() if n not in named]
     named.update(zip(wanted, hash_pieces([pieces[n] for n in wanted])))
     for n in unknown:
@@ -44,7 +44,7 @@ def _written(piece: Any) -> bool:
     return bool((piece.view(np.uint64) if len(piece) % 8 == 0 else piece).any())
 
 
-def zero_digest(length: int) -> str:
+def _zero_digest(length: int) -> str:
     """The blob digest of a piece of `length` zero bytes (the same for every piece of that length)."""
     digest = _zero_digests.get(length)
     if digest is None:
