@@ -207,13 +207,12 @@ def reused_lists(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def fetched_pieces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many pieces each store brought over from where its changed pieces were staged."""
     counts: list[int] = []
-    real = chunk_changes.PieceHistory.fetch
+    real = chunk_changes.PieceHistory._bring_over
 
-    def counting(self, known, take):
-        pieces, known, buffer = real(self, known, take)
-        counts.append(len({id(piece) for piece in pieces if piece is not None}))
-        return pieces, known, buffer
-    monkeypatch.setattr(chunk_changes.PieceHistory, "fetch", counting)
+    def counting(self, wanted, take):
+        counts.append(len(wanted))
+        return real(self, wanted, take)
+    monkeypatch.setattr(chunk_changes.PieceHistory, "_bring_over", counting)
     return counts
 
 
@@ -243,9 +242,9 @@ def check_only_changed_pieces_are_hashed(tmp_path: Path, monkeypatch: pytest.Mon
     assert contents(tmp_path / "tracked") == contents(tmp_path / "untracked")
     # each call stores the cache before its row (as the last call left it: the list of the store
     # before, taken whole) and after (the one piece the row lands in); the first store's 16 pieces
-    # are alike (zeros): one comes over, and is named by its length, not hashed. Only those come over.
+    # are zeros: their checksums say so, and none comes over or is hashed. Only the rows come over.
     assert counts == [0] + [1] * 6 and len(reused) == 5
-    assert fetched == [1] * 7
+    assert fetched == [0] + [1] * 6
     last = list(Snapshot(tmp_path / "tracked"))[-1]
     assert torch.equal(last.tensors["out/cache"], cache.cpu())
 
@@ -282,9 +281,9 @@ def test_pieces_any_store_hashed_are_known_by_their_checksums(tmp_path: Path, mo
         rec.flush()  # known once hashed: a store made while the first is written may hash a piece again
         second[:16] = 7.0
         write_row(second, torch.full((4096,), 7.0, device=device), 0)  # nothing new: all its pieces were stored before
-    # first: its sevens, its zeros (named by length, not hashed); after: the piece the row went to.
-    # second: everything known; its after unchanged, its list taken whole
-    assert counts == [1, 1, 0] and fetched == [2, 1, 0]
+    # first: its sevens (its zeros named by their checksums: neither come over nor hashed); after:
+    # the piece the row went to. second: everything known; its after unchanged, its list taken whole
+    assert counts == [1, 1, 0] and fetched == [1, 1, 0]
     stored = list(Snapshot(tmp_path / "snap"))[1].tensors
     assert torch.equal(stored["in/cache"], second.cpu()) and torch.equal(stored["out/cache"], second.cpu())
 

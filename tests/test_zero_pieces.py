@@ -20,26 +20,31 @@ hash_here = hashing.hash_pieces_here  # hashing's own, whatever a test patches
 
 
 @settings(max_examples=60, deadline=None)
-@given(pieces=st.lists(st.tuples(st.integers(1, 96), st.booleans(), st.booleans()), min_size=1, max_size=8),
-       offset=st.integers(0, 7), data=st.data())
+@given(lengths=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=8),
+       piece_bytes=st.sampled_from([8, 24, 64, 100]), tail=st.integers(0, 99), offset=st.integers(0, 7),
+       data=st.data())
 def test_a_piece_of_zeros_gets_the_digest_hashing_gives_it_without_being_hashed(
-        pieces: list[tuple[int, bool, bool]], offset: int, data: st.DataObject) -> None:
-    """Pieces of any length and alignment, each written (one nonzero byte somewhere) or zeros, and
-    known already or not: every digest is hashing's, and only the unknown written pieces are hashed."""
-    raw = np.zeros(sum(length for length, _, _ in pieces) + offset, dtype=np.uint8)[offset:]
-    cut, start = [], 0
-    for length, written, _ in pieces:
-        piece = raw[start:start + length]
-        if written:
-            piece[data.draw(st.integers(0, length - 1))] = data.draw(st.integers(1, 255))
-        cut.append(piece)
-        start += length
+        lengths: list[tuple[bool, bool]], piece_bytes: int, tail: int, offset: int, data: st.DataObject) -> None:
+    """Bytes of any alignment cut into pieces (the last maybe short), each written (one nonzero
+    byte somewhere) or zeros, and known already or not: known_zeros names exactly the pieces of
+    zeros, with the digest hashing gives them, and only the unknown written pieces are hashed."""
+    count = len(lengths)
+    size = count * piece_bytes + min(tail, piece_bytes - 1)
+    raw = np.zeros(size + offset, dtype=np.uint8)[offset:]
+    cut = [raw[start:start + piece_bytes] for start in range(0, size, piece_bytes)]
+    written = [written for written, _ in lengths] + [data.draw(st.booleans())] * (len(cut) - count)
+    for piece, is_written in zip(cut, written):
+        if is_written:
+            piece[data.draw(st.integers(0, len(piece) - 1))] = data.draw(st.integers(1, 255))
     truth = hash_here(cut)
-    known = [digest if is_known else None for digest, (_, _, is_known) in zip(truth, pieces)]
+    zeros = hashing.known_zeros(raw, piece_bytes)
+    assert zeros == [None if is_written else digest for digest, is_written in zip(truth, written)]
+    is_known = [known for _, known in lengths] + [False] * (len(cut) - count)
+    known = [digest if knew else zero for digest, knew, zero in zip(truth, is_known, zeros)]
     hashed: list[int] = []
     with mock.patch.object(hashing, "hash_pieces_here", lambda some: (hashed.append(len(some)), hash_here(some))[1]):
         assert hashing.piece_digests(cut, known) == truth
-    assert sum(hashed) == sum(written and not is_known for _, written, is_known in pieces)
+    assert sum(hashed) == sum(is_written and not knew for is_written, knew in zip(written, is_known))
 
 
 def test_a_chunked_tensor_of_zeros_is_stored_with_only_its_written_piece_hashed(

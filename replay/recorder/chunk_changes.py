@@ -46,6 +46,7 @@ import torch
 
 from replay.recorder.latch import Latch
 from replay.recorder.piece_batch import PieceBatch, Place, sums_kernel
+from replay.snapshot import hashing
 from replay.snapshot.writer import CHUNK_BYTES
 
 DEVICES = ("cuda",)  # where pieces are checksummed; tests add "cpu" to run the same logic there
@@ -76,6 +77,7 @@ MEMORIES_KEPT = 1 << 13
 # before the call. 128 MiB holds a 32000-word vocabulary's logits for 2048 tokens in bf16.
 CLONE_BYTES = 128 << 20
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
+_ZEROS = np.zeros(CHUNK_BYTES, dtype=np.uint8)  # the bytes of a piece of zeros a pack needs (never written)
 
 
 Checksums = dict[tuple[int, int, int], str]  # (checksums, length) of a piece -> its sha256
@@ -192,21 +194,28 @@ class PieceHistory:
             self._key = digest + self.nbytes.to_bytes(8, "little")
         return self._key
 
-    def plan(self, known: list[str | None] | None) -> tuple[list[str | None], dict[int, int], list[int]]:
-        """What is known of each piece (`known`, and the pieces any store hashed: the same
-        checksums and length), which piece of this store holds the bytes of each that is not
-        (pieces alike in one store: a cache of zeros), and those first pieces, the ones wanted."""
+    def plan(self, known: list[str | None] | None
+             ) -> tuple[list[str | None], dict[int, int], list[int], list[int]]:
+        """What is known of each piece (`known`, the pieces any store hashed: the same checksums
+        and length, and pieces of zeros, whose checksums are zero), which piece of this store holds
+        the bytes of each that is not (pieces alike in one store), those first pieces, the ones
+        wanted, and the pieces of zeros (named without their bytes, which a pack may still need:
+        they are zeros)."""
         resolved: list[str | None] = list(known) if known is not None else [None] * len(self.sums)
         alike: dict[int, int] = {}
         firsts: dict[tuple[int, int, int], int] = {}
-        wanted = []
+        wanted, zeros = [], []
         for n, key in self._keys([n for n, digest in enumerate(resolved) if digest is None]):
+            if key[0] == key[1] == 0:  # no other bytes sum to zero twice, but for the checksums' odds
+                resolved[n] = hashing.zero_digest(key[2])
+                zeros.append(n)
+                continue
             resolved[n] = self.recorded.pieces.get(key)
             if resolved[n] is None:
                 alike[n] = firsts.setdefault(key, n)
                 if alike[n] == n:
                     wanted.append(n)
-        return resolved, alike, wanted
+        return resolved, alike, wanted, zeros
 
     def fetch(self, known: list[str | None] | None, take: Callable[[int], torch.Tensor]
               ) -> tuple[list[np.ndarray | None], list[str | None], torch.Tensor | None]:
@@ -215,7 +224,7 @@ class PieceHistory:
         give back once they are written. Called on a writer thread once the call's copies landed:
         one gather and one copy on a stream of its own."""
         assert self.staged is not None
-        resolved, alike, wanted = self.plan(known)
+        resolved, alike, wanted, zeros = self.plan(known)
         try:
             if known is None and not self.cloned and self.changed is not None and not bool(self.changed.all()):
                 raise OSError("the pieces this store shares with the one before were never written")
@@ -227,6 +236,8 @@ class PieceHistory:
             found[n] = host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + self._length(n)]
         for n, first in alike.items():
             found[n] = found[first]
+        for n in zeros:
+            found[n] = _ZEROS[:self._length(n)]
         return found, resolved, buffer
 
     def whole(self, take: Callable[[int], torch.Tensor]) -> tuple[np.ndarray, torch.Tensor | None]:

@@ -392,7 +392,7 @@ class CallWriter:
             pieces, known, buffer = history.fetch(history.known(), self.pool.take)
         else:  # on the host whole: pieces known by checksums, or alike, are not hashed
             pieces = self.writer.cut(copy.span)
-            known, alike, _ = history.plan(history.known())
+            known, alike, _, _ = history.plan(history.known())  # the pieces are all here
             for n, first in alike.items():
                 pieces[n] = pieces[first]
         try:

@@ -24,27 +24,36 @@ _zero_digests: dict[int, str] = {}  # piece length -> the digest of that many ze
 
 def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> list[str]:
     """The blob digest of each piece (a numpy uint8 array), where `known` does not give it; a
-    piece listed at many places as the very same array is hashed once, and a piece of zeros not
-    at all: found zero at memory speed with the interpreter lock let go (hashing runs ~1.5 GB/s a
-    core and takes the lock at every piece), its digest is its length's. An output buffer's mask
-    of unchanged elements is zeros wherever its kernel wrote everything, at every step."""
+    piece listed at many places as the very same array is hashed once. Pieces of zeros are best
+    named by the caller first, without reading them one by one (known_zeros, or a device's
+    checksums): an output buffer's mask of unchanged elements is zeros at every step."""
     found: list[str | None] = list(known) if known is not None else [None] * len(pieces)
     unknown = [n for n, digest in enumerate(found) if digest is None]
     first = {id(pieces[n]): n for n in reversed(unknown)}  # the first place each array is listed
-    named = {n: _zero_digest(len(pieces[n])) for n in first.values() if not _written(pieces[n])}
-    wanted = [n for n in first.values() if n not in named]
-    named.update(zip(wanted, hash_pieces([pieces[n] for n in wanted])))
+    wanted = list(first.values())
+    named = dict(zip(wanted, hash_pieces([pieces[n] for n in wanted])))
     for n in unknown:
         found[n] = named[first[id(pieces[n])]]
     return cast("list[str]", found)
 
 
-def _written(piece: Any) -> bool:
-    """Whether a piece holds a byte other than zero (read eight bytes at a time where it can be)."""
-    return bool((piece.view(np.uint64) if len(piece) % 8 == 0 else piece).any())
+def known_zeros(raw: Any, piece_bytes: int) -> list[str | None]:
+    """For `raw` (a numpy uint8 array) cut into pieces of `piece_bytes` (the last one maybe short):
+    each piece's digest where it holds only zeros, else None. One pass over the bytes for all the
+    pieces, which lets go of the interpreter lock (a call a piece took it back at every piece:
+    a writer doing so starves the program it records)."""
+    whole = len(raw) // piece_bytes
+    rows = raw[:whole * piece_bytes].reshape(whole, piece_bytes)
+    if piece_bytes % 8 == 0 and raw.ctypes.data % 8 == 0:
+        rows = rows.view(np.uint64)  # eight bytes at a time
+    written = rows.max(axis=1).tolist() if whole else []
+    if len(raw) > whole * piece_bytes:
+        written.append(int(raw[whole * piece_bytes:].max()))
+    return [None if value else zero_digest(min(piece_bytes, len(raw) - n * piece_bytes))
+            for n, value in enumerate(written)]
 
 
-def _zero_digest(length: int) -> str:
+def zero_digest(length: int) -> str:
     """The blob digest of a piece of `length` zero bytes (the same for every piece of that length)."""
     digest = _zero_digests.get(length)
     if digest is None:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from replay.errors import SnapshotError
-from replay.snapshot import callfile, schema
+from replay.snapshot import callfile, hashing, schema
 from replay.snapshot.files import create_exclusive, fsync_paths, sha256_parts, write_atomic
 from replay.snapshot.manifest import git_state, new_manifest
 from replay.snapshot.piece_packs import PACKS_DIR, PiecePacks
@@ -238,14 +238,15 @@ class SnapshotWriter:
         """Store a tensor span as CHUNK_BYTES pieces of its bytes, each named by its content: the
         pieces no call stored before go into one pack file (format 3), and the list of every
         piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return the list's
-        digest and the pieces'. A piece or a list another call already stored costs nothing."""
-        return self.put_pieces(self.cut(span))
+        digest and the pieces'. A piece or a list another call already stored costs nothing, nor
+        does hashing a piece of zeros."""
+        raw = span.reshape(-1).view(torch.uint8).numpy()
+        return self.put_pieces(_pieces(raw), hashing.known_zeros(raw, CHUNK_BYTES))
 
     @staticmethod
     def cut(span: torch.Tensor) -> list[Any]:
         """A host span's bytes as CHUNK_BYTES pieces (numpy views, the last one maybe short)."""
-        raw = span.reshape(-1).view(torch.uint8).numpy()
-        return [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]
+        return _pieces(span.reshape(-1).view(torch.uint8).numpy())
 
     def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> tuple[str, list[str]]:
         """put_chunks for a span already cut into pieces (uint8 arrays); a piece whose digest
@@ -393,3 +394,8 @@ class SnapshotWriter:
         with self._lock:
             self._write_manifest()
             self._manifest_stale = False
+
+
+def _pieces(raw: Any) -> list[Any]:
+    """Bytes (a numpy uint8 array) as CHUNK_BYTES pieces: views, the last one maybe short."""
+    return [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]
