@@ -11,7 +11,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -25,6 +25,7 @@ from replay.verify import Mismatch
 from replay.verify import call_stats
 from replay.verify import gate as gate_module
 from replay.verify.gate import BATCH, BATCHES, KINDS, WIDTH, KindGates
+from replay.verify import verifier
 from replay.verify.verifier import WINDOW, Policy
 
 rowscale = replay.op("verify_rowscale", batch_axes={"x": 0, "out": 0})
@@ -68,14 +69,28 @@ def delta(before: dict[str, int]) -> dict[str, int]:
 
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+# where a check's reference is launched: on a GPU the calling thread does it; on the host the
+# worker does, unless the test moves it to the calling thread (the GPU's logic, run on the host)
+LAUNCHERS = [("cpu", "worker"), ("cpu", "caller"), pytest.param("cuda", "caller", marks=pytest.mark.gpu)]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.fixture
+def launched_by(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str], None]:
+    def choose(device: str, launcher: str) -> None:
+        if device == "cpu" and launcher == "caller":
+            monkeypatch.setattr(verifier, "CALLER_LAUNCHES", (*verifier.CALLER_LAUNCHES, "cpu"))
+        assert (device in verifier.CALLER_LAUNCHES) == (launcher == "caller")
+    return choose
+
+
+@pytest.mark.parametrize(("device", "launcher"), LAUNCHERS)
 def test_a_rare_wrong_pattern_is_caught_within_the_window_after_it_first_shows_and_replays_with_exit_1(
-        device: str, verifying: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        device: str, launcher: str, launched_by: Callable[[str, str], None], verifying: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The pattern (a spike in one row) first shows at call 500 and recurs every third call for a
     while: the gate's decision comes a few calls late, off this thread, and one of the WINDOW calls
     checked after it holds the spike."""
+    launched_by(device, launcher)
     opened: list[int] = []  # how many calls the program had made when the window opened
     open_window = Policy.open_window
     monkeypatch.setattr(Policy, "open_window", lambda self, n: (opened.append(self.calls()), open_window(self, n)))
@@ -191,7 +206,10 @@ def test_under_torch_compile_checks_break_the_graph_or_are_skipped(mode: str, ve
         assert counted["checked"] == 0 and counted["skipped"] >= 1
 
 
-def test_threads_call_a_verified_op_at_once(verifying: Path) -> None:
+@pytest.mark.parametrize("launcher", ["worker", "caller"])
+def test_threads_call_a_verified_op_at_once(launcher: str, launched_by: Callable[[str, str], None],
+                                            verifying: Path) -> None:
+    launched_by("cpu", launcher)
     replay.verify("verify_rowscale", sample=0.2)
     before = replay.verify.counters()
     errors: list[BaseException] = []
@@ -212,6 +230,54 @@ def test_threads_call_a_verified_op_at_once(verifying: Path) -> None:
     counted = delta(before)
     assert not errors and counted["calls"] == 1200 and counted["failed"] == 0
     assert counted["checked"] + counted["dropped"] >= 150
+
+
+def test_on_the_calling_threads_path_the_reference_runs_there_and_the_worker_reads_the_verdict(
+        launched_by: Callable[[str, str], None], verifying: Path) -> None:
+    """The GPU's path, on the host: the calling thread runs the reference right after the call;
+    the worker reads the verdict, and a mismatch is reported, written and replayed as always."""
+    launched_by("cpu", "caller")
+    ran_on: list[int] = []
+    found: list[Mismatch] = []
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        ran_on.append(threading.get_ident())
+        return x + 1
+
+    @replay.verify(reference=reference, sample=1.0, outliers=False, on_mismatch=found.append)
+    def add_one(x: torch.Tensor) -> torch.Tensor:
+        return x + 1 + (x > 5).to(x.dtype)  # wrong where an element is over 5
+
+    before = replay.verify.counters()
+    assert torch.equal(add_one(torch.zeros(3, 4)), torch.ones(3, 4))
+    spiked = torch.zeros(3, 4)
+    spiked[2, 1] = 9.0
+    add_one(spiked)
+    replay.verify.drain()
+    counted = delta(before)
+    assert ran_on == [threading.get_ident()] * 2 and counted["checked"] == 2 and counted["failed"] == 1
+    assert len(found) == 1 and found[0].call == 1 and found[0].max_abs == 1.0 and found[0].snapshot is not None
+    replay.verify.stop(add_one.__replay_spec__.op)
+
+
+def test_a_reference_that_raises_on_the_calling_thread_is_reported_never_raised(
+        launched_by: Callable[[str, str], None], verifying: Path, said: Callable[[], list[str]]) -> None:
+    launched_by("cpu", "caller")
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("the reference is broken")
+
+    @replay.verify(reference=reference, sample=1.0, outliers=False)
+    def double(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    said()
+    before = replay.verify.counters()
+    assert torch.equal(double(torch.ones(2)), torch.full((2,), 2.0))
+    replay.verify.drain()
+    assert delta(before)["checked"] == 0
+    assert any("call 0: the check failed: RuntimeError: the reference is broken" in line for line in said())
+    replay.verify.stop(double.__replay_spec__.op)
 
 
 def test_a_drain_gives_up_at_its_timeout_and_says_what_it_left(verifying: Path) -> None:
@@ -329,6 +395,7 @@ def batch_table(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.tensor([[t.data_ptr(), t.numel(), call_stats.TYPE_CODES[t.dtype]] for t in tensors])
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("sizes", [(1,), (5000, 3), (4096 * 32 + 7, 1, 640, 33, 2)])
 def test_the_statistics_kernel_reads_every_tensor_of_a_batch_table(sizes: tuple[int, ...]) -> None:
     """The kernel (in Triton's interpreter here, reading host memory by address) and the host's
@@ -371,11 +438,14 @@ def test_the_gate_scores_each_call_on_what_its_tensors_held(verifying: Path, mon
         assert kind == seen[0][0] and numbers == [x[0, 0].item()] * 3 + [0.0] * (WIDTH - 3)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_no_wait_for_the_device_on_the_calling_thread(device: str, verifying: Path,
+@pytest.mark.parametrize(("device", "launcher"), LAUNCHERS)
+def test_no_wait_for_the_device_on_the_calling_thread(device: str, launcher: str,
+                                                      launched_by: Callable[[str, str], None], verifying: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Every call checked, the gate on, spikes flagged: nothing that waits for a device's work is
-    reached on the thread that calls the op (counted by patching each of them)."""
+    reached on the thread that calls the op (counted by patching each of them), whether the
+    reference is launched there or on the worker."""
+    launched_by(device, launcher)
     caller = threading.get_ident()
     waits: list[str] = []
 

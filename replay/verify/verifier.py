@@ -5,10 +5,15 @@ the device. An unchecked call costs a counter and two comparisons (and, with the
 on, its arguments noted for the gate: replay/verify/gate.py). A sampled call, or one of the
 WINDOW calls after one the gate found unusual, has its inputs copied before it runs and its
 outputs after, on a copying stream of the verifier's ordered against the program's by events (the
-program waits for those copies, nothing more); a worker thread runs the op's reference on the
-copies (on a second stream of the verifier's), reduces the comparison on the device to one flag
-(compare.agreement) and reads it, running the full comparison only when it fails. A mismatch is reported (`on_mismatch`, by default one line on stderr) and written,
-rate-limited, as a one-call snapshot that `replay run` replays.
+program waits for those copies, nothing more). The op's reference then runs on the copies on a
+second stream of the verifier's, and the comparison is reduced there to one flag
+(compare.agreement); a worker thread reads the flag once the reference is done, running the full
+comparison only when it fails. On a GPU the calling thread launches the reference itself, right
+after the call: launching is asynchronous, and a worker's Python launching it would take the
+interpreter lock from the program at each of the reference's operators, each hand-over costing
+both threads (measured: docs/PERFORMANCE.md). On the host, where running the reference is the
+work itself, the worker runs it. A mismatch is reported (`on_mismatch`, by default one line on
+stderr) and written, rate-limited, as a one-call snapshot that `replay run` replays.
 """
 from __future__ import annotations
 
@@ -36,7 +41,7 @@ from replay import metrics
 from replay.compare import agreement, compare, row_ranges
 from replay.errors import ReplayError
 from replay.recorder.staging import CallSpec
-from replay.context import returned_values, tag
+from replay.context import recorder_work, returned_values, tag
 from replay.registry import Op
 from replay.snapshot.files import safe_component
 from replay.verify.gate import StatsFeed
@@ -47,13 +52,16 @@ COMPILE_MODES = ("break", "skip")
 KEEP_BYTES = 1 << 20  # read-only inputs this large are not copied for a check (see _inputs)
 COUNTERS = ("calls", "checked", "flagged", "skipped", "dropped", "failed", "snapshots", "abandoned", "unscored")
 WINDOW = 16  # calls of an op checked after the gate found one unusual
+# Device types whose checks the calling thread launches (the worker then only reads the verdict);
+# tests add "cpu" to run the same logic on the host
+CALLER_LAUNCHES = ("cuda",)
 
 
 @dataclass
 class Settings:
     enabled: bool = True
     directory: Path = field(default_factory=lambda: Path(settings.VERIFY_DIR.get()))
-    max_snapshots: int = 3  # per op: later mismatches are counted, not written
+    max_snapshots: int = 3  # per op, each time it is verified anew: later mismatches are counted, not written
     compile: str = "break"  # under torch.compile: a graph break around the check, or skip and count
     queue_depth: int = 64
 
@@ -91,6 +99,21 @@ class _Check:
     result: Any
     device: int | None  # the CUDA device of its tensors; None on the host
     copied: Any  # the event after which its copies are in place (a GPU)
+    launched: "_Launched | None" = None  # its reference's work, once launched (_launch)
+    failure: Exception | None = None  # launching it on the calling thread raised: the worker reports it
+
+
+@dataclass
+class _Launched:
+    """A check's reference launched: the arguments it was given (the op's mutated ones copied
+    again: the snapshot of a mismatch needs them as they came in), what it returned, the outputs
+    compared, the device's verdict on each (None: decided on the host), and the event after it
+    all (a GPU)."""
+    arguments: dict[str, Any]
+    expected: dict[str, Any]
+    compared: list[tuple[str, torch.Tensor, torch.Tensor]]
+    verdicts: list[torch.Tensor | None]
+    done: Any
 
 
 class Policy:
@@ -108,6 +131,7 @@ class Policy:
         self.feed: StatsFeed | None = None  # set by Verifier.hook when the gate is on
         self._sample = sample
         self.next_sample = 0  # the number of the next sampled call (Verifier.schedule)
+        self.snapshots = 0  # mismatch snapshots written (Settings.max_snapshots)
 
     @property
     def sample(self) -> float:
@@ -133,7 +157,6 @@ class Verifier:
         self._queue: queue.Queue[_Check] | None = None
         self._worker: threading.Thread | None = None
         self._cuda_streams: dict[int, tuple[Any, Any]] = {}  # per CUDA device: see _streams
-        self._snapshots: dict[str, int] = {}  # written, per op
         self._policies: list[Policy] = []
         self._retired_calls = 0
 
@@ -262,7 +285,14 @@ class Verifier:
         if copying is not None and program is not None:
             copied = copying.record_event()
             program.wait_event(copied)  # the program may overwrite them next
-        self._submit(_Check(policy, spec, number, signature, inputs, kept, after, result, device, copied))
+        check = _Check(policy, spec, number, signature, inputs, kept, after, result, device, copied)
+        if ("cuda" if device is not None else "cpu") in CALLER_LAUNCHES:
+            try:
+                with recorder_work():  # the reference's operators are no calls of the program
+                    self._launch(check)
+            except Exception as exc:  # a reference that raises: reported, never the program's problem
+                check.failure = exc  # by the worker, once what it launched is done with the copies
+        self._submit(check)
         return result
 
     def _streams(self, device: int) -> tuple[Any, Any]:
@@ -275,19 +305,20 @@ class Verifier:
         return streams
 
     def _full(self) -> bool:
-        return self._queue is not None and self._queue.full()
+        """Whether `queue_depth` checks are pending: a call routed now is not checked (dropped)."""
+        return self._queue is not None and self._queue.qsize() >= self.settings.queue_depth
 
     def _submit(self, check: _Check) -> None:
+        """Queue a check for the worker. The queue itself has no bound: a check whose reference
+        was launched must reach the worker, which holds its copies until the reference is done
+        with them; _full() keeps to `queue_depth` (threads racing past it add one each)."""
         with self._lock:
             if self._worker is None:
-                self._queue = queue.Queue(maxsize=self.settings.queue_depth)
+                self._queue = queue.Queue()
                 self._worker = threading.Thread(target=self._run, name="replay-verify", daemon=True)
                 self._worker.start()
-        try:
-            assert self._queue is not None
-            self._queue.put_nowait(check)
-        except queue.Full:
-            self.count("dropped")
+        assert self._queue is not None
+        self._queue.put_nowait(check)
 
     # the worker ---------------------------------------------------------------------------------
 
@@ -298,40 +329,55 @@ class Verifier:
             try:
                 self._check(check)
             except Exception as exc:  # a reference that raises: reported, never the program's problem
-                log.warning(f"replay.verify: {check.spec.op} call {check.number}: the check failed: "
-                            f"{type(exc).__name__}: {exc}")
+                _check_failed(check, exc)
             finally:
                 self._queue.task_done()
 
-    def _check(self, check: _Check) -> None:
+    def _launch(self, check: _Check) -> None:
+        """Run the reference on the check's copies, on the verifier's reference stream once the
+        copies are in place, and reduce the comparison there (nothing is read back here)."""
         op = check.policy.op
         stream = self._streams(check.device)[1] if check.device is not None else None
         if stream is not None:
             stream.wait_event(check.copied)
+        with _on(stream):
+            arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
+            bound = inspect.BoundArguments(check.signature, arguments)
+            expected = returned_values(op.get("reference").fn(*bound.args, **bound.kwargs), op.outputs)
+            expected.update({name: arguments[name] for name in op.mutates if name in arguments})
+            compared = [(name, got, expected[name]) for name, got in check.after.items()
+                        if isinstance(got, torch.Tensor) and isinstance(expected.get(name), torch.Tensor)]
+            verdicts = [_agrees(op, got, want) for _, got, want in compared]
+            done = stream.record_event() if stream is not None else None
+        check.launched = _Launched(arguments, expected, compared, verdicts, done)
+
+    def _check(self, check: _Check) -> None:
+        """On the worker: the reference run (here, where the calling thread did not launch it),
+        waited for, and its verdict read."""
         try:
-            with _on(stream):
-                # the op's mutated arguments are copied again: the snapshot of a mismatch needs them as they came in
-                arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
-                bound = inspect.BoundArguments(check.signature, arguments)
-                expected = returned_values(op.get("reference").fn(*bound.args, **bound.kwargs), op.outputs)
-                expected.update({name: arguments[name] for name in op.mutates if name in arguments})
-                compared = [(name, got, expected[name]) for name, got in check.after.items()
-                            if isinstance(got, torch.Tensor) and isinstance(expected.get(name), torch.Tensor)]
-                verdicts = [_agrees(op, got, want) for _, got, want in compared]
+            if check.failure is not None:
+                raise check.failure
+            if check.launched is None:
+                self._launch(check)
         finally:
-            if stream is not None:
-                stream.synchronize()  # this thread's wait, never the program's; a failed check's too
+            if check.launched is not None and check.launched.done is not None:
+                check.launched.done.synchronize()  # this thread's wait, never the program's
+            elif check.device is not None:  # a launch that failed part-way: its work is let finish first
+                self._streams(check.device)[1].synchronize()
+        launched = check.launched
+        assert launched is not None  # launched above, or the launch raised
         # looked at once the reference has read them: the program wrote to an argument that was not
         # copied, before or while the reference ran, so the values the call saw are gone
         if any(check.inputs[name]._version != version for name, version in check.kept.items()):
             self.count("skipped")
             return
         self.count("checked")
-        flags = [v for v in verdicts if v is not None]
-        if len(flags) == len(verdicts) and len({v.device for v in flags}) <= 1 and \
+        flags = [v for v in launched.verdicts if v is not None]
+        if len(flags) == len(launched.verdicts) and len({v.device for v in flags}) <= 1 and \
                 (not flags or bool(torch.stack(flags).all())):
             return  # every output agrees: one flag read back, no element
-        for name, got, want in compared:
+        op, expected = check.policy.op, launched.expected
+        for name, got, want in launched.compared:
             comparison = compare(got, want, op.tolerance_for(got.dtype), op.batch_axes.get(name), same_dtype=False)
             if op.metric is not None:
                 comparison.judged_by(op.metric)
@@ -343,8 +389,8 @@ class Verifier:
     def _report(self, check: _Check, output: str, rows: list[int], max_abs: float, expected: dict[str, Any]) -> None:
         policy = check.policy
         path, unwritten = None, None
-        if self._snapshots.get(policy.op.name, 0) < self.settings.max_snapshots:
-            self._snapshots[policy.op.name] = self._snapshots.get(policy.op.name, 0) + 1
+        if policy.snapshots < self.settings.max_snapshots:  # only the worker reports: no race
+            policy.snapshots += 1
             # the op's name shortened, never the part that tells two mismatches apart
             path = self.settings.directory / (f"{safe_component(policy.op.name, max_len=48)}-"
                                               f"{safe_component(check.spec.variant, max_len=24)}-call{check.number}-"
@@ -417,6 +463,10 @@ def _inputs(arguments: dict[str, Any], mutates: tuple[str, ...]) -> tuple[dict[s
         else:
             inputs[name] = _copy(value)
     return inputs, kept
+
+
+def _check_failed(check: _Check, exc: Exception) -> None:
+    log.warning(f"replay.verify: {check.spec.op} call {check.number}: the check failed: {type(exc).__name__}: {exc}")
 
 
 def _write_snapshot(path: Path, check: _Check, expected: dict[str, Any]) -> None:
