@@ -5,7 +5,7 @@ runs it) recorded step after step, with the Python stacks of every thread sample
     python scripts/profile_record.py --steps 12 --interval 0.5
     python scripts/profile_record.py --timers                 # the recorder's steps timed instead
     python scripts/profile_record.py --census                 # the calls a recorded launch makes, counted
-    python scripts/profile_record.py --timers --hold-writers --steps 8   # no writer takes the lock meanwhile
+    python scripts/profile_record.py --timers --hold-writers --steps 5   # no writer takes the lock meanwhile
 
 Printed: bare and recorded step times, how many stores of each kind a step makes (counted by
 wrapping the Copier's methods), the Triton kernels compiled after the first recorded step (a
@@ -259,11 +259,12 @@ def main() -> None:
     parser.add_argument("--census", action="store_true",
                         help="count the calls each recorded launch makes (sys.setprofile) instead of sampling")
     parser.add_argument("--hold-writers", action="store_true",
-                        help="hold the writers still over the profiled steps (at most 6: their queue holds 64 calls), "
-                             "so that no wait for the interpreter lock they take blurs the program's own costs")
+                        help="hold the writers still over the profiled steps (at most 3: past them the pinned "
+                             "pool and the device staging budget run dry and stores wait for writers that never "
+                             "come), so that no wait for the interpreter lock they take blurs the program's own costs")
     args = parser.parse_args()
-    if args.hold_writers and not 2 < args.steps <= 8:
-        parser.error(f"--hold-writers: --steps {args.steps}: give 3 to 8 (two unprofiled, then up to six held)")
+    if args.hold_writers and not 2 < args.steps <= 5:
+        parser.error(f"--hold-writers: --steps {args.steps}: give 3 to 5 (two unprofiled, then up to three held)")
 
     import replay  # before Liger imports Triton: without a GPU, the interpreter
 

@@ -106,8 +106,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench_launches.add_shape(parser)
     parser.add_argument("--rounds", type=int, default=10, help="turns of each kind")
-    parser.add_argument("--block", type=int, default=6,
-                        help="steps a turn (the writers' queue holds 64 calls: a held block must fit)")
+    parser.add_argument("--block", type=int, default=3,
+                        help="steps a turn (a held block must fit the writers' queue, 64 calls, and the device "
+                             "staging budget, 4 GiB: six steps of the Liger block do not, and wait 5 s)")
     parser.add_argument("--switch-intervals", default="", help="comma-separated milliseconds, each a kind of its own")
     parser.add_argument("--small-op", type=int, default=0, metavar="CALLS",
                         help="a step of CALLS calls of a small registered op instead of the Liger block")

@@ -23,4 +23,4 @@ def test_the_recorders_steps_are_timed_with_the_writers_held() -> None:
 def test_more_held_steps_than_the_writers_queue_holds_are_refused() -> None:
     done = subprocess.run([sys.executable, str(SCRIPT), *SMOKE, "--steps", "12", "--hold-writers"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--hold-writers: --steps 12: give 3 to 8" in done.stderr
+    assert done.returncode == 2 and "--hold-writers: --steps 12: give 3 to 5" in done.stderr
