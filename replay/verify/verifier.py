@@ -105,11 +105,9 @@ class _Check:
 
 @dataclass
 class _Launched:
-    """A check's reference launched: the arguments it was given (the op's mutated ones copied
-    again: the snapshot of a mismatch needs them as they came in), what it returned, the outputs
-    compared, the device's verdict on each (None: decided on the host), and the event after it
-    all (a GPU)."""
-    arguments: dict[str, Any]
+    """A check's reference launched: what it returned (with the op's mutated arguments as it left
+    them), the outputs compared, the device's verdict on each (None: decided on the host), and the
+    event after it all (a GPU)."""
     expected: dict[str, Any]
     compared: list[tuple[str, torch.Tensor, torch.Tensor]]
     verdicts: list[torch.Tensor | None]
@@ -341,6 +339,7 @@ class Verifier:
         if stream is not None:
             stream.wait_event(check.copied)
         with _on(stream):
+            # the op's mutated arguments are copied again: the snapshot of a mismatch needs them as they came in
             arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
             bound = inspect.BoundArguments(check.signature, arguments)
             expected = returned_values(op.get("reference").fn(*bound.args, **bound.kwargs), op.outputs)
@@ -349,7 +348,7 @@ class Verifier:
                         if isinstance(got, torch.Tensor) and isinstance(expected.get(name), torch.Tensor)]
             verdicts = [_agrees(op, got, want) for _, got, want in compared]
             done = stream.record_event() if stream is not None else None
-        check.launched = _Launched(arguments, expected, compared, verdicts, done)
+        check.launched = _Launched(expected, compared, verdicts, done)
 
     def _check(self, check: _Check) -> None:
         """On the worker: the reference run (here, where the calling thread did not launch it),
