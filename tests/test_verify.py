@@ -4,12 +4,14 @@ at a 1% sampling rate, and its snapshot replays with exit 1 naming the rows; no 
 configuration, REPLAY_VERIFY, and CUDA graph capture (GPU)."""
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -278,6 +280,84 @@ def test_a_reference_that_raises_on_the_calling_thread_is_reported_never_raised(
     assert delta(before)["checked"] == 0
     assert any("call 0: the check failed: RuntimeError: the reference is broken" in line for line in said())
     replay.verify.stop(double.__replay_spec__.op)
+
+
+def test_the_calling_threads_settings_do_not_reach_the_reference(launched_by: Callable[[str, str], None],
+                                                                  verifying: Path) -> None:
+    """Autocast, grad mode and dispatch modes are the calling thread's own: a reference launched
+    there runs as on a thread of its own, in the precision it asks for, recording no graph."""
+    launched_by("cpu", "caller")
+    seen: list[tuple[bool, bool]] = []
+    found: list[Mismatch] = []
+
+    def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = x.float() @ w.float()  # float32, whatever autocast the program runs under
+        seen.append((torch.is_grad_enabled(), torch.is_autocast_enabled("cpu")))
+        return out
+
+    @replay.verify(reference=reference, sample=1.0, outliers=False, rtol=1e-5, atol=1e-5, on_mismatch=found.append)
+    def matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", enabled=False):
+            return x @ w
+
+    gen = torch.Generator().manual_seed(9)
+    x, w = torch.randn(4, 256, generator=gen), torch.randn(256, 8, generator=gen, requires_grad=True)
+    before = replay.verify.counters()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 would miss 1e-5 by far
+        matmul(x, w)
+    replay.verify.drain()
+    assert seen == [(False, False)] and not found and delta(before)["checked"] == 1
+    replay.verify.stop(matmul.__replay_spec__.op)
+
+
+def test_under_torch_compile_the_reference_launched_by_the_caller_runs_eagerly(
+        launched_by: Callable[[str, str], None], verifying: Path) -> None:
+    launched_by("cpu", "caller")
+    compiling: list[bool] = []
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        compiling.append(torch.compiler.is_compiling())
+        return x * 3
+
+    @replay.verify(reference=reference, sample=1.0, outliers=False)
+    def triple(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: triple(x) + 1, backend="eager")
+    before = replay.verify.counters()
+    for _ in range(3):
+        assert torch.equal(compiled(torch.ones(4)), torch.full((4,), 4.0))
+    replay.verify.drain()
+    assert compiling == [False] * 3 and delta(before)["checked"] == 3
+    replay.verify.stop(triple.__replay_spec__.op)
+
+
+def test_a_reference_that_raises_on_the_calling_thread_holds_none_of_the_programs_memory(
+        launched_by: Callable[[str, str], None], verifying: Path) -> None:
+    """Its exception waits for the worker without its traceback, whose frames would keep the
+    program's tensors alive until then (and, in a cycle, until a collection)."""
+    launched_by("cpu", "caller")
+
+    def reference(x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("broken")
+
+    @replay.verify(reference=reference, sample=1.0, outliers=False)
+    def negate(x: torch.Tensor) -> torch.Tensor:
+        return -x
+
+    def step() -> weakref.ref:
+        activations = torch.ones(1 << 16)  # the program's, in the frame that made the call
+        negate(activations[:4])
+        return weakref.ref(activations)
+    gc.disable()
+    try:
+        alive = step()
+        replay.verify.drain()
+        assert alive() is None
+    finally:
+        gc.enable()
+        replay.verify.stop(negate.__replay_spec__.op)
 
 
 def test_a_drain_gives_up_at_its_timeout_and_says_what_it_left(verifying: Path) -> None:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from replay import recorder, settings
 from replay import metrics
@@ -157,6 +158,9 @@ class Verifier:
         self._cuda_streams: dict[int, tuple[Any, Any]] = {}  # per CUDA device: see _streams
         self._policies: list[Policy] = []
         self._retired_calls = 0
+        # the calling thread's launch: torch.compile's graph break around a checked call (_call) would
+        # otherwise trace the reference too
+        self._launch_eagerly = torch.compiler.disable(self._launch)
 
     def seed(self, seed: int) -> None:
         """Make the sampling repeatable (tests)."""
@@ -286,10 +290,12 @@ class Verifier:
         check = _Check(policy, spec, number, signature, inputs, kept, after, result, device, copied)
         if ("cuda" if device is not None else "cpu") in CALLER_LAUNCHES:
             try:
-                with recorder_work():  # the reference's operators are no calls of the program
-                    self._launch(check)
+                self._launch_eagerly(check)
             except Exception as exc:  # a reference that raises: reported, never the program's problem
-                check.failure = exc  # by the worker, once what it launched is done with the copies
+                # by the worker, once what it launched is done with the copies; without its traceback,
+                # which would hold the program's frames (and their tensors) until then
+                check.failure = exc.with_traceback(None)
+                exc.__context__ = exc.__cause__ = None
         self._submit(check)
         return result
 
@@ -330,15 +336,20 @@ class Verifier:
                 _check_failed(check, exc)
             finally:
                 self._queue.task_done()
+                del check  # its copies go now, not when the next check comes
 
     def _launch(self, check: _Check) -> None:
         """Run the reference on the check's copies, on the verifier's reference stream once the
-        copies are in place, and reduce the comparison there (nothing is read back here)."""
+        copies are in place, and reduce the comparison there (nothing is read back here). As a
+        thread of its own would: whatever the calling thread has set (autocast, grad mode,
+        dispatch modes) left out, and never traced by torch.compile (see _launch_eagerly)."""
         op = check.policy.op
         stream = self._streams(check.device)[1] if check.device is not None else None
         if stream is not None:
             stream.wait_event(check.copied)
-        with _on(stream):
+        device_type = "cuda" if check.device is not None else "cpu"
+        with _on(stream), torch.no_grad(), torch.autocast(device_type, enabled=False), _disable_current_modes(), \
+                recorder_work():  # its operators are no calls of the program either
             # the op's mutated arguments are copied again: the snapshot of a mismatch needs them as they came in
             arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
             bound = inspect.BoundArguments(check.signature, arguments)
