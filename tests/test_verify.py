@@ -360,6 +360,48 @@ def test_a_reference_that_raises_on_the_calling_thread_holds_none_of_the_program
         replay.verify.stop(negate.__replay_spec__.op)
 
 
+@pytest.mark.parametrize("launcher", ["worker", "caller"])
+def test_checks_holding_max_pending_bytes_leave_the_next_call_unchecked(
+        launcher: str, launched_by: Callable[[str, str], None], verifying: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What pending checks hold (their copies; a caller-launched reference's outputs) is bounded:
+    past max_pending_bytes a call is dropped, not copied, and checks resume once they are done."""
+    launched_by("cpu", launcher)
+    worker_may_go = threading.Event()
+    check = verifier.Verifier._check
+    monkeypatch.setattr(verifier.Verifier, "_check", lambda self, c: (worker_may_go.wait(30), check(self, c))[1])
+
+    @replay.verify(reference=lambda x: x + 1, sample=1.0, outliers=False)
+    def increment(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    x = torch.ones(1024)  # 4 KiB: an input copy and an output copy a check, 8 KiB
+    before = replay.verify.counters()
+    try:
+        replay.verify.configure(max_pending_bytes=12 << 10)
+        increment(x)  # pending: 8 KiB (with the caller's reference's output, 12)
+        increment(x)  # under 12 KiB on the worker's path, at it on the caller's: dropped there
+        increment(x)  # at or past it either way: dropped
+        dropped = delta(before)["dropped"]
+        worker_may_go.set()
+        replay.verify.drain()
+        increment(x)  # nothing pending: checked
+        replay.verify.drain()
+    finally:
+        worker_may_go.set()
+        replay.verify.configure(max_pending_bytes=verifier.Settings().max_pending_bytes)
+        replay.verify.stop(increment.__replay_spec__.op)
+    counted = delta(before)
+    assert dropped == (1 if launcher == "worker" else 2)
+    assert counted["dropped"] == dropped and counted["checked"] == 4 - dropped
+
+
+def test_max_pending_bytes_must_be_a_positive_number_of_bytes() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_pending_bytes"):
+            replay.verify.configure(max_pending_bytes=bad)  # type: ignore[arg-type]
+
+
 def test_a_drain_gives_up_at_its_timeout_and_says_what_it_left(verifying: Path) -> None:
     @replay.verify(reference=lambda x: (time.sleep(0.05), x * 2)[1], sample=1.0, outliers=False)
     def slow_checked(x: torch.Tensor) -> torch.Tensor:

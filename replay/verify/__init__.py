@@ -103,13 +103,19 @@ def _enable(op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | Non
 
 
 def configure(*, enabled: bool | None = None, sample: float | None = None, directory: str | Path | None = None,
-              max_snapshots: int | None = None, compile: str | None = None, seed: int | None = None) -> None:
+              max_snapshots: int | None = None, compile: str | None = None, seed: int | None = None,
+              max_pending_bytes: int | None = None) -> None:
     """Change verification at run time: on or off, every verified op's sampling rate, where
-    mismatch snapshots go and how many per op, and what happens under torch.compile ("break":
-    a graph break around the check; "skip": no check in compiled code, counted when traced)."""
+    mismatch snapshots go and how many per op, what happens under torch.compile ("break": a
+    graph break around the check; "skip": no check in compiled code, counted when traced), and
+    how much memory pending checks may hold before calls go unchecked (dropped)."""
     settings = VERIFIER.settings
     if compile is not None and compile not in COMPILE_MODES:
         raise ValueError(f"replay.verify.configure: compile={compile!r}: one of {', '.join(COMPILE_MODES)}")
+    if max_pending_bytes is not None and (isinstance(max_pending_bytes, bool) or not isinstance(max_pending_bytes, int)
+                                          or max_pending_bytes < 1):
+        raise ValueError(f"replay.verify.configure: max_pending_bytes={max_pending_bytes!r}: a positive number of "
+                         "bytes")
     if sample is not None and not 0.0 <= sample <= 1.0:
         raise ValueError(f"replay.verify.configure: sample={sample!r} must be a share of calls, 0 to 1")
     if enabled is not None:
@@ -123,14 +129,16 @@ def configure(*, enabled: bool | None = None, sample: float | None = None, direc
         settings.max_snapshots = max_snapshots
     if compile is not None:
         settings.compile = compile
+    if max_pending_bytes is not None:
+        settings.max_pending_bytes = max_pending_bytes
     if seed is not None:
         VERIFIER.seed(seed)
 
 
 def counters() -> dict[str, int]:
     """Calls seen, checked, flagged by the gate, skipped (compiled or graph capture), dropped (the
-    queue was full), failed (mismatches), snapshots written, abandoned at exit, unscored by the
-    gate (its buffers all busy)."""
+    pending checks were too many, or held too much memory), failed (mismatches), snapshots
+    written, abandoned at exit, unscored by the gate (its buffers all busy)."""
     return VERIFIER.counts()
 
 

@@ -65,6 +65,10 @@ class Settings:
     max_snapshots: int = 3  # per op, each time it is verified anew: later mismatches are counted, not written
     compile: str = "break"  # under torch.compile: a graph break around the check, or skip and count
     queue_depth: int = 64
+    # memory the pending checks may hold (their copies, and the outputs of references launched by
+    # the calling thread); past it a call is not checked (dropped): a large op's checks, sixteen in a
+    # window, would otherwise take the program's device memory
+    max_pending_bytes: int = 1 << 30
 
 
 @dataclass
@@ -102,6 +106,7 @@ class _Check:
     copied: Any  # the event after which its copies are in place (a GPU)
     launched: "_Launched | None" = None  # its reference's work, once launched (_launch)
     failure: Exception | None = None  # launching it on the calling thread raised: the worker reports it
+    nbytes: int = 0  # what it holds until the worker is done with it (Settings.max_pending_bytes)
 
 
 @dataclass
@@ -158,6 +163,7 @@ class Verifier:
         self._cuda_streams: dict[int, tuple[Any, Any]] = {}  # per CUDA device: see _streams
         self._policies: list[Policy] = []
         self._retired_calls = 0
+        self._pending_bytes = 0  # held by the checks submitted and not yet done (_Check.nbytes)
         # the calling thread's launch: torch.compile's graph break around a checked call (_call) would
         # otherwise trace the reference too
         self._launch_eagerly = torch.compiler.disable(self._launch)
@@ -296,6 +302,8 @@ class Verifier:
                 # which would hold the program's frames (and their tensors) until then
                 check.failure = exc.with_traceback(None)
                 exc.__context__ = exc.__cause__ = None
+        check.nbytes = _tensor_bytes(value for name, value in inputs.items() if name not in kept) + \
+            _tensor_bytes(after.values()) + (_tensor_bytes(check.launched.expected.values()) if check.launched else 0)
         self._submit(check)
         return result
 
@@ -309,8 +317,10 @@ class Verifier:
         return streams
 
     def _full(self) -> bool:
-        """Whether `queue_depth` checks are pending: a call routed now is not checked (dropped)."""
-        return self._queue is not None and self._queue.qsize() >= self.settings.queue_depth
+        """Whether `queue_depth` checks are pending, or they hold `max_pending_bytes`: a call
+        routed now is not checked (dropped)."""
+        return self._queue is not None and (self._queue.qsize() >= self.settings.queue_depth
+                                            or self._pending_bytes >= self.settings.max_pending_bytes)
 
     def _submit(self, check: _Check) -> None:
         """Queue a check for the worker. The queue itself has no bound: a check whose reference
@@ -321,6 +331,7 @@ class Verifier:
                 self._queue = queue.Queue()
                 self._worker = threading.Thread(target=self._run, name="replay-verify", daemon=True)
                 self._worker.start()
+            self._pending_bytes += check.nbytes
         assert self._queue is not None
         self._queue.put_nowait(check)
 
@@ -335,6 +346,8 @@ class Verifier:
             except Exception as exc:  # a reference that raises: reported, never the program's problem
                 _check_failed(check, exc)
             finally:
+                with self._lock:
+                    self._pending_bytes -= check.nbytes
                 self._queue.task_done()
                 del check  # its copies go now, not when the next check comes
 
@@ -454,6 +467,10 @@ def _cuda_device(values: Any) -> int | None:
         if isinstance(value, torch.Tensor) and value.is_cuda:
             return value.get_device()
     return None
+
+
+def _tensor_bytes(values: Any) -> int:
+    return sum(value.numel() * value.element_size() for value in values if isinstance(value, torch.Tensor))
 
 
 def _copy(value: Any) -> Any:
