@@ -205,7 +205,7 @@ def reused_lists(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def fetched_pieces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many pieces each store brought over from where its changed pieces were staged."""
+    """How many pieces each store (or blob) brought over from where they were staged."""
     counts: list[int] = []
     real = chunk_changes.PieceHistory._bring_over
 

@@ -38,7 +38,7 @@ def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = No
 
 
 def known_zeros(raw: Any, piece_bytes: int) -> list[str | None]:
-    """For `raw` (a numpy uint8 array) cut into pieces of `piece_bytes` (the last one maybe short):
+    """For `raw` (a contiguous numpy uint8 array) cut into pieces of `piece_bytes` (the last one maybe short):
     each piece's digest where it holds only zeros, else None. One pass over the bytes for all the
     pieces, which lets go of the interpreter lock (a call a piece took it back at every piece:
     a writer doing so starves the program it records)."""
