@@ -30,10 +30,9 @@ def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = No
     found: list[str | None] = list(known) if known is not None else [None] * len(pieces)
     unknown = [n for n, digest in enumerate(found) if digest is None]
     first = {id(pieces[n]): n for n in reversed(unknown)}  # the first place each array is listed
-    wanted = list(first.values())
-    named = dict(zip(wanted, hash_pieces([pieces[n] for n in wanted])))
+    hashed = dict(zip(first.values(), hash_pieces([pieces[n] for n in first.values()])))
     for n in unknown:
-        found[n] = named[first[id(pieces[n])]]
+        found[n] = hashed[first[id(pieces[n])]]
     return cast("list[str]", found)
 
 

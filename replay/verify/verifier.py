@@ -294,7 +294,7 @@ class Verifier:
             copied = copying.record_event()
             program.wait_event(copied)  # the program may overwrite them next
         check = _Check(policy, spec, number, signature, inputs, kept, after, result, device, copied)
-        if ("cuda" if device is not None else "cpu") in CALLER_LAUNCHES:
+        if _device_type(device) in CALLER_LAUNCHES:
             try:
                 self._launch_eagerly(check)
             except Exception as exc:  # a reference that raises: reported, never the program's problem
@@ -360,9 +360,8 @@ class Verifier:
         stream = self._streams(check.device)[1] if check.device is not None else None
         if stream is not None:
             stream.wait_event(check.copied)
-        device_type = "cuda" if check.device is not None else "cpu"
-        with _on(stream), torch.no_grad(), torch.autocast(device_type, enabled=False), _disable_current_modes(), \
-                recorder_work():  # its operators are no calls of the program either
+        with _on(stream), torch.no_grad(), torch.autocast(_device_type(check.device), enabled=False), \
+                _disable_current_modes(), recorder_work():  # its operators are no calls of the program either
             # the op's mutated arguments are copied again: the snapshot of a mismatch needs them as they came in
             arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
             bound = inspect.BoundArguments(check.signature, arguments)
@@ -459,6 +458,11 @@ def _as_returned(result: Any, after: dict[str, Any], outputs: tuple[str, ...]) -
 def _on(stream: Any) -> Any:
     """Work issued inside goes to `stream` (a CUDA stream), or where it would anyway (None)."""
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _device_type(device: int | None) -> str:
+    """"cuda" for a check's CUDA device, "cpu" for a check on the host (None)."""
+    return "cuda" if device is not None else "cpu"
 
 
 def _cuda_device(values: Any) -> int | None:
