@@ -55,5 +55,6 @@ def bare_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (site / "dependencies.pth").write_text("\n".join(p for p in sys.path if p.endswith("site-packages")) + "\n")
     python = env / "bin" / "python"
     absent = subprocess.run([str(python), "-c", "import replay"], capture_output=True, cwd=env)
-    assert absent.returncode != 0 and b"No module named 'replay'" in absent.stderr
+    assert absent.returncode != 0 and b"No module named 'replay'" in absent.stderr, \
+        "kernel-replay is importable without its install: is PYTHONPATH naming this tree?"
     return python

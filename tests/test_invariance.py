@@ -61,9 +61,12 @@ def test_a_variant_that_switches_its_reduction_with_the_batch_is_caught() -> Non
 def test_torch_matmul_under_cublas_is_caught() -> None:
     code, report = invariance("torch_matmul", "--batch-sizes", "1,16,17,64", "--chunks", "16", "--pad", "5",
                               "--dtype", "bfloat16", "--device", "cuda")
-    found = verdicts(report)
-    assert code == 1 and found[("batch", 1)]
-    assert not found[("batch", 17)] and not found[("batch", 64)] and not found[("padding", 5)]
+    passed = verdicts(report)
+    assert code == 1 and passed[("batch", 1)]
+    # which sizes change cuBLAS's bits is its choice of kernel on each GPU (H100: 17, 64 and padding;
+    # H200: fewer): some do, and each says by how many rows and ulps
+    differing = [r for r in report["ops"][0]["results"] if not r["passed"]]
+    assert differing and all(r["rows_changed"] and r["max_ulp"] > 0 for r in differing)
 
 
 @pytest.mark.parametrize("option, value", [("--batch-sizes", "0"), ("--chunks", "x"), ("--pad", ",")])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,14 @@ def user_env() -> dict[str, str]:
     """A user's shell: this environment's bin first, no test settings (TRITON_INTERPRET) inherited."""
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PET_MASTER_PORT"] = str(free_port())  # torchrun's one default port, taken by tests side by side
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def shell(line: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -1,8 +1,11 @@
 """The near side of capture: host copies of a call's tensors, taken where the program runs.
 
-A CPU tensor is cloned; a GPU tensor's storage span is copied `non_blocking` into a pinned host
-buffer from a reusable pool, on the stream the call runs on (inputs before the call, outputs
-after), and an event marks the end, which the writers wait for before they read the copy. A large
+A CPU tensor is cloned; a GPU tensor's storage span is copied into a pinned host buffer from a
+reusable pool, on the stream the call runs on (inputs before the call, outputs after), and an
+event marks the end, which the writers wait for before they read the copy. Both are queued through
+the CUDA runtime itself where it can be (cuda_runtime.py), from the tensor's address: no torch
+operator, which would wait for the interpreter lock beside the writers; the host tensor over the
+buffer is made when a writer first reads it. A large
 GPU tensor stored in pieces or as a blob may instead wait on the device, checksummed, for a writer
 to bring over what the recording has not stored yet (chunk_changes.py).
 """
@@ -11,15 +14,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
-from replay.recorder import cuda_streams
+from replay.recorder import cuda_runtime, cuda_streams
 from replay.recorder.chunk_changes import PieceHistory, PieceTracker
 from replay.recorder.piece_batch import PieceBatch
 from replay.snapshot import SnapshotWriter
-from replay.snapshot.tensors import Geometry, geometry_of, storage_span
+from replay.snapshot.tensors import DTYPES, Geometry, geometry_of, storage_span
 
 _MIN_BUFFER = 4096
 
@@ -54,27 +57,35 @@ class PinnedPool:
 SHARED_POOL = PinnedPool()
 
 
-class Landing(Protocol):
-    def synchronize(self) -> None: ...
-
-
 @dataclass
 class HostCopy:
     """A tensor's storage span on the host, or on its way there."""
-    span: torch.Tensor
-    geometry: Geometry
-    buffer: torch.Tensor | None = None  # the pooled pinned buffer `span` lives in, to give back
+    made: torch.Tensor | None  # the span on the host; None: the start of `buffer`, made into one when read
+    geometry: Geometry  # whose span (elements, dtype) the copy holds
+    buffer: torch.Tensor | None = None  # the pooled pinned buffer the span lives in, to give back
     chunked: bool = False  # stored as content-addressed pieces (a large tensor that changes)
     pieces: PieceHistory | None = None  # which pieces changed since the last store of its memory
-    landed: Landing | None = None  # where a copy is read by other calls than its own: an event, or checksums' launch
+    # where a copy is read by other calls than its own: an event, or checksums' launch
+    landed: cuda_streams.Landing | None = None
     on_device: bool = False  # its changed pieces (a blob's: all) wait on the device (pieces.staged); `span` empty
+
+    @property
+    def span(self) -> torch.Tensor:
+        """The copy as a 1-D host tensor of its dtype (read once it has landed)."""
+        if self.made is None:
+            assert self.buffer is not None, "a host copy read after its buffer went back"
+            dtype = DTYPES[self.geometry.dtype]
+            self.made = self.buffer[:self.geometry.span * dtype.itemsize].view(dtype)
+        return self.made
 
     @property
     def nbytes(self) -> int:
         if self.on_device:
             assert self.pieces is not None
             return self.pieces.nbytes
-        return self.span.numel() * self.span.element_size()
+        if self.made is None:
+            return self.geometry.span * DTYPES[self.geometry.dtype].itemsize
+        return self.made.numel() * self.made.element_size()
 
 
 @dataclass
@@ -182,18 +193,35 @@ class Copier:
         with `landed`, one that carries an event of its own (a blob: other calls, on other
         streams, may be written before the one that took it)."""
         geometry = geometry or geometry_of(t)
+        if t.is_cuda:
+            runtime = cuda_runtime.on_current_device(t.device)
+            if runtime is not None:  # its span starts at its first element: no view to make
+                return self._copy_through(runtime, t.data_ptr(), t.device, geometry, landed)
         return self.copy_span(storage_span(t, geometry), geometry, landed)
 
     def copy_span(self, span: torch.Tensor, geometry: Geometry, landed: bool = False) -> HostCopy:
         """A host copy of a storage span taken already (copy() says the rest)."""
         if span.device.type != "cuda":
             return HostCopy(span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone(), geometry)
+        runtime = cuda_runtime.on_current_device(span.device)
+        if runtime is not None:
+            return self._copy_through(runtime, span.data_ptr(), span.device, geometry, landed)
         nbytes = span.numel() * span.element_size()
         buffer = self.pool.take(nbytes)
         host = buffer[:nbytes].view(span.dtype)
         host.copy_(span, non_blocking=True)
         self._devices.add(span.device)
         return HostCopy(host, geometry, buffer, landed=cuda_streams.event_now(span.device) if landed else None)
+
+    def _copy_through(self, runtime: cuda_runtime.Runtime, address: int, device: torch.device, geometry: Geometry,
+                      landed: bool) -> HostCopy:
+        """copy_span()'s copy queued through the CUDA runtime from the span's device address."""
+        nbytes = geometry.span * DTYPES[geometry.dtype].itemsize
+        buffer = self.pool.take(nbytes)
+        stream = runtime.current_stream(device.index)
+        runtime.copy_to_host(buffer.data_ptr(), address, nbytes, stream)
+        self._devices.add(device)
+        return HostCopy(None, geometry, buffer, landed=cuda_runtime.Event(runtime, stream) if landed else None)
 
     def copy_blob(self, t: torch.Tensor, tracker: PieceTracker | None, geometry: Geometry | None = None) -> HostCopy:
         """A copy of a read-only tensor to be stored as a blob, carrying an event of its own (other
@@ -274,11 +302,11 @@ class Copier:
         if failure is not None:
             raise failure
 
-    def _land(self) -> dict[torch.device, torch.cuda.Event]:
+    def _land(self) -> dict[torch.device, cuda_streams.Landing]:
         """Tell each batch's checksums the event after them, which is the call's own on that device
         (one event a device a call): a batch that cannot have one has its checksums failed, not
         waited for. The events, by device."""
-        events: dict[torch.device, torch.cuda.Event] = {}
+        events: dict[torch.device, cuda_streams.Landing] = {}
         for device, batch in self._batches.items():
             if device.type != "cuda":
                 batch.landed(None)

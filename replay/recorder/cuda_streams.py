@@ -3,11 +3,17 @@
 `torch.cuda.current_stream(device)` goes through torch's lazy initialisation, device-index
 parsing and a new Stream object every time: ~20 us in a recording on the H100, four or five times
 a recorded launch (docs/PERFORMANCE.md, "Fewer operations a launch"). Here the stream is read with
-the one call torch makes underneath, and its Stream object made once per stream.
+the one call torch makes underneath, and its Stream object made once per stream. An event is
+made and recorded through the CUDA runtime itself where it can be (cuda_runtime.py: no torch
+operator, so no wait for the interpreter lock), else through torch.
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
+
+from replay.recorder import cuda_runtime
 
 _STREAMS_KEPT = 1024  # Stream objects kept; past it they are made again (a program making streams without end)
 _streams: dict[tuple[int, int], torch.cuda.Stream] = {}
@@ -26,8 +32,16 @@ def current(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
-def event_now(device: torch.device) -> torch.cuda.Event:
+class Landing(Protocol):
+    """What readers of host copies wait on: an event, or what stands for one."""
+    def synchronize(self) -> None: ...
+
+
+def event_now(device: torch.device) -> Landing:
     """An event recorded on `device`'s current stream: it passes once the work issued there so far has run."""
+    runtime = cuda_runtime.on_current_device(device)
+    if runtime is not None:
+        return cuda_runtime.Event(runtime, runtime.current_stream(device.index))
     event = torch.cuda.Event()
     event.record(current(device))
     return event

@@ -53,7 +53,7 @@ class Checksums:
         self._host: np.ndarray | None = None
         self._buffer: torch.Tensor | None = None  # the pooled buffer the kernel writes them in, from its start
         self._give: Callable[[torch.Tensor], None] | None = None
-        self._event: torch.cuda.Event | None = None
+        self._event: cuda_streams.Landing | None = None
         self._failure: BaseException | None = None
         self._launched = Latch()
         self._lock = threading.Lock()
@@ -71,7 +71,7 @@ class Checksums:
         and, once landed() says by what event, at the start of `buffer`, given back with `give` once read."""
         self.on_device, self._buffer, self._give = on_device, buffer, give
 
-    def landed(self, event: torch.cuda.Event | None) -> None:
+    def landed(self, event: cuda_streams.Landing | None) -> None:
         """Its checksums are on the host once `event` has passed (None: at once, the interpreter's):
         the call's own event after its last copy, one for all its launches (an event cost ~15 us)."""
         self._event = event
@@ -216,7 +216,7 @@ class PieceBatch:
             checksums.failed(exc)
             raise
 
-    def landed(self, event: torch.cuda.Event | None) -> None:
+    def landed(self, event: cuda_streams.Landing | None) -> None:
         """The launches made so far are behind `event` (None: done, the interpreter's): their readers go on."""
         unlanded, self._unlanded = self._unlanded, []
         for checksums in unlanded:

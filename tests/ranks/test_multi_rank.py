@@ -19,6 +19,8 @@ from user_shell import fenced, run_as_written, shell
 
 PROJECT = Path(__file__).with_name("tp_project")
 NCCL = torch.cuda.device_count() >= 2  # tp_project's programs take NCCL with a GPU a rank, else gloo on the CPU
+pytestmark = pytest.mark.skipif(torch.cuda.device_count() == 1,
+                                reason="tp_project's programs take a GPU a rank or none: one GPU is neither")
 
 
 def on(world: int) -> str:

@@ -1,0 +1,101 @@
+"""The CUDA runtime torch loaded, called directly for the device work a recorded call issues.
+
+A torch operator lets go of the interpreter lock while it works and must take it back after:
+beside a writer thread that wants the lock, that wait costs up to a switch interval (250-700 us
+an operator on the H200 host, against 2-10 alone: docs/PERFORMANCE.md, "The mechanism, one
+operation at a time"). Work that only queues on a stream (a copy into pinned memory, an event
+recorded) is called here through `ctypes.PyDLL`, which keeps the lock: ~5 us either way. Waiting
+for an event goes through `ctypes.CDLL`, which lets the lock go, as a wait should.
+
+`loaded()` is None where this cannot be done as torch does it (no CUDA runtime mapped into the
+process, as on a CPU-only torch); the callers then use torch's operators.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+_DEVICE_TO_HOST = 2  # cudaMemcpyDeviceToHost
+_DISABLE_TIMING = 2  # cudaEventDisableTiming: an event only waited for records no time
+
+
+class Runtime:
+    """The runtime's entry points used here, each typed; `keeping` the lock, `waiting` without it."""
+
+    def __init__(self, path: str):
+        self.keeping, self.waiting = ctypes.PyDLL(path), ctypes.CDLL(path)
+        pointer, size = ctypes.c_void_p, ctypes.c_size_t
+        for name, arguments in (("cudaMemcpyAsync", [pointer, pointer, size, ctypes.c_int, pointer]),
+                                ("cudaEventCreateWithFlags", [ctypes.POINTER(pointer), ctypes.c_uint]),
+                                ("cudaEventRecord", [pointer, pointer]), ("cudaEventDestroy", [pointer]),
+                                ("cudaGetDevice", [ctypes.POINTER(ctypes.c_int)]),
+                                ("cudaGetLastError", [])):
+            function = getattr(self.keeping, name)
+            function.argtypes, function.restype = arguments, ctypes.c_int
+        self.waiting.cudaEventSynchronize.argtypes = [pointer]
+        self.waiting.cudaEventSynchronize.restype = ctypes.c_int
+        self.keeping.cudaGetErrorString.argtypes = [ctypes.c_int]
+        self.keeping.cudaGetErrorString.restype = ctypes.c_char_p
+        self.current_stream = torch._C._cuda_getCurrentRawStream  # the stream's address, no Stream object
+
+    def check(self, code: int, what: str) -> None:
+        """A RuntimeError for a failed call, the thread's last error cleared (else torch's next check
+        of it would blame its own operator for this one)."""
+        if code:
+            self.keeping.cudaGetLastError()
+            raise RuntimeError(f"CUDA error: {self.keeping.cudaGetErrorString(code).decode()} ({what})")
+
+    def current_device(self) -> int:
+        index = ctypes.c_int()
+        self.check(self.keeping.cudaGetDevice(ctypes.byref(index)), "cudaGetDevice")
+        return index.value
+
+    def copy_to_host(self, host: int, device: int, nbytes: int, stream: int) -> None:
+        """Queue a copy of `nbytes` at device address `device` into pinned host memory at `host`."""
+        self.check(self.keeping.cudaMemcpyAsync(host, device, nbytes, _DEVICE_TO_HOST, stream), "cudaMemcpyAsync")
+
+
+class Event:
+    """An event recorded on a stream of the device current when it is made; synchronize() waits
+    for it with the interpreter lock let go."""
+
+    __slots__ = ("_runtime", "_handle")
+
+    def __init__(self, runtime: Runtime, stream: int):
+        self._runtime = runtime
+        self._handle = ctypes.c_void_p()
+        runtime.check(runtime.keeping.cudaEventCreateWithFlags(ctypes.byref(self._handle), _DISABLE_TIMING),
+                      "cudaEventCreateWithFlags")
+        runtime.check(runtime.keeping.cudaEventRecord(self._handle, stream), "cudaEventRecord")
+
+    def synchronize(self) -> None:
+        self._runtime.check(self._runtime.waiting.cudaEventSynchronize(self._handle), "cudaEventSynchronize")
+
+    def __del__(self) -> None:
+        if self._handle:  # made: let go (errors as the process ends, when the context is gone, ignored)
+            self._runtime.keeping.cudaEventDestroy(self._handle)
+
+
+@functools.cache
+def loaded() -> Runtime | None:
+    """The runtime torch mapped into this process, or None where there is none to call."""
+    if not hasattr(torch._C, "_cuda_getCurrentRawStream"):
+        return None
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    path = next((line.split()[-1] for line in maps if "/libcudart.so" in line), None)
+    return Runtime(path) if path is not None else None
+
+
+def on_current_device(device: torch.device) -> Runtime | None:
+    """The runtime, where work for `device` may be issued through it now: events are made on the
+    thread's current device, so a tensor on another device goes through torch instead."""
+    runtime = loaded()
+    if runtime is None or device.index is None or runtime.current_device() != device.index:
+        return None
+    return runtime

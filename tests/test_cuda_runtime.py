@@ -1,0 +1,64 @@
+"""Host copies and events queued through the CUDA runtime itself (replay/recorder/cuda_runtime.py):
+the bytes a torch copy would give, errors as RuntimeErrors that leave torch's own checks clean, and
+the host tensor over a pooled buffer made only when a writer reads it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replay.recorder import cuda_runtime, cuda_streams
+from replay.recorder.copies import Copier, HostCopy, PinnedPool
+from replay.snapshot.tensors import geometry_of, storage_span
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def test_a_host_copy_over_a_pooled_buffer_is_its_span_of_its_dtype_once_read() -> None:
+    source = torch.arange(40, dtype=torch.float16).view(8, 5)[1:, ::2]  # a strided view: its span, not its elements
+    geometry = geometry_of(source)
+    buffer = torch.zeros(4096, dtype=torch.uint8)
+    buffer[:geometry.span * 2] = storage_span(source).view(torch.uint8)
+    copy = HostCopy(None, geometry, buffer)
+    assert copy.nbytes == geometry.span * 2 and copy.made is None  # sized without the tensor being made
+    assert copy.span.dtype == torch.float16 and torch.equal(copy.span, storage_span(source))
+    assert copy.made is copy.span  # made once
+
+
+def test_without_a_cuda_runtime_in_the_process_none_is_offered() -> None:
+    if HAS_CUDA:
+        assert cuda_runtime.loaded() is not None
+    else:  # a CPU-only torch: the copier's torch path is the only one
+        assert cuda_runtime.loaded() is None and cuda_runtime.on_current_device(torch.device("cuda", 0)) is None
+
+
+@pytest.mark.gpu
+def test_copies_through_the_runtime_match_torchs_for_views_and_every_dtype() -> None:
+    runtime = cuda_runtime.on_current_device(torch.device("cuda", torch.cuda.current_device()))
+    assert runtime is not None
+    copier = Copier(PinnedPool())
+    base = torch.randn(64, 96, device="cuda")
+    tensors = [base, base[3:, 5:70:3], base.t(), base.to(torch.bfloat16)[::2], (base > 0)[:, 7],
+               torch.randint(-9, 9, (33,), device="cuda", dtype=torch.int64), base[:0]]
+    expected = [storage_span(t).cpu() for t in tensors]  # torch's copy, made first and waited for
+    copies = [copier.copy(t, landed=n % 2 == 0) for n, t in enumerate(tensors)]
+    assert all(c.made is None and c.buffer is not None for c in copies)  # queued, nothing made on this thread
+    base.fill_(0)  # after the copies on the stream: they hold what was there before
+    for event in [c.landed for c in copies if c.landed is not None]:
+        event.synchronize()
+    copier.mark()()
+    for want, copy in zip(expected, copies):
+        assert copy.span.dtype == want.dtype and torch.equal(copy.span, want)
+
+
+@pytest.mark.gpu
+def test_a_copy_the_runtime_refuses_is_a_runtime_error_and_torch_goes_on() -> None:
+    runtime = cuda_runtime.loaded()
+    assert runtime is not None
+    host = torch.empty(64, dtype=torch.uint8, pin_memory=True)
+    stream = runtime.current_stream(torch.cuda.current_device())
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        runtime.copy_to_host(host.data_ptr(), 0, 64, stream)  # from no device memory at all
+    torch.ones(4, device="cuda").sum().item()  # torch's next check sees no error left behind
+    event = cuda_streams.event_now(torch.device("cuda", torch.cuda.current_device()))
+    assert isinstance(event, cuda_runtime.Event)
+    event.synchronize()
