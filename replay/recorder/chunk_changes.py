@@ -44,9 +44,11 @@ from typing import Callable
 import numpy as np
 import torch
 
+from replay.recorder import cuda_runtime
 from replay.recorder.latch import Latch
 from replay.recorder.piece_batch import PieceBatch, Place, sums_kernel
 from replay.snapshot import hashing
+from replay.snapshot.tensors import Geometry, geometry_of
 from replay.snapshot.writer import CHUNK_BYTES
 
 DEVICES = ("cuda",)  # where pieces are checksummed; tests add "cpu" to run the same logic there
@@ -331,13 +333,35 @@ class _Hold:
     __del__ = give_back
 
 
-def _words(span: torch.Tensor) -> torch.Tensor | None:
-    """A storage span's bytes (uint8, 1-D: storage_span made it so) where its pieces are
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """The bytes of a tensor's storage span, by address (no view made: a torch operator on the
+    program's thread waits for the interpreter lock beside the writers), and the tensor that
+    keeps them alive."""
+    owner: torch.Tensor
+    address: int
+    nbytes: int
+
+    def copy_into(self, target: torch.Tensor) -> None:
+        """Copy the run into the start of `target` (uint8, on its device), on the current stream."""
+        runtime = cuda_runtime.on_current_device(target.device) if target.is_cuda else None
+        if runtime is not None:
+            stream = runtime.current_stream(target.device.index)
+            runtime.copy_on_device(target.data_ptr(), self.address, self.nbytes, stream)
+            return
+        # through torch (the interpreter's memory, or another device's): the run starts at the owner's first element
+        span = torch.as_strided(self.owner.detach(), (self.nbytes // self.owner.element_size(),), (1,),
+                                self.owner.storage_offset())
+        target[:self.nbytes].copy_(span.view(torch.uint8))
+
+
+def _run(t: torch.Tensor, geometry: Geometry | None) -> _Run | None:
+    """`t`'s storage span (`geometry`: t's, where the caller has it) where its pieces are
     checksummed; None where not."""
-    if span.device.type not in DEVICES:
+    if t.device.type not in DEVICES:
         return None
-    raw = span.view(torch.uint8)
-    return raw if sums_kernel().trackable(raw) else None
+    run = _Run(t, t.data_ptr(), (geometry or geometry_of(t)).span * t.element_size())
+    return run if sums_kernel().trackable(run.address, run.nbytes) else None
 
 
 def staging_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
@@ -371,24 +395,26 @@ class PieceTracker:
         self._lock = threading.RLock()
         self._room = threading.Condition(self._lock)
 
-    def observe(self, span: torch.Tensor, stage: bool, batch: PieceBatch, clone: bool = False) -> PieceHistory | None:
-        """A store of `span` (a contiguous storage span) now, checksummed in `batch`'s launch: None
-        where it is not tracked. With `stage`, the changed pieces are copied on the device
-        (PieceHistory.staged) unless that would pass DEVICE_STAGING_BYTES (waiting a while for the
-        writers first, in a blocking recording) or the device has no room; the caller copies the
-        span to the host if not. With `clone` (a store before a call that may change the span),
-        a staged store copies every piece aside now and the launch, after the call, reads that copy."""
-        raw = _words(span)
-        if raw is None:
+    def observe(self, t: torch.Tensor, stage: bool, batch: PieceBatch, clone: bool = False,
+                geometry: Geometry | None = None) -> PieceHistory | None:
+        """A store of `t`'s storage span (`geometry`: t's, where the caller has it) now,
+        checksummed in `batch`'s launch: None where it is not tracked. With `stage`, the changed
+        pieces are copied on the device (PieceHistory.staged) unless that would pass
+        DEVICE_STAGING_BYTES (waiting a while for the writers first, in a blocking recording) or
+        the device has no room; the caller copies the span to the host if not. With `clone` (a
+        store before a call that may change the span), a staged store copies every piece aside
+        now and the launch, after the call, reads that copy."""
+        run = _run(t, geometry)
+        if run is None:
             return None
-        key = (span.device, raw.data_ptr(), raw.numel())
+        key = (t.device, run.address, run.nbytes)
         last = self._last.get(key)
         if last is not None and last.cloned and batch.pending(last.place):
             # its copy aside waits for the same launch: compare with what it compares with, not with it
             last = last.previous
         if last is not None and last.failed:  # its pieces were never written: compare with nothing
             last = None
-        history = self._add(batch, raw, last, stage, staged_only=False, clone=clone)
+        history = self._add(batch, run, t.device, last, stage, staged_only=False, clone=clone)
         assert history is not None
         with self._lock:  # the memory stored last moves to the end; past MEMORIES_KEPT the oldest is forgotten
             replaced = self._last.pop(key, None)
@@ -398,44 +424,45 @@ class PieceTracker:
         del replaced, forgotten
         return history
 
-    def observe_blob(self, span: torch.Tensor, batch: PieceBatch, clone: bool = False) -> PieceHistory | None:
-        """A store of a read-only span to be kept as a blob, checksummed in `batch`'s launch and
-        copied whole aside on the device (PieceHistory.staged; with `clone`, now, the launch
-        reading the copy), to come over only if the recording never stored those bytes. None
-        where it is not tracked, or there is no room to stage it: the caller copies the span to
-        the host."""
-        raw = _words(span)
-        if raw is None or raw.numel() < DEVICE_BLOB_BYTES:
+    def observe_blob(self, t: torch.Tensor, batch: PieceBatch, clone: bool = False,
+                     geometry: Geometry | None = None) -> PieceHistory | None:
+        """A store of a read-only tensor's span to be kept as a blob, checksummed in `batch`'s
+        launch and copied whole aside on the device (PieceHistory.staged; with `clone`, now, the
+        launch reading the copy), to come over only if the recording never stored those bytes.
+        None where it is not tracked, or there is no room to stage it: the caller copies the span
+        to the host."""
+        run = _run(t, geometry)
+        if run is None or run.nbytes < DEVICE_BLOB_BYTES:
             return None
-        return self._add(batch, raw, None, True, staged_only=True, clone=clone)
+        return self._add(batch, run, t.device, None, True, staged_only=True, clone=clone)
 
-    def _add(self, batch: PieceBatch, raw: torch.Tensor, last: PieceHistory | None, stage: bool,
+    def _add(self, batch: PieceBatch, run: _Run, device: torch.device, last: PieceHistory | None, stage: bool,
              staged_only: bool, clone: bool) -> PieceHistory | None:
-        """`raw` and its history added to `batch`, its changed pieces staged where there is room
+        """`run` and its history added to `batch`, its changed pieces staged where there is room
         (with `clone`, all of them now, the row reading that copy); with `staged_only`, nothing
         where the store cannot be staged."""
         if last is not None and not batch.comparable(last.place):
             last = None
-        padded = -(-raw.numel() // CHUNK_BYTES) * CHUNK_BYTES  # whole pieces (the last one's tail stays unwritten)
+        nbytes = run.nbytes
+        padded = -(-nbytes // CHUNK_BYTES) * CHUNK_BYTES  # whole pieces (the last one's tail stays unwritten)
         stage = stage and self._reserve(padded)
         staged = None
         if stage:
             try:
-                staged = staging_buffer(padded, raw.device)
+                staged = staging_buffer(padded, device)
             except torch.cuda.OutOfMemoryError:  # no room to stage: the program's memory comes first
                 self._unreserve(padded)
         if staged_only and staged is None:
             return None
-        nbytes = raw.numel()
         cloned = clone and staged is not None and nbytes <= CLONE_BYTES
+        compared = last.place if last is not None else None
         try:
             if cloned:
                 assert staged is not None
-                copy = staged if nbytes == padded else staged[:nbytes]
-                copy.copy_(raw)  # on the program's stream, before its call: what the launch after it reads
-                place = batch.add(copy, last.place if last is not None else None, None, live=False)
+                run.copy_into(staged)  # on the program's stream, before its call: what the launch after it reads
+                place = batch.add(staged.data_ptr(), nbytes, staged, compared, None, live=False)
             else:
-                place = batch.add(raw, last.place if last is not None else None, staged)
+                place = batch.add(run.address, nbytes, run.owner, compared, staged)
         except BaseException:
             if staged is not None:
                 self._unreserve(padded)

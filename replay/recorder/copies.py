@@ -166,6 +166,18 @@ def _no_bytes(dtype: torch.dtype) -> torch.Tensor:
     return empty
 
 
+def _copy_on_device(t: torch.Tensor, geometry: Geometry) -> torch.Tensor:
+    """A copy of `t`'s storage span beside it on its device, 1-D: through the CUDA runtime where it
+    can (from `t`'s address: no view to make, no copy operator), else a clone."""
+    runtime = cuda_runtime.on_current_device(t.device) if t.is_cuda else None
+    if runtime is None:
+        return storage_span(t, geometry).clone()
+    copy = torch.empty(geometry.span, dtype=t.dtype, device=t.device)
+    runtime.copy_on_device(copy.data_ptr(), t.data_ptr(), geometry.span * t.element_size(),
+                           runtime.current_stream(t.device.index))
+    return copy
+
+
 def piece_batch(device: torch.device, pool: PinnedPool) -> PieceBatch:
     """A batch of tracked stores on `device`, its table and checksums in host memory the device
     reaches in place: the pool's pinned buffers on a GPU, plain tensors for Triton's interpreter."""
@@ -229,14 +241,13 @@ class Copier:
         follows its device and there is room, checksummed and kept on the device, to come over
         only if the recording never stored those bytes; else a host copy, as copy() takes."""
         geometry = geometry or geometry_of(t)
-        span = storage_span(t, geometry)
         pieces = None
         if tracker is not None:
-            pieces = tracker.observe_blob(span, self._batch(span.device), self._before_call)
+            pieces = tracker.observe_blob(t, self._batch(t.device), self._before_call, geometry)
         if tracker is None or pieces is None:
             return self.copy(t, landed=True, geometry=geometry)
         self._note_staged(tracker, pieces)  # before anything else may raise: the call's mark() counts it
-        return HostCopy(_no_bytes(span.dtype), geometry, pieces=pieces, landed=pieces.place.checksums, on_device=True)
+        return HostCopy(_no_bytes(t.dtype), geometry, pieces=pieces, landed=pieces.place.checksums, on_device=True)
 
     def copy_chunked(self, t: torch.Tensor, tracker: PieceTracker, stage: bool,
                      geometry: Geometry | None = None) -> HostCopy:
@@ -245,13 +256,12 @@ class Copier:
         and, with `stage`, copied there too, for a writer to bring over later (else the whole
         span comes to the host now, as copy() does)."""
         geometry = geometry or geometry_of(t)
-        span = storage_span(t, geometry)
-        pieces = tracker.observe(span, stage, self._batch(span.device), self._before_call)
+        pieces = tracker.observe(t, stage, self._batch(t.device), self._before_call, geometry)
         if pieces is not None and pieces.staged is not None:
             self._note_staged(tracker, pieces)
-            if span.device.type == "cuda":
-                self._devices.add(span.device)  # the call's event then covers the kernel and its flags
-            return HostCopy(_no_bytes(span.dtype), geometry, chunked=True, pieces=pieces, on_device=True)
+            if t.is_cuda:
+                self._devices.add(t.device)  # the call's event then covers the kernel and its flags
+            return HostCopy(_no_bytes(t.dtype), geometry, chunked=True, pieces=pieces, on_device=True)
         try:
             copy = self.copy(t, geometry=geometry)
         except BaseException:
@@ -264,9 +274,8 @@ class Copier:
     def hold_before(self, key: str, t: torch.Tensor, geometry: Geometry) -> bool:
         """Keep a copy of an output buffer's span on its device over its call, to tell after it
         which elements the call left unchanged (before()); False where the device has no room."""
-        span = storage_span(t, geometry)
         try:
-            self._before[key] = HeldBefore(span.clone(), geometry, span.data_ptr())
+            self._before[key] = HeldBefore(_copy_on_device(t, geometry), geometry, t.data_ptr())
         except torch.cuda.OutOfMemoryError:  # the program's memory comes first: its bytes are stored instead
             return False
         return True

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-_DEVICE_TO_HOST = 2  # cudaMemcpyDeviceToHost
+_DEVICE_TO_HOST, _DEVICE_TO_DEVICE = 2, 3  # cudaMemcpyKind
 _DISABLE_TIMING = 2  # cudaEventDisableTiming: an event only waited for records no time
 
 
@@ -56,6 +56,10 @@ class Runtime:
     def copy_to_host(self, host: int, device: int, nbytes: int, stream: int) -> None:
         """Queue a copy of `nbytes` at device address `device` into pinned host memory at `host`."""
         self.check(self.keeping.cudaMemcpyAsync(host, device, nbytes, _DEVICE_TO_HOST, stream), "cudaMemcpyAsync")
+
+    def copy_on_device(self, target: int, source: int, nbytes: int, stream: int) -> None:
+        """Queue a copy of `nbytes` from device address `source` to device address `target`."""
+        self.check(self.keeping.cudaMemcpyAsync(target, source, nbytes, _DEVICE_TO_DEVICE, stream), "cudaMemcpyAsync")
 
 
 class Event:

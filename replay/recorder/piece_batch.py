@@ -146,25 +146,26 @@ class PieceBatch:
         """Whether `place` is this batch's, not launched yet."""
         return place.checksums is self._pending
 
-    def add(self, raw: torch.Tensor, last: Place | None, staged: torch.Tensor | None, live: bool = True) -> Place:
-        """A store of `raw` (uint8, 1-D, trackable) compared with `last` (None: every piece new),
-        its changed pieces copied into `staged` where given. `live`: `raw` is the program's memory,
-        which its call may change (not a copy the recorder took aside)."""
+    def add(self, address: int, nbytes: int, owner: torch.Tensor, last: Place | None, staged: torch.Tensor | None,
+            live: bool = True) -> Place:
+        """A store of the `nbytes` at `address` (trackable; in `owner`'s storage, held until the
+        launch is issued) compared with `last` (None: every piece new), its changed pieces copied
+        into `staged` where given. `live`: the bytes are the program's memory, which its call may
+        change (not a copy the recorder took aside)."""
         kernel = sums_kernel()
         if last is not None and self.pending(last):
             self.launch()  # what it compares with must be summed first
-        nbytes = raw.numel()
         pieces = -(-nbytes // CHUNK_BYTES)
         if self._pending is None:
             self._pending = Checksums()
         place = Place(self._pending, self._pieces, pieces)
         row = [0] * kernel.COLUMNS
-        row[kernel.WORDS_AT], row[kernel.NWORDS], row[kernel.FIRST] = raw.data_ptr(), nbytes // 4, self._programs
+        row[kernel.WORDS_AT], row[kernel.NWORDS], row[kernel.FIRST] = address, nbytes // 4, self._programs
         row[kernel.SUMS] = row[kernel.HOST_SUMS] = self._pieces  # rows into the launch's tables, made addresses then
         row[kernel.LAST] = last.checksums.address(last.start) if last is not None else 0
         row[kernel.STAGED] = staged.data_ptr() if staged is not None else 0
         self._rows.append(row)
-        self._held += [raw, staged, last.checksums if last is not None else None]
+        self._held += [owner, staged, last.checksums if last is not None else None]
         self._pieces += pieces
         self._programs += kernel.programs_of(pieces)
         self._live = self._live or live

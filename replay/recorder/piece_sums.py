@@ -102,10 +102,10 @@ def _piece_sums_kernel(table, stores, weights_ptr, WORDS: tl.constexpr, BLOCK: t
             tl.store(staged_ptr + at, tl.load(words_ptr + at, mask=moved), mask=moved)
 
 
-def trackable(raw: torch.Tensor) -> bool:
-    """Whether a run of bytes (uint8, 1-D) can be checksummed: 16-byte aligned, a multiple of 16
-    bytes long (read as 32-bit words, four at a time)."""
-    return raw.numel() % 16 == 0 and raw.data_ptr() % 16 == 0 and raw.numel() > 0
+def trackable(address: int, nbytes: int) -> bool:
+    """Whether a run of bytes can be checksummed: 16-byte aligned, a multiple of 16 bytes long
+    (read as 32-bit words, four at a time)."""
+    return nbytes % 16 == 0 and address % 16 == 0 and nbytes > 0
 
 
 def programs_of(pieces: int) -> int:
