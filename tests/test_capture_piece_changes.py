@@ -16,6 +16,7 @@ import torch
 
 import replay
 from replay.recorder import chunk_changes, copies, piece_batch, piece_sums
+from replay.recorder.device_buffers import DeviceBuffers
 from replay.snapshot import Snapshot, hashing, writer
 
 PIECE = writer.CHUNK_BYTES
@@ -614,3 +615,25 @@ def test_stores_dropped_before_their_launch_fail_whoever_reads_them(monkeypatch:
     thread.start()
     thread.join(timeout=10)
     assert not thread.is_alive() and len(read) == 1 and "dropped" in str(read[0])
+
+
+def test_staging_buffers_are_reused_by_size_and_stream_and_kept_within_their_bound() -> None:
+    made: list[int] = []
+
+    def allocate(nbytes: int, device: torch.device) -> torch.Tensor:
+        made.append(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    buffers = DeviceBuffers(allocate, max_free_bytes=3 * PIECE)
+    cpu = torch.device("cpu")
+    first, give_first = buffers.take(PIECE, cpu)
+    second, give_second = buffers.take(PIECE, cpu)
+    assert first.data_ptr() != second.data_ptr() and made == [PIECE, PIECE]  # both held: two buffers
+    give_first()
+    again, give_again = buffers.take(PIECE, cpu)
+    assert again is first and made == [PIECE, PIECE]  # the one let go, taken again
+    larger, give_larger = buffers.take(2 * PIECE, cpu)
+    assert larger.numel() == 2 * PIECE and made[-1] == 2 * PIECE  # another size: a fresh one
+    give_again(), give_second(), give_larger()
+    assert buffers.free_bytes == 2 * PIECE  # the larger one passed the bound: back to torch
+    buffers.clear()
+    assert buffers.free_bytes == 0 and buffers.take(PIECE, cpu)[0] is not first

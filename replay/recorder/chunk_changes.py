@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from replay.recorder import cuda_runtime
+from replay.recorder.device_buffers import DeviceBuffers
 from replay.recorder.latch import Latch
 from replay.recorder.piece_batch import PieceBatch, Place, sums_kernel
 from replay.snapshot import hashing
@@ -148,11 +149,12 @@ class PieceHistory:
     chunk_list: str | None = None  # the digest of the list of `digests`, as stored
     _done: Latch = field(default_factory=Latch)
     _let_go: Callable[[int], None] = lambda nbytes: None  # gives the staged bytes back to the budget
+    _give_staged: Callable[[], None] = lambda: None  # gives the staged buffer back for reuse (DeviceBuffers)
     _key: bytes | None = None
 
     def __post_init__(self) -> None:
         # held by this store alone: one dropped unwritten (its call abandoned) gives its bytes back as it goes
-        self._hold = _Hold(self.staged.numel() if self.staged is not None else 0, self._let_go)
+        self._hold = _Hold(self.staged.numel() if self.staged is not None else 0, self._let_go, self._give_staged)
 
     @property
     def sums(self) -> np.ndarray:
@@ -317,17 +319,18 @@ class PieceHistory:
 
 
 class _Hold:
-    """Staged device bytes counted against the budget, given back once: when a writer is done with
-    their store, or when the store is dropped unwritten (its history, the one holder, goes: a
-    weakref.finalize a store cost the program's thread more)."""
-    __slots__ = ("_nbytes", "_give_back")
+    """Staged device bytes counted against the budget, and their buffer, given back once: when a
+    writer is done with their store, or when the store is dropped unwritten (its history, the one
+    holder, goes: a weakref.finalize a store cost the program's thread more)."""
+    __slots__ = ("_nbytes", "_give_back", "_give_buffer")
 
-    def __init__(self, nbytes: int, give_back: Callable[[int], None]):
-        self._nbytes, self._give_back = nbytes, give_back
+    def __init__(self, nbytes: int, give_back: Callable[[int], None], give_buffer: Callable[[], None]):
+        self._nbytes, self._give_back, self._give_buffer = nbytes, give_back, give_buffer
 
     def give_back(self) -> None:
         nbytes, self._nbytes = self._nbytes, 0
         if nbytes:
+            self._give_buffer()
             self._give_back(nbytes)
 
     __del__ = give_back
@@ -394,6 +397,8 @@ class PieceTracker:
         # re-entrant: a garbage collection inside it may finalize a history that gives staged bytes back
         self._lock = threading.RLock()
         self._room = threading.Condition(self._lock)
+        # staging buffers kept for reuse; a fresh one from staging_buffer (looked up at each use: tests replace it)
+        self._buffers = DeviceBuffers(lambda nbytes, device: staging_buffer(nbytes, device))
 
     def observe(self, t: torch.Tensor, stage: bool, batch: PieceBatch, clone: bool = False,
                 geometry: Geometry | None = None) -> PieceHistory | None:
@@ -446,10 +451,11 @@ class PieceTracker:
         nbytes = run.nbytes
         padded = -(-nbytes // CHUNK_BYTES) * CHUNK_BYTES  # whole pieces (the last one's tail stays unwritten)
         stage = stage and self._reserve(padded)
-        staged = None
+        staged: torch.Tensor | None = None
+        give_staged: Callable[[], None] = lambda: None
         if stage:
             try:
-                staged = staging_buffer(padded, device)
+                staged, give_staged = self._buffers.take(padded, device)
             except torch.cuda.OutOfMemoryError:  # no room to stage: the program's memory comes first
                 self._unreserve(padded)
         if staged_only and staged is None:
@@ -468,7 +474,7 @@ class PieceTracker:
                 self._unreserve(padded)
             raise
         return PieceHistory(last, place, last is not None, self.recorded, staged, nbytes, cloned,
-                            _let_go=self._let_go)
+                            _let_go=self._let_go, _give_staged=give_staged)
 
     def _reserve(self, padded: int) -> bool:
         """Room for `padded` staged bytes, counted as in the making: past the budget, wait for the
@@ -519,3 +525,4 @@ class PieceTracker:
         with self._lock:
             last, self._last = self._last, {}
         del last  # outside the lock, as in observe()
+        self._buffers.clear()

@@ -31,7 +31,6 @@ class Runtime:
         for name, arguments in (("cudaMemcpyAsync", [pointer, pointer, size, ctypes.c_int, pointer]),
                                 ("cudaEventCreateWithFlags", [ctypes.POINTER(pointer), ctypes.c_uint]),
                                 ("cudaEventRecord", [pointer, pointer]), ("cudaEventDestroy", [pointer]),
-                                ("cudaGetDevice", [ctypes.POINTER(ctypes.c_int)]),
                                 ("cudaGetLastError", [])):
             function = getattr(self.keeping, name)
             function.argtypes, function.restype = arguments, ctypes.c_int
@@ -40,26 +39,25 @@ class Runtime:
         self.keeping.cudaGetErrorString.argtypes = [ctypes.c_int]
         self.keeping.cudaGetErrorString.restype = ctypes.c_char_p
         self.current_stream = torch._C._cuda_getCurrentRawStream  # the stream's address, no Stream object
+        self.current_device = torch._C._cuda_getDevice  # read as torch reads it, in C with the lock kept
 
-    def check(self, code: int, what: str) -> None:
-        """A RuntimeError for a failed call, the thread's last error cleared (else torch's next check
-        of it would blame its own operator for this one)."""
-        if code:
-            self.keeping.cudaGetLastError()
-            raise RuntimeError(f"CUDA error: {self.keeping.cudaGetErrorString(code).decode()} ({what})")
-
-    def current_device(self) -> int:
-        index = ctypes.c_int()
-        self.check(self.keeping.cudaGetDevice(ctypes.byref(index)), "cudaGetDevice")
-        return index.value
+    def fail(self, code: int, what: str) -> None:
+        """A failed call's RuntimeError, the thread's last error cleared (else torch's next check of
+        it would blame its own operator for this one). Callers test the code first: a call a copy."""
+        self.keeping.cudaGetLastError()
+        raise RuntimeError(f"CUDA error: {self.keeping.cudaGetErrorString(code).decode()} ({what})")
 
     def copy_to_host(self, host: int, device: int, nbytes: int, stream: int) -> None:
         """Queue a copy of `nbytes` at device address `device` into pinned host memory at `host`."""
-        self.check(self.keeping.cudaMemcpyAsync(host, device, nbytes, _DEVICE_TO_HOST, stream), "cudaMemcpyAsync")
+        code = self.keeping.cudaMemcpyAsync(host, device, nbytes, _DEVICE_TO_HOST, stream)
+        if code:
+            self.fail(code, "cudaMemcpyAsync")
 
     def copy_on_device(self, target: int, source: int, nbytes: int, stream: int) -> None:
         """Queue a copy of `nbytes` from device address `source` to device address `target`."""
-        self.check(self.keeping.cudaMemcpyAsync(target, source, nbytes, _DEVICE_TO_DEVICE, stream), "cudaMemcpyAsync")
+        code = self.keeping.cudaMemcpyAsync(target, source, nbytes, _DEVICE_TO_DEVICE, stream)
+        if code:
+            self.fail(code, "cudaMemcpyAsync")
 
 
 class Event:
@@ -71,12 +69,17 @@ class Event:
     def __init__(self, runtime: Runtime, stream: int):
         self._runtime = runtime
         self._handle = ctypes.c_void_p()
-        runtime.check(runtime.keeping.cudaEventCreateWithFlags(ctypes.byref(self._handle), _DISABLE_TIMING),
-                      "cudaEventCreateWithFlags")
-        runtime.check(runtime.keeping.cudaEventRecord(self._handle, stream), "cudaEventRecord")
+        code = runtime.keeping.cudaEventCreateWithFlags(ctypes.byref(self._handle), _DISABLE_TIMING)
+        if code:
+            runtime.fail(code, "cudaEventCreateWithFlags")
+        code = runtime.keeping.cudaEventRecord(self._handle, stream)
+        if code:
+            runtime.fail(code, "cudaEventRecord")
 
     def synchronize(self) -> None:
-        self._runtime.check(self._runtime.waiting.cudaEventSynchronize(self._handle), "cudaEventSynchronize")
+        code = self._runtime.waiting.cudaEventSynchronize(self._handle)
+        if code:
+            self._runtime.fail(code, "cudaEventSynchronize")
 
     def __del__(self) -> None:
         if self._handle:  # made: let go (errors as the process ends, when the context is gone, ignored)

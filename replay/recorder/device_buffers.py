@@ -1,0 +1,78 @@
+"""Device memory a recording stages pieces in, kept for reuse once let go.
+
+A staged store takes a device buffer of its padded size at every call: through torch, an
+allocation, which lets go of the interpreter lock and waits to take it back beside the writers
+(docs/PERFORMANCE.md, "The mechanism, one operation at a time"). A program's steps store the same
+tensors again and again, so buffers are kept by exact size once let go and taken again by the
+next store of that size: a dictionary's list, no torch operator. Like torch's own allocator, a
+buffer is reused only on the stream it was taken on: the work queued on it (the checksums'
+launch writing the changed pieces) runs before any later use on that stream; the writers'
+reads on their own stream are waited for before a buffer is let go. At most `max_free_bytes`
+wait; the rest go back to torch, and all of them when the recording ends (clear()). Host
+memory (tracked stores in the interpreter, as tests run them) is kept the same way.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Callable
+
+import torch
+
+from replay.recorder import cuda_runtime
+
+MAX_FREE_BYTES = 1 << 30  # a Liger block's step stages ~0.4 GiB of activations: one step's and the next's
+
+
+class DeviceBuffers:
+    """Buffers of `allocate(nbytes, device)` kept by (device, stream, size) once given back."""
+
+    def __init__(self, allocate: Callable[[int, torch.device], torch.Tensor], max_free_bytes: int = MAX_FREE_BYTES):
+        self._allocate, self.max_free_bytes = allocate, max_free_bytes
+        self._free: dict[tuple[int | None, int, int], list[torch.Tensor]] = {}
+        self._free_bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int, device: torch.device) -> tuple[torch.Tensor, Callable[[], None]]:
+        """A buffer of `nbytes` on `device` (uint8, 1-D) for work on its current stream, and what
+        gives it back once that work and every read of it are done (or queued on that stream)."""
+        stream = _stream_now(device)
+        if stream is None:  # a device the runtime is not called for here: torch's allocator alone
+            return self._allocate(nbytes, device), _nothing
+        key = (device.index, stream, nbytes)
+        with self._lock:
+            free = self._free.get(key)
+            if free:
+                self._free_bytes -= nbytes
+                buffer = free.pop()
+                return buffer, functools.partial(self._give, key, buffer)
+        buffer = self._allocate(nbytes, device)
+        return buffer, functools.partial(self._give, key, buffer)
+
+    def _give(self, key: tuple[int | None, int, int], buffer: torch.Tensor) -> None:
+        with self._lock:
+            if self._free_bytes + key[2] <= self.max_free_bytes:  # else torch's allocator has it back
+                self._free.setdefault(key, []).append(buffer)
+                self._free_bytes += key[2]
+
+    def clear(self) -> None:
+        """Give every kept buffer back to torch."""
+        with self._lock:
+            self._free, self._free_bytes = {}, 0
+
+    @property
+    def free_bytes(self) -> int:
+        return self._free_bytes
+
+
+def _stream_now(device: torch.device) -> int | None:
+    """The stream work on `device` is queued on now (host memory, the interpreter's: 0, as each
+    launch there runs as it comes), or None where the runtime is not called for `device`."""
+    if device.type != "cuda":
+        return 0
+    runtime = cuda_runtime.on_current_device(device)
+    return runtime.current_stream(device.index) if runtime is not None else None
+
+
+def _nothing() -> None:
+    pass
