@@ -637,3 +637,23 @@ def test_staging_buffers_are_reused_by_size_and_stream_and_kept_within_their_bou
     assert buffers.free_bytes == 2 * PIECE  # the larger one passed the bound: back to torch
     buffers.clear()
     assert buffers.free_bytes == 0 and buffers.take(PIECE, cpu)[0] is not first
+
+
+def test_kept_staging_buffers_go_back_to_torch_when_an_allocation_finds_no_room() -> None:
+    room = {"full": False}
+
+    def allocate(nbytes: int, device: torch.device) -> torch.Tensor:
+        if room["full"]:
+            room["full"] = False  # what the kept buffers gave back makes room, once
+            raise torch.cuda.OutOfMemoryError("no room")
+        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    buffers = DeviceBuffers(allocate)
+    cpu = torch.device("cpu")
+    _, give = buffers.take(PIECE, cpu)
+    give()
+    room["full"] = True
+    buffer, _ = buffers.take(2 * PIECE, cpu)
+    assert buffer.numel() == 2 * PIECE and buffers.free_bytes == 0
+    room["full"] = True  # nothing kept: the program's memory comes first, the store is not staged
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        buffers.take(PIECE, cpu)

@@ -8,8 +8,9 @@ next store of that size: a dictionary's list, no torch operator. Like torch's ow
 buffer is reused only on the stream it was taken on: the work queued on it (the checksums'
 launch writing the changed pieces) runs before any later use on that stream; the writers'
 reads on their own stream are waited for before a buffer is let go. At most `max_free_bytes`
-wait; the rest go back to torch, and all of them when the recording ends (clear()). Host
-memory (tracked stores in the interpreter, as tests run them) is kept the same way.
+wait (device memory the recording holds beyond its staged stores, until it ends); the rest go
+back to torch, and all of them when the recording ends (clear()) or an allocation finds no
+room. Host memory (tracked stores in the interpreter, as tests run them) is kept the same way.
 """
 from __future__ import annotations
 
@@ -46,7 +47,13 @@ class DeviceBuffers:
                 self._free_bytes -= nbytes
                 buffer = free.pop()
                 return buffer, functools.partial(self._give, key, buffer)
-        buffer = self._allocate(nbytes, device)
+        try:
+            buffer = self._allocate(nbytes, device)
+        except torch.cuda.OutOfMemoryError:  # the kept ones back to torch first, which may fit this one
+            if not self._free_bytes:
+                raise
+            self.clear()
+            buffer = self._allocate(nbytes, device)
         return buffer, functools.partial(self._give, key, buffer)
 
     def _give(self, key: tuple[int | None, int, int], buffer: torch.Tensor) -> None:
