@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -657,3 +658,26 @@ def test_kept_staging_buffers_go_back_to_torch_when_an_allocation_finds_no_room(
     room["full"] = True  # nothing kept: the program's memory comes first, the store is not staged
     with pytest.raises(torch.cuda.OutOfMemoryError):
         buffers.take(PIECE, cpu)
+
+
+def test_a_staged_buffer_given_back_and_not_kept_is_freed_and_none_is_kept_once_the_recording_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", ("cpu",))
+    tracker = chunk_changes.PieceTracker()
+    batch = copies.piece_batch(torch.device("cpu"), copies.SHARED_POOL)
+    memory = torch.zeros(4 * PIECE, dtype=torch.uint8)
+    tracker._buffers.max_free_bytes = 0  # as if the kept ones were at their bound
+    history = tracker.observe(memory, True, batch)
+    batch.flush()
+    assert history is not None and history.staged is not None
+    staged = weakref.ref(history.staged)
+    history.hashed(None)  # the writer is done with it; the history stays, the memory's last store
+    gc.collect()
+    assert staged() is None and tracker.staged_bytes == 0  # not held by what gave it back
+    tracker._buffers.max_free_bytes = 1 << 30
+    later = tracker.observe(memory, True, batch)
+    batch.flush()
+    tracker.forget()  # the recording ends while a writer still has this store
+    assert later is not None
+    later.hashed(None)
+    assert tracker._buffers.free_bytes == 0  # given back after the end: to torch, not kept

@@ -38,14 +38,14 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
 
 from replay.recorder import cuda_runtime
-from replay.recorder.device_buffers import DeviceBuffers
+from replay.recorder.device_buffers import DeviceBuffers, nothing
 from replay.recorder.latch import Latch
 from replay.recorder.piece_batch import PieceBatch, Place, sums_kernel
 from replay.snapshot import hashing
@@ -149,12 +149,13 @@ class PieceHistory:
     chunk_list: str | None = None  # the digest of the list of `digests`, as stored
     _done: Latch = field(default_factory=Latch)
     _let_go: Callable[[int], None] = lambda nbytes: None  # gives the staged bytes back to the budget
-    _give_staged: Callable[[], None] = lambda: None  # gives the staged buffer back for reuse (DeviceBuffers)
+    # gives the staged buffer back for reuse (DeviceBuffers): held by the _Hold alone, which lets go of it
+    give_staged: InitVar[Callable[[], None]] = nothing
     _key: bytes | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, give_staged: Callable[[], None]) -> None:
         # held by this store alone: one dropped unwritten (its call abandoned) gives its bytes back as it goes
-        self._hold = _Hold(self.staged.numel() if self.staged is not None else 0, self._let_go, self._give_staged)
+        self._hold = _Hold(self.staged.numel() if self.staged is not None else 0, self._let_go, give_staged)
 
     @property
     def sums(self) -> np.ndarray:
@@ -329,8 +330,9 @@ class _Hold:
 
     def give_back(self) -> None:
         nbytes, self._nbytes = self._nbytes, 0
+        give_buffer, self._give_buffer = self._give_buffer, nothing  # it holds the buffer: let go of it
         if nbytes:
-            self._give_buffer()
+            give_buffer()
             self._give_back(nbytes)
 
     __del__ = give_back
@@ -452,7 +454,7 @@ class PieceTracker:
         padded = -(-nbytes // CHUNK_BYTES) * CHUNK_BYTES  # whole pieces (the last one's tail stays unwritten)
         stage = stage and self._reserve(padded)
         staged: torch.Tensor | None = None
-        give_staged: Callable[[], None] = lambda: None
+        give_staged: Callable[[], None] = nothing
         if stage:
             try:
                 staged, give_staged = self._buffers.take(padded, device)
@@ -474,7 +476,7 @@ class PieceTracker:
                 self._unreserve(padded)
             raise
         return PieceHistory(last, place, last is not None, self.recorded, staged, nbytes, cloned,
-                            _let_go=self._let_go, _give_staged=give_staged)
+                            _let_go=self._let_go, give_staged=give_staged)
 
     def _reserve(self, padded: int) -> bool:
         """Room for `padded` staged bytes, counted as in the making: past the budget, wait for the
@@ -525,4 +527,4 @@ class PieceTracker:
         with self._lock:
             last, self._last = self._last, {}
         del last  # outside the lock, as in observe()
-        self._buffers.clear()
+        self._buffers.close()

@@ -5,9 +5,9 @@ reusable pool, on the stream the call runs on (inputs before the call, outputs a
 event marks the end, which the writers wait for before they read the copy. Both are queued through
 the CUDA runtime itself where it can be (cuda_runtime.py), from the tensor's address: no torch
 operator, which would wait for the interpreter lock beside the writers; the host tensor over the
-buffer is made when a writer first reads it. A large
-GPU tensor stored in pieces or as a blob may instead wait on the device, checksummed, for a writer
-to bring over what the recording has not stored yet (chunk_changes.py).
+buffer is made when a writer first reads it. A large GPU tensor stored in pieces or as a blob may
+instead wait on the device, checksummed, for a writer to bring over what the recording has not
+stored yet (chunk_changes.py).
 """
 from __future__ import annotations
 
@@ -233,7 +233,13 @@ class Copier:
         stream = runtime.current_stream(device.index)
         runtime.copy_to_host(buffer.data_ptr(), address, nbytes, stream)
         self._devices.add(device)
-        return HostCopy(None, geometry, buffer, landed=cuda_runtime.Event(runtime, stream) if landed else None)
+        try:
+            event = cuda_runtime.Event(runtime, stream) if landed else None
+        except RuntimeError:  # the buffer goes back to torch now: no copy may still be writing into it
+            with contextlib.suppress(RuntimeError):
+                runtime.synchronize(stream)
+            raise
+        return HostCopy(None, geometry, buffer, landed=event)
 
     def copy_blob(self, t: torch.Tensor, tracker: PieceTracker | None, geometry: Geometry | None = None) -> HostCopy:
         """A copy of a read-only tensor to be stored as a blob, carrying an event of its own (other

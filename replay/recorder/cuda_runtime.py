@@ -34,8 +34,9 @@ class Runtime:
                                 ("cudaGetLastError", [])):
             function = getattr(self.keeping, name)
             function.argtypes, function.restype = arguments, ctypes.c_int
-        self.waiting.cudaEventSynchronize.argtypes = [pointer]
-        self.waiting.cudaEventSynchronize.restype = ctypes.c_int
+        for name in ("cudaEventSynchronize", "cudaStreamSynchronize"):
+            function = getattr(self.waiting, name)
+            function.argtypes, function.restype = [pointer], ctypes.c_int
         self.keeping.cudaGetErrorString.argtypes = [ctypes.c_int]
         self.keeping.cudaGetErrorString.restype = ctypes.c_char_p
         self.current_stream = torch._C._cuda_getCurrentRawStream  # the stream's address, no Stream object
@@ -49,15 +50,24 @@ class Runtime:
 
     def copy_to_host(self, host: int, device: int, nbytes: int, stream: int) -> None:
         """Queue a copy of `nbytes` at device address `device` into pinned host memory at `host`."""
-        code = self.keeping.cudaMemcpyAsync(host, device, nbytes, _DEVICE_TO_HOST, stream)
-        if code:
-            self.fail(code, "cudaMemcpyAsync")
+        self._copy(host, device, nbytes, _DEVICE_TO_HOST, stream)
 
     def copy_on_device(self, target: int, source: int, nbytes: int, stream: int) -> None:
         """Queue a copy of `nbytes` from device address `source` to device address `target`."""
-        code = self.keeping.cudaMemcpyAsync(target, source, nbytes, _DEVICE_TO_DEVICE, stream)
+        self._copy(target, source, nbytes, _DEVICE_TO_DEVICE, stream)
+
+    def _copy(self, target: int, source: int, nbytes: int, kind: int, stream: int) -> None:
+        if not nbytes:  # an empty tensor's address may be none at all: nothing to queue, as torch does
+            return
+        code = self.keeping.cudaMemcpyAsync(target, source, nbytes, kind, stream)
         if code:
             self.fail(code, "cudaMemcpyAsync")
+
+    def synchronize(self, stream: int) -> None:
+        """Wait, the lock let go, until the work queued on `stream` has run."""
+        code = self.waiting.cudaStreamSynchronize(stream)
+        if code:
+            self.fail(code, "cudaStreamSynchronize")
 
 
 class Event:
@@ -95,7 +105,10 @@ def loaded() -> Runtime | None:
         maps = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
         return None
-    path = next((line.split()[-1] for line in maps if "/libcudart.so" in line), None)
+    mapped = [line.split()[-1] for line in maps if "/libcudart.so" in line]
+    # torch's own first (another package may map a runtime of another version)
+    ours = f"/libcudart.so.{(torch.version.cuda or '').split('.')[0]}"
+    path = next((p for p in mapped if ours in p), mapped[0] if mapped else None)
     return Runtime(path) if path is not None else None
 
 

@@ -9,8 +9,8 @@ buffer is reused only on the stream it was taken on: the work queued on it (the 
 launch writing the changed pieces) runs before any later use on that stream; the writers'
 reads on their own stream are waited for before a buffer is let go. At most `max_free_bytes`
 wait (device memory the recording holds beyond its staged stores, until it ends); the rest go
-back to torch, and all of them when the recording ends (clear()) or an allocation finds no
-room. Host memory (tracked stores in the interpreter, as tests run them) is kept the same way.
+back to torch, and all of them when the recording ends (close()) or an allocation of the
+recorder's finds no room. Host memory (tracked stores in the interpreter, as tests run them) is kept the same way.
 """
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ import torch
 
 from replay.recorder import cuda_runtime
 
-MAX_FREE_BYTES = 1 << 30  # a Liger block's step stages ~0.4 GiB of activations: one step's and the next's
+# a Liger block's step stages ~0.35 GiB of activations; kept buffers are live tensors, which torch
+# cannot take back when the program itself runs out of memory: no more than a step's
+MAX_FREE_BYTES = 512 << 20
 
 
 class DeviceBuffers:
@@ -32,14 +34,16 @@ class DeviceBuffers:
         self._allocate, self.max_free_bytes = allocate, max_free_bytes
         self._free: dict[tuple[int | None, int, int], list[torch.Tensor]] = {}
         self._free_bytes = 0
-        self._lock = threading.Lock()
+        self._closed = False  # the recording ended: buffers its writers give back go to torch
+        # re-entrant: a collection inside it may finalize a store whose buffer comes back here
+        self._lock = threading.RLock()
 
     def take(self, nbytes: int, device: torch.device) -> tuple[torch.Tensor, Callable[[], None]]:
         """A buffer of `nbytes` on `device` (uint8, 1-D) for work on its current stream, and what
         gives it back once that work and every read of it are done (or queued on that stream)."""
         stream = _stream_now(device)
         if stream is None:  # a device the runtime is not called for here: torch's allocator alone
-            return self._allocate(nbytes, device), _nothing
+            return self._allocate(nbytes, device), nothing
         key = (device.index, stream, nbytes)
         with self._lock:
             free = self._free.get(key)
@@ -58,14 +62,23 @@ class DeviceBuffers:
 
     def _give(self, key: tuple[int | None, int, int], buffer: torch.Tensor) -> None:
         with self._lock:
-            if self._free_bytes + key[2] <= self.max_free_bytes:  # else torch's allocator has it back
-                self._free.setdefault(key, []).append(buffer)
+            if not self._closed and self._free_bytes + key[2] <= self.max_free_bytes:  # else torch has it back
+                free = self._free.get(key)
+                if free is None:
+                    free = self._free[key] = []
+                free.append(buffer)
                 self._free_bytes += key[2]
 
     def clear(self) -> None:
         """Give every kept buffer back to torch."""
         with self._lock:
             self._free, self._free_bytes = {}, 0
+
+    def close(self) -> None:
+        """The recording ended: every buffer goes back to torch, those given back later too."""
+        with self._lock:
+            self._closed = True
+        self.clear()
 
     @property
     def free_bytes(self) -> int:
@@ -81,5 +94,5 @@ def _stream_now(device: torch.device) -> int | None:
     return runtime.current_stream(device.index) if runtime is not None else None
 
 
-def _nothing() -> None:
-    pass
+def nothing() -> None:
+    """What gives back a buffer that is not kept: nothing."""
