@@ -3,12 +3,15 @@ the bytes a torch copy would give, errors as RuntimeErrors that leave torch's ow
 the host tensor over a pooled buffer made only when a writer reads it."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from replay.recorder import cuda_runtime, cuda_streams
+from replay.recorder import chunk_changes, cuda_runtime, cuda_streams
 from replay.recorder.copies import Copier, HostCopy, PinnedPool
 from replay.snapshot.tensors import geometry_of, storage_span
+from test_capture_piece_changes import contents, record_activations, record_decode
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -31,15 +34,23 @@ def test_without_a_cuda_runtime_in_the_process_none_is_offered() -> None:
         assert cuda_runtime.loaded() is None and cuda_runtime.on_current_device(torch.device("cuda", 0)) is None
 
 
-@pytest.mark.gpu
-def test_copies_through_the_runtime_match_torchs_for_views_and_every_dtype() -> None:
-    runtime = cuda_runtime.on_current_device(torch.device("cuda", torch.cuda.current_device()))
-    assert runtime is not None
+@pytest.fixture
+def through_the_runtime(device: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`device`, its tensors' copies and events going through the runtime's path: the CUDA
+    runtime's on a GPU, its host twin (the same path, work done at once) on the CPU."""
+    if device == "cpu":
+        monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))
+    return device
+
+
+def test_copies_through_the_runtime_match_torchs_for_views_and_every_dtype(through_the_runtime: str) -> None:
+    device = through_the_runtime
+    assert cuda_runtime.on_current_device(torch.empty(0, device=device).device) is not None
     copier = Copier(PinnedPool())
-    base = torch.randn(64, 96, device="cuda")
+    base = torch.randn(64, 96, device=device)
     tensors = [base, base[3:, 5:70:3], base.t(), base.to(torch.bfloat16)[::2], (base > 0)[:, 7],
-               torch.randint(-9, 9, (33,), device="cuda", dtype=torch.int64), base[:0]]
-    expected = [storage_span(t).cpu() for t in tensors]  # torch's copy, made first and waited for
+               torch.randint(-9, 9, (33,), device=device, dtype=torch.int64), base[:0]]
+    expected = [storage_span(t).cpu().clone() for t in tensors]  # torch's copy, made first and waited for
     copies = [copier.copy(t, landed=n % 2 == 0) for n, t in enumerate(tensors)]
     assert all(c.made is None and c.buffer is not None for c in copies)  # queued, nothing made on this thread
     base.fill_(0)  # after the copies on the stream: they hold what was there before
@@ -48,6 +59,18 @@ def test_copies_through_the_runtime_match_torchs_for_views_and_every_dtype() -> 
     copier.mark()()
     for want, copy in zip(expected, copies):
         assert copy.span.dtype == want.dtype and torch.equal(copy.span, want)
+
+
+@pytest.mark.interpreter
+def test_a_recording_through_the_host_twin_holds_what_torchs_path_holds(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", ("cpu",))  # tracked stores and blobs staged, as on a GPU
+    for path in ("torch", "runtime"):  # a cache written a row a call (chunks); read-only inputs (blobs)
+        monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",) if path == "runtime" else ())
+        record_decode(tmp_path / path / "decode", "cpu")
+        record_activations(tmp_path / path / "activations", "cpu", blob_threshold=1)
+    for kind in ("decode", "activations"):
+        assert contents(tmp_path / "runtime" / kind) == contents(tmp_path / "torch" / kind)
 
 
 @pytest.mark.gpu

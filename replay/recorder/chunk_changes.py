@@ -349,7 +349,7 @@ class _Run:
 
     def copy_into(self, target: torch.Tensor) -> None:
         """Copy the run into the start of `target` (uint8, on its device), on the current stream."""
-        runtime = cuda_runtime.on_current_device(target.device) if target.is_cuda else None
+        runtime = cuda_runtime.on_current_device(target.device)
         if runtime is not None:
             stream = runtime.current_stream(target.device.index)
             runtime.copy_on_device(target.data_ptr(), self.address, self.nbytes, stream)

@@ -45,7 +45,7 @@ class PinnedPool:
             if free:
                 self._free_bytes -= size
                 return free.pop()
-        return torch.empty(size, dtype=torch.uint8, pin_memory=True)
+        return torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())  # where a GPU copies in
 
     def give(self, buffer: torch.Tensor) -> None:
         with self._lock:
@@ -169,7 +169,7 @@ def _no_bytes(dtype: torch.dtype) -> torch.Tensor:
 def _copy_on_device(t: torch.Tensor, geometry: Geometry) -> torch.Tensor:
     """A copy of `t`'s storage span beside it on its device, 1-D: through the CUDA runtime where it
     can (from `t`'s address: no view to make, no copy operator), else a clone."""
-    runtime = cuda_runtime.on_current_device(t.device) if t.is_cuda else None
+    runtime = cuda_runtime.on_current_device(t.device)
     if runtime is None:
         return storage_span(t, geometry).clone()
     copy = torch.empty(geometry.span, dtype=t.dtype, device=t.device)
@@ -205,19 +205,18 @@ class Copier:
         with `landed`, one that carries an event of its own (a blob: other calls, on other
         streams, may be written before the one that took it)."""
         geometry = geometry or geometry_of(t)
-        if t.is_cuda:
-            runtime = cuda_runtime.on_current_device(t.device)
-            if runtime is not None:  # its span starts at its first element: no view to make
-                return self._copy_through(runtime, t.data_ptr(), t.device, geometry, landed)
+        runtime = cuda_runtime.on_current_device(t.device)
+        if runtime is not None:  # its span starts at its first element: no view to make
+            return self._copy_through(runtime, t.data_ptr(), t.device, geometry, landed)
         return self.copy_span(storage_span(t, geometry), geometry, landed)
 
     def copy_span(self, span: torch.Tensor, geometry: Geometry, landed: bool = False) -> HostCopy:
         """A host copy of a storage span taken already (copy() says the rest)."""
-        if span.device.type != "cuda":
-            return HostCopy(span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone(), geometry)
         runtime = cuda_runtime.on_current_device(span.device)
         if runtime is not None:
             return self._copy_through(runtime, span.data_ptr(), span.device, geometry, landed)
+        if span.device.type != "cuda":
+            return HostCopy(span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone(), geometry)
         nbytes = span.numel() * span.element_size()
         buffer = self.pool.take(nbytes)
         host = buffer[:nbytes].view(span.dtype)
@@ -225,8 +224,8 @@ class Copier:
         self._devices.add(span.device)
         return HostCopy(host, geometry, buffer, landed=cuda_streams.event_now(span.device) if landed else None)
 
-    def _copy_through(self, runtime: cuda_runtime.Runtime, address: int, device: torch.device, geometry: Geometry,
-                      landed: bool) -> HostCopy:
+    def _copy_through(self, runtime: cuda_runtime.Runtime | cuda_runtime.HostRuntime, address: int,
+                      device: torch.device, geometry: Geometry, landed: bool) -> HostCopy:
         """copy_span()'s copy queued through the CUDA runtime from the span's device address."""
         nbytes = geometry.span * DTYPES[geometry.dtype].itemsize
         buffer = self.pool.take(nbytes)
@@ -234,7 +233,7 @@ class Copier:
         runtime.copy_to_host(buffer.data_ptr(), address, nbytes, stream)
         self._devices.add(device)
         try:
-            event = cuda_runtime.Event(runtime, stream) if landed else None
+            event = runtime.event(stream) if landed else None
         except RuntimeError:  # the buffer goes back to torch now: no copy may still be writing into it
             with contextlib.suppress(RuntimeError):
                 runtime.synchronize(stream)

@@ -8,7 +8,8 @@ recorded) is called here through `ctypes.PyDLL`, which keeps the lock: ~5 us eit
 for an event goes through `ctypes.CDLL`, which lets the lock go, as a wait should.
 
 `loaded()` is None where this cannot be done as torch does it (no CUDA runtime mapped into the
-process, as on a CPU-only torch); the callers then use torch's operators.
+process, as on a CPU-only torch); the callers then use torch's operators. Tests add "cpu" to
+HOST_TWINS to run the same path on host tensors, its work done at once (HostRuntime).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 _DEVICE_TO_HOST, _DEVICE_TO_DEVICE = 2, 3  # cudaMemcpyKind
+HOST_TWINS: tuple[str, ...] = ()  # device types served by HostRuntime (tests add "cpu")
 _DISABLE_TIMING = 2  # cudaEventDisableTiming: an event only waited for records no time
 
 
@@ -69,6 +71,10 @@ class Runtime:
         if code:
             self.fail(code, "cudaStreamSynchronize")
 
+    def event(self, stream: int) -> Event:
+        """An event recorded on `stream` now."""
+        return Event(self, stream)
+
 
 class Event:
     """An event recorded on a stream of the device current when it is made; synchronize() waits
@@ -96,6 +102,41 @@ class Event:
             self._runtime.keeping.cudaEventDestroy(self._handle)
 
 
+class HostRuntime:
+    """The runtime's calls done at once on host memory (the interpreter's tensors): the recorder's
+    runtime path run on the host, for tests (HOST_TWINS), as chunk_changes.DEVICES runs the
+    checksums there."""
+
+    @staticmethod
+    def current_stream(index: int | None) -> int:
+        return 0
+
+    @staticmethod
+    def copy_to_host(target: int, source: int, nbytes: int, stream: int) -> None:
+        if nbytes:
+            ctypes.memmove(target, source, nbytes)
+
+    copy_on_device = copy_to_host
+
+    @staticmethod
+    def synchronize(stream: int) -> None:
+        pass
+
+    @staticmethod
+    def event(stream: int) -> _Done:
+        return _DONE
+
+
+class _Done:
+    """An event whose work is done (the host's): nothing to wait for."""
+
+    def synchronize(self) -> None:
+        pass
+
+
+_HOST, _DONE = HostRuntime(), _Done()
+
+
 @functools.cache
 def loaded() -> Runtime | None:
     """The runtime torch mapped into this process, or None where there is none to call."""
@@ -112,9 +153,11 @@ def loaded() -> Runtime | None:
     return Runtime(path) if path is not None else None
 
 
-def on_current_device(device: torch.device) -> Runtime | None:
+def on_current_device(device: torch.device) -> Runtime | HostRuntime | None:
     """The runtime, where work for `device` may be issued through it now: events are made on the
     thread's current device, so a tensor on another device goes through torch instead."""
+    if device.type in HOST_TWINS:
+        return _HOST
     runtime = loaded()
     if runtime is None or device.index is None or runtime.current_device() != device.index:
         return None

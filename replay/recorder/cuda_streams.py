@@ -41,7 +41,7 @@ def event_now(device: torch.device) -> Landing:
     """An event recorded on `device`'s current stream: it passes once the work issued there so far has run."""
     runtime = cuda_runtime.on_current_device(device)
     if runtime is not None:
-        return cuda_runtime.Event(runtime, runtime.current_stream(device.index))
+        return runtime.event(runtime.current_stream(device.index))
     event = torch.cuda.Event()
     event.record(current(device))
     return event

@@ -114,8 +114,8 @@ class GraphRecording:
         staging.mark_written(spec, arguments)  # before the outputs are staged: a later reader finds them
         _note_weights_written(spec, capture, arguments)
         try:
-            returned_json = staging.outputs(spec, arguments, result, sink,
-                                            footprint.noting(lambda tensor: staged.append(capture.stage(spec.op, tensor))))
+            stage = footprint.noting(lambda tensor: staged.append(capture.stage(spec.op, tensor)))
+            returned_json = staging.outputs(spec, arguments, result, sink, stage)
         except CaptureError as exc:
             self.report(str(exc), stop=False)
             return result
