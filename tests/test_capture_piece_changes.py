@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import replay
-from replay.recorder import chunk_changes, copies, piece_batch, piece_sums
+from replay.recorder import chunk_changes, copies, cuda_runtime, piece_batch, piece_sums
 from replay.recorder.device_buffers import DeviceBuffers
 from replay.snapshot import Snapshot, hashing, writer
 
@@ -618,7 +618,9 @@ def test_stores_dropped_before_their_launch_fail_whoever_reads_them(monkeypatch:
     assert not thread.is_alive() and len(read) == 1 and "dropped" in str(read[0])
 
 
-def test_staging_buffers_are_reused_by_size_and_stream_and_kept_within_their_bound() -> None:
+def test_staging_buffers_are_reused_by_size_and_stream_and_kept_within_their_bound(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))  # host memory kept as a GPU's is
     made: list[int] = []
 
     def allocate(nbytes: int, device: torch.device) -> torch.Tensor:
@@ -640,7 +642,9 @@ def test_staging_buffers_are_reused_by_size_and_stream_and_kept_within_their_bou
     assert buffers.free_bytes == 0 and buffers.take(PIECE, cpu)[0] is not first
 
 
-def test_kept_staging_buffers_go_back_to_torch_when_an_allocation_finds_no_room() -> None:
+def test_kept_staging_buffers_go_back_to_torch_when_an_allocation_finds_no_room(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))
     room = {"full": False}
 
     def allocate(nbytes: int, device: torch.device) -> torch.Tensor:
@@ -663,6 +667,7 @@ def test_kept_staging_buffers_go_back_to_torch_when_an_allocation_finds_no_room(
 def test_a_staged_buffer_given_back_and_not_kept_is_freed_and_none_is_kept_once_the_recording_ends(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chunk_changes, "DEVICES", ("cpu",))
+    monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))
     tracker = chunk_changes.PieceTracker()
     batch = copies.piece_batch(torch.device("cpu"), copies.SHARED_POOL)
     memory = torch.zeros(4 * PIECE, dtype=torch.uint8)

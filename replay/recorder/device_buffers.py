@@ -10,7 +10,8 @@ launch writing the changed pieces) runs before any later use on that stream; the
 reads on their own stream are waited for before a buffer is let go. At most `max_free_bytes`
 wait (device memory the recording holds beyond its staged stores, until it ends); the rest go
 back to torch, and all of them when the recording ends (close()) or an allocation of the
-recorder's finds no room. Host memory (tracked stores in the interpreter, as tests run them) is kept the same way.
+recorder's finds no room. Where the runtime is not called for a device (another device than the
+current one), torch's allocator alone serves; the runtime's host twin (tests) is kept alike.
 """
 from __future__ import annotations
 
@@ -41,10 +42,10 @@ class DeviceBuffers:
     def take(self, nbytes: int, device: torch.device) -> tuple[torch.Tensor, Callable[[], None]]:
         """A buffer of `nbytes` on `device` (uint8, 1-D) for work on its current stream, and what
         gives it back once that work and every read of it are done (or queued on that stream)."""
-        stream = _stream_now(device)
-        if stream is None:  # a device the runtime is not called for here: torch's allocator alone
+        runtime = cuda_runtime.on_current_device(device)
+        if runtime is None:  # a device the runtime is not called for here: torch's allocator alone
             return self._allocate(nbytes, device), nothing
-        key = (device.index, stream, nbytes)
+        key = (device.index, runtime.current_stream(device.index), nbytes)
         with self._lock:
             free = self._free.get(key)
             if free:
@@ -83,15 +84,6 @@ class DeviceBuffers:
     @property
     def free_bytes(self) -> int:
         return self._free_bytes
-
-
-def _stream_now(device: torch.device) -> int | None:
-    """The stream work on `device` is queued on now (host memory, the interpreter's: 0, as each
-    launch there runs as it comes), or None where the runtime is not called for `device`."""
-    if device.type != "cuda":
-        return 0
-    runtime = cuda_runtime.on_current_device(device)
-    return runtime.current_stream(device.index) if runtime is not None else None
 
 
 def nothing() -> None:
