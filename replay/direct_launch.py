@@ -8,6 +8,8 @@ each device, which compiles it; later launches call the compiled kernel's launch
 Triton's launch path ends by doing. Where this Triton launches otherwise (read once from its
 source), or the tensors are in host memory (the interpreter), every launch goes through Triton.
 The direct path passes no launch hooks: the tool's own kernels are never calls of the program.
+Where the driver can say the compiled kernel's parameters, it is called itself, the interpreter
+lock kept (driver_launch.py): the compiled launcher lets the lock go around the launch.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any
 import torch
 import triton
 
+from replay import driver_launch
 from replay.context import recorder_kernel
 
 
@@ -61,6 +64,8 @@ class DirectLauncher:
         self._constant_values = tuple(constants.values())  # after the runtime arguments, as the parameters go
         # per device (a kernel is loaded on one) and integer widths (_widths); None: Triton's launch always
         self.compiled: dict[tuple[int, tuple[bool, ...]], Any] = {}
+        # the same, launched through the driver with the interpreter lock kept; None: through the compiled launcher
+        self.through_driver: dict[tuple[int, tuple[bool, ...]], driver_launch.KernelLaunch | None] = {}
 
     def in_triton(self, grid: tuple[int, ...], *arguments: Any) -> Any:
         """Triton's own launch (the interpreter's included); the compiled kernel, where it gives one."""
@@ -89,11 +94,19 @@ class DirectLauncher:
             compiled = self.in_triton(grid, *arguments)
             usable = FITS and hasattr(compiled, "run") and hasattr(compiled, "packed_metadata")
             self.compiled[variant] = compiled if usable else None
+            self.through_driver[variant] = driver_launch.prepare(compiled, arguments) if usable else None
             return
         if compiled is None:
             self.in_triton(grid, *arguments)
             return
         stream = triton.runtime.driver.active.get_current_stream(index)
+        launch = self.through_driver.get(variant)
+        if launch is not None:
+            try:
+                launch(grid, stream, arguments)
+                return
+            except driver_launch.Refused:  # not launched: the compiled launcher from now on, which says why
+                self.through_driver[variant] = None
         try:
             compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
                          *arguments, *self._constant_values)

@@ -370,7 +370,8 @@ def _run(t: torch.Tensor, geometry: Geometry | None) -> _Run | None:
 
 
 def staging_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
-    """Device memory for the changed pieces of a store of `nbytes` (whole pieces), as bytes."""
+    """Device memory the recording stages in (the changed pieces of a store, whole pieces; the
+    checksums later stores compare with; output buffers held over their call), as bytes."""
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
@@ -399,8 +400,9 @@ class PieceTracker:
         # re-entrant: a garbage collection inside it may finalize a history that gives staged bytes back
         self._lock = threading.RLock()
         self._room = threading.Condition(self._lock)
-        # staging buffers kept for reuse; a fresh one from staging_buffer (looked up at each use: tests replace it)
-        self._buffers = DeviceBuffers(lambda nbytes, device: staging_buffer(nbytes, device))
+        # device buffers kept for reuse (staged pieces, the recorder's scratch); a fresh one from
+        # staging_buffer (looked up at each use: tests replace it)
+        self.buffers = DeviceBuffers(lambda nbytes, device: staging_buffer(nbytes, device))
 
     def observe(self, t: torch.Tensor, stage: bool, batch: PieceBatch, clone: bool = False,
                 geometry: Geometry | None = None) -> PieceHistory | None:
@@ -457,7 +459,7 @@ class PieceTracker:
         give_staged: Callable[[], None] = nothing
         if stage:
             try:
-                staged, give_staged = self._buffers.take(padded, device)
+                staged, give_staged = self.buffers.take(padded, device)
             except torch.cuda.OutOfMemoryError:  # no room to stage: the program's memory comes first
                 self._unreserve(padded)
         if staged_only and staged is None:
@@ -527,4 +529,4 @@ class PieceTracker:
         with self._lock:
             last, self._last = self._last, {}
         del last  # outside the lock, as in observe()
-        self._buffers.close()
+        self.buffers.close()

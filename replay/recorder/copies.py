@@ -19,9 +19,12 @@ from typing import Callable
 import torch
 
 from replay.recorder import cuda_runtime, cuda_streams
+from replay.recorder import unchanged_bits
 from replay.recorder.chunk_changes import PieceHistory, PieceTracker
+from replay.recorder.device_buffers import UNKEPT, DeviceBuffers, nothing
+from replay.recorder.kept import Kept
 from replay.recorder.piece_batch import PieceBatch
-from replay.snapshot import SnapshotWriter
+from replay.snapshot import SnapshotWriter, unwritten
 from replay.snapshot.tensors import DTYPES, Geometry, geometry_of, storage_span
 
 _MIN_BUFFER = 4096
@@ -30,28 +33,23 @@ _MIN_BUFFER = 4096
 class PinnedPool:
     """Page-locked host buffers by power-of-two size, reused once the writer is done with them
     (allocating pinned memory costs far more than a copy into it); up to `max_free_bytes` wait
-    for reuse, from one recording to the next."""
+    for reuse, from one recording to the next, those let go last (kept.py)."""
 
     def __init__(self, max_free_bytes: int = 1 << 30) -> None:
-        self.max_free_bytes = max_free_bytes
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._free_bytes = 0
+        self._kept: Kept[int] = Kept(max_free_bytes)
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> torch.Tensor:
         size = max(_MIN_BUFFER, 1 << (max(nbytes, 1) - 1).bit_length())
         with self._lock:
-            free = self._free.get(size)
-            if free:
-                self._free_bytes -= size
-                return free.pop()
+            buffer = self._kept.take(size)
+        if buffer is not None:
+            return buffer
         return torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())  # where a GPU copies in
 
     def give(self, buffer: torch.Tensor) -> None:
         with self._lock:
-            if self._free_bytes + buffer.numel() <= self.max_free_bytes:  # else it is freed
-                self._free.setdefault(buffer.numel(), []).append(buffer)
-                self._free_bytes += buffer.numel()
+            self._kept.give(buffer.numel(), buffer, buffer.numel())
 
 
 SHARED_POOL = PinnedPool()
@@ -91,9 +89,10 @@ class HostCopy:
 @dataclass
 class HeldBefore:
     """An output buffer's span as it was before its call, copied on its device."""
-    span: torch.Tensor
+    span: torch.Tensor  # of the buffer's dtype, or its bytes (uint8: a kept buffer the runtime copied into)
     geometry: Geometry
     address: int  # where the span was: a call that moved the buffer (resized it) wrote it elsewhere
+    give: Callable[[], None] = nothing  # gives a kept buffer back, once every read of it is queued
 
 
 class BlobRef:
@@ -166,24 +165,15 @@ def _no_bytes(dtype: torch.dtype) -> torch.Tensor:
     return empty
 
 
-def _copy_on_device(t: torch.Tensor, geometry: Geometry) -> torch.Tensor:
-    """A copy of `t`'s storage span beside it on its device, 1-D: through the CUDA runtime where it
-    can (from `t`'s address: no view to make, no copy operator), else a clone."""
-    runtime = cuda_runtime.on_current_device(t.device)
-    if runtime is None:
-        return storage_span(t, geometry).clone()
-    copy = torch.empty(geometry.span, dtype=t.dtype, device=t.device)
-    runtime.copy_on_device(copy.data_ptr(), t.data_ptr(), geometry.span * t.element_size(),
-                           runtime.current_stream(t.device.index))
-    return copy
-
-
-def piece_batch(device: torch.device, pool: PinnedPool) -> PieceBatch:
+def piece_batch(device: torch.device, pool: PinnedPool, buffers: DeviceBuffers = UNKEPT) -> PieceBatch:
     """A batch of tracked stores on `device`, its table and checksums in host memory the device
-    reaches in place: the pool's pinned buffers on a GPU, plain tensors for Triton's interpreter."""
+    reaches in place (the pool's pinned buffers on a GPU, plain tensors for Triton's interpreter),
+    the checksums later stores compare with in `buffers`' device memory."""
+    def on_device(nbytes: int) -> tuple[torch.Tensor, Callable[[], None]]:
+        return buffers.take(nbytes, device)
     if device.type == "cuda":
-        return PieceBatch(device, pool.take, pool.give)
-    return PieceBatch(device, lambda nbytes: torch.empty(nbytes, dtype=torch.uint8), lambda buffer: None)
+        return PieceBatch(device, pool.take, pool.give, on_device)
+    return PieceBatch(device, lambda nbytes: torch.empty(nbytes, dtype=torch.uint8), lambda buffer: None, on_device)
 
 
 class Copier:
@@ -191,8 +181,9 @@ class Copier:
     for before they can be read. `before_call`: the copies are a call's inputs, taken before it
     runs (call_begins() says when it does); else they are taken after the work they follow."""
 
-    def __init__(self, pool: PinnedPool, before_call: bool = False):
+    def __init__(self, pool: PinnedPool, before_call: bool = False, buffers: DeviceBuffers = UNKEPT):
         self.pool = pool
+        self.buffers = buffers  # device memory for what stays on the device a while (the recording's, kept)
         self._before_call = before_call
         self._devices: set[torch.device] = set()
         self._tracker: PieceTracker | None = None  # the recording's, once a store of this call is staged
@@ -280,19 +271,57 @@ class Copier:
         """Keep a copy of an output buffer's span on its device over its call, to tell after it
         which elements the call left unchanged (before()); False where the device has no room."""
         try:
-            self._before[key] = HeldBefore(_copy_on_device(t, geometry), geometry, t.data_ptr())
+            self._before[key] = self._copy_on_device(t, geometry)
         except torch.cuda.OutOfMemoryError:  # the program's memory comes first: its bytes are stored instead
             return False
         return True
+
+    def _copy_on_device(self, t: torch.Tensor, geometry: Geometry) -> HeldBefore:
+        """A copy of `t`'s storage span beside it on its device: through the CUDA runtime into a
+        kept buffer where it can (from `t`'s address: no view to make, no torch operator), else a clone."""
+        runtime = cuda_runtime.on_current_device(t.device)
+        if runtime is None:
+            return HeldBefore(storage_span(t, geometry).clone(), geometry, t.data_ptr())
+        nbytes = geometry.span * t.element_size()
+        copy, give = self.buffers.take(nbytes, t.device)
+        runtime.copy_on_device(copy.data_ptr(), t.data_ptr(), nbytes, runtime.current_stream(t.device.index))
+        return HeldBefore(copy, geometry, t.data_ptr(), give)
 
     def before(self, key: str) -> HeldBefore | None:
         """The copy hold_before() kept of `key`, let go of here."""
         return self._before.pop(key, None)
 
+    def copy_unchanged(self, held: HeldBefore, t: torch.Tensor, geometry: Geometry) -> HostCopy | None:
+        """A host copy of the mask of the elements of `t`'s span (`geometry`: t's) its call left as
+        `held` has them (replay/snapshot/unwritten.py), made on its device; None where the call
+        moved or resized `t`, or the device has no room for the mask (copy_held() then)."""
+        if held.geometry != geometry or held.address != t.data_ptr():
+            return None
+        try:
+            mask, give_mask = self.buffers.take(unwritten.mask_bytes(geometry.span), t.device)
+            mask = unchanged_bits.unchanged_mask(held.span, t, geometry.span, mask)
+        except torch.cuda.OutOfMemoryError:
+            return None
+        try:
+            return self.copy_span(mask, geometry_of(mask))
+        finally:  # what reads them is queued on their stream
+            give_mask()
+            held.give()
+
+    def copy_held(self, held: HeldBefore) -> HostCopy:
+        """A host copy of the bytes hold_before() kept."""
+        span = held.span
+        if cuda_runtime.on_current_device(span.device) is None and span.dtype != DTYPES[held.geometry.dtype]:
+            span = span.view(DTYPES[held.geometry.dtype])  # torch's copy makes a host tensor of its dtype
+        try:
+            return self.copy_span(span, held.geometry)
+        finally:
+            held.give()
+
     def _batch(self, device: torch.device) -> PieceBatch:
         batch = self._batches.get(device)
         if batch is None:
-            batch = self._batches[device] = piece_batch(device, self.pool)
+            batch = self._batches[device] = piece_batch(device, self.pool, self.buffers)
         return batch
 
     def call_begins(self) -> None:

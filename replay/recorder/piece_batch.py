@@ -49,7 +49,8 @@ class Checksums:
     stores of the same memory compare with them, and on the host once landed."""
 
     def __init__(self) -> None:
-        self.on_device: torch.Tensor | None = None
+        self.on_device: torch.Tensor | None = None  # uint8, ROW int64 a piece
+        self._give_on_device: Callable[[], None] | None = None  # gives on_device back for reuse, once let go
         self._host: np.ndarray | None = None
         self._buffer: torch.Tensor | None = None  # the pooled buffer the kernel writes them in, from its start
         self._give: Callable[[torch.Tensor], None] | None = None
@@ -66,9 +67,15 @@ class Checksums:
         checksums._launched.set()
         return checksums
 
+    def gives_back(self, give_on_device: Callable[[], None]) -> None:
+        """What takes the device memory of its checksums back once no store can compare with them,
+        the launch issued or not (DeviceBuffers.take's)."""
+        self._give_on_device = give_on_device
+
     def launched(self, on_device: torch.Tensor, buffer: torch.Tensor, give: Callable[[torch.Tensor], None]) -> None:
-        """The launch is issued: its checksums are `on_device` (later stores compare with them there)
-        and, once landed() says by what event, at the start of `buffer`, given back with `give` once read."""
+        """The launch is issued: its checksums are `on_device` (bytes: later stores compare with them
+        there) and, once landed() says by what event, at the start of `buffer`, given back with
+        `give` once read."""
         self.on_device, self._buffer, self._give = on_device, buffer, give
 
     def landed(self, event: cuda_streams.Landing | None) -> None:
@@ -95,7 +102,7 @@ class Checksums:
             if self._host is None:
                 self.synchronize()
                 assert self.on_device is not None and self._buffer is not None and self._give is not None
-                written = self._buffer.numpy()[:self.on_device.numel() * _INT64]  # the sums lead the buffer
+                written = self._buffer.numpy()[:self.on_device.numel()]  # the sums lead the buffer
                 self._host = written.view(np.int64).reshape(-1, ROW).copy()
                 self._give(self._buffer)
                 self._buffer = None
@@ -105,6 +112,12 @@ class Checksums:
         """Where row `row` is on the device (the launch is issued)."""
         assert self.on_device is not None
         return self.on_device.data_ptr() + row * ROW * _INT64
+
+    def __del__(self) -> None:
+        # no later store compares with these: the launches reading them are queued on the stream
+        # their memory is reused on (device_buffers.py)
+        if self._give_on_device is not None:
+            self._give_on_device()
 
 
 @dataclass(slots=True)  # not frozen: made for each tracked store, and a frozen one costs twice as much
@@ -121,12 +134,14 @@ class Place:
 class PieceBatch:
     """The stores a call makes on one device that wait for their launch. `take(nbytes)` gives host
     memory the device reaches in place (a GPU: a pooled pinned buffer; the interpreter: any) and
-    `give` takes it back once its checksums are read."""
+    `give` takes it back once its checksums are read; `on_device(nbytes)` gives device memory for
+    the checksums later stores compare with, and what gives it back (DeviceBuffers.take's)."""
 
     def __init__(self, device: torch.device, take: Callable[[int], torch.Tensor],
-                 give: Callable[[torch.Tensor], None]) -> None:
+                 give: Callable[[torch.Tensor], None],
+                 on_device: Callable[[int], tuple[torch.Tensor, Callable[[], None]]]) -> None:
         self.device = device
-        self._take, self._give = take, give
+        self._take, self._give, self._on_device = take, give, on_device
         self._rows: list[list[Any]] = []  # piece_sums.COLUMNS each; the sums column a row number until launched
         self._pieces = 0
         self._programs = 0
@@ -198,9 +213,10 @@ class PieceBatch:
         self._live = False
         launched = False
         try:
-            sums = torch.empty(pieces, ROW, dtype=torch.int64, device=self.device)
+            sums_bytes = pieces * ROW * _INT64
+            sums, give_sums = self._on_device(sums_bytes)
+            checksums.gives_back(give_sums)
             table = np.array(rows, dtype=np.int64)
-            sums_bytes = sums.numel() * _INT64
             buffer = self._take(sums_bytes + table.nbytes)  # the sums first: 8-byte aligned, as the table
             table[:, kernel.SUMS] = sums.data_ptr() + table[:, kernel.SUMS] * (ROW * _INT64)
             table[:, kernel.HOST_SUMS] = buffer.data_ptr() + table[:, kernel.HOST_SUMS] * (ROW * _INT64)

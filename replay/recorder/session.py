@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from replay import settings
-from replay.recorder import graphs, staging, stream_order, unchanged_bits
+from replay.recorder import graphs, staging, stream_order
 from replay.recorder.chunk_changes import PieceTracker
 from replay.recorder.footprint import Footprint, StorageIds
 from replay.recorder.stream_order import StreamClocks
@@ -36,7 +36,7 @@ from replay.context import collecting
 from replay.errors import CaptureError
 from replay.settings import SettingError
 from replay.snapshot import SnapshotWriter
-from replay.snapshot.tensors import Geometry, geometry_of, storage_span
+from replay.snapshot.tensors import Geometry
 from replay.snapshot.writer import MANIFEST
 
 log = logging.getLogger(__name__)
@@ -238,18 +238,13 @@ class Recording(GraphRecording):
         held = copier.before(key)
         if held is None:
             return
-        span = storage_span(after.value, after.geometry)
-        mask = None
-        if held.geometry == after.geometry and held.address == span.data_ptr():
-            with contextlib.suppress(torch.cuda.OutOfMemoryError):
-                mask = unchanged_bits.unchanged_mask(held.span, span)
-        if mask is None:
-            call.copies[key] = copier.copy_span(held.span, held.geometry)
+        kept = copier.copy_unchanged(held, after.value, after.geometry)
+        if kept is None:
+            call.copies[key] = copier.copy_held(held)
             return
         # a host copy, its pieces hashed by a writer: a tracked store (a staging buffer, a table row, a
         # history) cost the program's thread more, for bytes a sixteenth of the buffer's or less
-        kept = copier.copy_span(mask, geometry_of(mask))
-        kept.chunked = mask.numel() >= max(self.options.chunk_threshold, 1)
+        kept.chunked = kept.geometry.span >= max(self.options.chunk_threshold, 1)
         call.copies[f"kept/{name}"] = kept
         call.befores[key] = (held.geometry, {"after": after.key, "unchanged": f"kept/{name}"})
 
@@ -297,7 +292,7 @@ class Recording(GraphRecording):
         except TypeError:  # the call itself is wrong: let the function raise its own error
             return fn(*args, **kwargs)
         call = PendingCall(self.writer.reserve_index(), {})
-        copier = Copier(self.calls.pool, before_call=True)
+        copier = Copier(self.calls.pool, before_call=True, buffers=self.pieces.buffers)
         footprint = Footprint(self.storages)
         store = footprint.noting(functools.partial(self._store, copier, call))
         try:

@@ -46,21 +46,29 @@ _LAUNCHERS = {size: DirectLauncher(_unchanged_bits_kernel, {"WORD": word, "BYTES
 _FAILED: set[torch.device] = set()  # devices where the kernel failed: torch's operators there
 
 
-def unchanged_mask(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    """What unwritten.unchanged_mask gives for two 1-D spans of one dtype and length, made on
-    their stream with no wait: on DEVICES by the kernel, elsewhere by torch's operations."""
+def unchanged_mask(before: torch.Tensor, after: torch.Tensor, elements: int,
+                   mask: torch.Tensor | None = None) -> torch.Tensor:
+    """What unwritten.unchanged_mask gives for two spans of `elements` elements of `after`'s dtype,
+    each starting at its tensor's first element (`before` may hold its span as bytes, uint8: no
+    view to make), made on their stream with no wait: on DEVICES by the kernel, into `mask` where
+    given (uint8, unwritten.mask_bytes(elements) long), elsewhere by torch's operations."""
     device = after.device
     if device.type not in DEVICES or device in _FAILED:
-        return unwritten.unchanged_mask(before, after)
-    elements = after.numel()
-    mask = torch.empty(unwritten.mask_bytes(elements), dtype=torch.uint8, device=device)
+        return _by_torch(before, after, elements)
+    if mask is None:
+        mask = torch.empty(unwritten.mask_bytes(elements), dtype=torch.uint8, device=device)
     if elements:
         try:
-            _LAUNCHERS[after.element_size()].launch(device, (-(-mask.numel() // _BYTES), 1, 1), before.data_ptr(),
-                                                    after.data_ptr(), mask.data_ptr(), elements)
+            _LAUNCHERS[after.element_size()].launch(device, (-(-unwritten.mask_bytes(elements) // _BYTES), 1, 1),
+                                                    before.data_ptr(), after.data_ptr(), mask.data_ptr(), elements)
         except Exception as exc:
             _FAILED.add(device)
             log.warning(f"replay: capture: the recorder's mask kernel failed on {device} ({type(exc).__name__}: "
                         f"{exc}); output buffers' masks are made by torch's operators there from now on")
-            return unwritten.unchanged_mask(before, after)
+            return _by_torch(before, after, elements)
     return mask
+
+
+def _by_torch(before: torch.Tensor, after: torch.Tensor, elements: int) -> torch.Tensor:
+    spans = [torch.as_strided(t.detach().view(after.dtype), (elements,), (1,)) for t in (before, after)]
+    return unwritten.unchanged_mask(*spans)

@@ -122,11 +122,11 @@ def test_counts_of_two_to_the_31_or_more_have_a_variant_of_their_own() -> None:
 @pytest.mark.gpu
 def test_a_buffer_of_two_to_the_31_elements_after_a_small_one_gets_its_mask() -> None:
     small = torch.zeros(64, dtype=torch.int8, device="cuda")
-    unchanged_bits.unchanged_mask(small, small + 1)  # compiles the 32-bit count's variant first
+    unchanged_bits.unchanged_mask(small, small + 1, small.numel())  # compiles the 32-bit count's variant first
     before = torch.zeros(2 ** 31 + 64, dtype=torch.int8, device="cuda")
     after = before.clone()
     after[-70:-3] = 1
-    made = unchanged_bits.unchanged_mask(before, after)
+    made = unchanged_bits.unchanged_mask(before, after, after.numel())
     assert torch.equal(made, unwritten.unchanged_mask(before, after))
 
 
@@ -229,9 +229,56 @@ def test_the_kernel_makes_the_mask_torch_makes(dtype: torch.dtype, size: int, se
     original = unchanged_bits.DEVICES
     unchanged_bits.DEVICES = (torch.device(device).type,)  # not a fixture: hypothesis runs many examples a test
     try:
-        made = unchanged_bits.unchanged_mask(before, after)
+        made = unchanged_bits.unchanged_mask(before, after, after.numel())
     finally:
         unchanged_bits.DEVICES = original
     assert made.device == after.device and torch.equal(made.cpu(), unwritten.unchanged_mask(before, after).cpu())
     bits = (made.cpu().view(-1, 1) >> torch.arange(8, dtype=torch.uint8)) & 1
     assert torch.equal(bits.view(-1)[:size] == 1, ~changed)
+
+
+@pytest.mark.parametrize("by_kernel", [True, False])
+def test_a_span_held_as_bytes_against_one_past_a_storage_offset(by_kernel: bool, device: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # the recorder passes what it held before a call as bytes, and the buffer itself, whose span
+    # starts at its first element: no view made of either on the program's thread
+    monkeypatch.setattr(unchanged_bits, "DEVICES", (device,) if by_kernel else ())
+    storage = torch.arange(40, dtype=torch.float32, device=device)
+    after = storage[8:].view(4, 8)[:, :6]  # the span: elements 8 .. 37
+    before = storage[8:38].clone().view(torch.uint8)
+    after[1, 2] = -1.0
+    after[3, 5] = -2.0
+    made = unchanged_bits.unchanged_mask(before, after, 30)
+    expected = unwritten.unchanged_mask(storage[8:38].clone().fill_(0).copy_(before.view(torch.float32)),
+                                        storage[8:38])
+    assert torch.equal(made.cpu(), expected.cpu())
+    bits = (made.cpu().view(-1, 1) >> torch.arange(8, dtype=torch.uint8)) & 1
+    assert bits.view(-1)[:30].logical_not().nonzero().flatten().tolist() == [10, 29]
+
+
+def test_later_steps_take_the_recorders_device_memory_from_buffers_kept_for_reuse(
+        tmp_path: Path, kernels, device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # an allocation through torch lets go of the interpreter lock beside the writers: after a
+    # step, the held copy of each output buffer and its mask are the kept ones again
+    from replay.recorder import chunk_changes, cuda_runtime
+    monkeypatch.setattr(unchanged_bits, "DEVICES", (device,))
+    monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))  # on the CPU, the runtime's host twin
+    allocated: list[int] = []
+    real = chunk_changes.staging_buffer
+
+    def counting(nbytes: int, on: torch.device) -> torch.Tensor:
+        allocated.append(nbytes)
+        return real(nbytes, on)
+    monkeypatch.setattr(chunk_changes, "staging_buffer", counting)
+    x = torch.arange(12.0, device=device)
+    outs = [torch.full((n,), LEFTOVER, device=device) for n in (16, 40)]
+    by_step = []
+    with replay.recording(tmp_path / "snap") as rec:
+        for _ in range(4):
+            for out in outs:
+                kernels.head[(1,)](x, out, 12, BLOCK=16)
+            rec.flush()  # the writers done with the step's copies: their buffers given back
+            by_step.append(len(allocated))
+    assert by_step[0] == 4 and by_step[-1] == by_step[0]  # two buffers a call, the first step only
+    calls = list(Snapshot(tmp_path / "snap"))
+    assert len(calls) == 8 and all((c.tensors["in/out_ptr"][12:] == LEFTOVER).all() for c in calls)
