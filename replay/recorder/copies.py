@@ -22,7 +22,6 @@ from replay.recorder import cuda_runtime, cuda_streams
 from replay.recorder import unchanged_bits
 from replay.recorder.chunk_changes import PieceHistory, PieceTracker
 from replay.recorder.device_buffers import UNKEPT, DeviceBuffers, nothing
-from replay.recorder.kept import Kept
 from replay.recorder.piece_batch import PieceBatch
 from replay.snapshot import SnapshotWriter, unwritten
 from replay.snapshot.tensors import DTYPES, Geometry, geometry_of, storage_span
@@ -33,23 +32,28 @@ _MIN_BUFFER = 4096
 class PinnedPool:
     """Page-locked host buffers by power-of-two size, reused once the writer is done with them
     (allocating pinned memory costs far more than a copy into it); up to `max_free_bytes` wait
-    for reuse, from one recording to the next, those let go last (kept.py)."""
+    for reuse, from one recording to the next."""
 
     def __init__(self, max_free_bytes: int = 1 << 30) -> None:
-        self._kept: Kept[int] = Kept(max_free_bytes)
+        self.max_free_bytes = max_free_bytes
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._free_bytes = 0
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> torch.Tensor:
         size = max(_MIN_BUFFER, 1 << (max(nbytes, 1) - 1).bit_length())
         with self._lock:
-            buffer = self._kept.take(size)
-        if buffer is not None:
-            return buffer
+            free = self._free.get(size)
+            if free:
+                self._free_bytes -= size
+                return free.pop()
         return torch.empty(size, dtype=torch.uint8, pin_memory=torch.cuda.is_available())  # where a GPU copies in
 
     def give(self, buffer: torch.Tensor) -> None:
         with self._lock:
-            self._kept.give(buffer.numel(), buffer, buffer.numel())
+            if self._free_bytes + buffer.numel() <= self.max_free_bytes:  # else it is freed
+                self._free.setdefault(buffer.numel(), []).append(buffer)
+                self._free_bytes += buffer.numel()
 
 
 SHARED_POOL = PinnedPool()

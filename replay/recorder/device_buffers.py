@@ -8,8 +8,8 @@ next store of that size: a dictionary's list, no torch operator. Like torch's ow
 buffer is reused only on the stream it was taken on: the work queued on it (the checksums'
 launch writing the changed pieces) runs before any later use on that stream; the writers'
 reads on their own stream are waited for before a buffer is let go. At most `max_free_bytes`
-wait (device memory the recording holds beyond its staged stores, until it ends), those let go
-last (kept.py); the rest go back to torch, and all of them when the recording ends (close()) or an allocation of the
+wait (device memory the recording holds beyond its staged stores, until it ends); the rest go
+back to torch, and all of them when the recording ends (close()) or an allocation of the
 recorder's finds no room. Where the runtime is not called for a device (another device than the
 current one), torch's allocator alone serves; the runtime's host twin (tests) is kept alike.
 """
@@ -22,7 +22,6 @@ from typing import Callable
 import torch
 
 from replay.recorder import cuda_runtime
-from replay.recorder.kept import Kept
 
 # a Liger block's step stages ~0.35 GiB of activations; kept buffers are live tensors, which torch
 # cannot take back when the program itself runs out of memory: no more than a step's
@@ -33,8 +32,9 @@ class DeviceBuffers:
     """Buffers of `allocate(nbytes, device)` kept by (device, stream, size) once given back."""
 
     def __init__(self, allocate: Callable[[int, torch.device], torch.Tensor], max_free_bytes: int = MAX_FREE_BYTES):
-        self._allocate = allocate
-        self._kept: Kept[tuple[int | None, int, int]] = Kept(max_free_bytes)
+        self._allocate, self.max_free_bytes = allocate, max_free_bytes
+        self._free: dict[tuple[int | None, int, int], list[torch.Tensor]] = {}
+        self._free_bytes = 0
         self._closed = False  # the recording ended: buffers its writers give back go to torch
         # re-entrant: a collection inside it may finalize a store whose buffer comes back here
         self._lock = threading.RLock()
@@ -47,13 +47,15 @@ class DeviceBuffers:
             return self._allocate(nbytes, device), nothing
         key = (device.index, runtime.current_stream(device.index), nbytes)
         with self._lock:
-            kept = self._kept.take(key)
-        if kept is not None:
-            return kept, functools.partial(self._give, key, kept)
+            free = self._free.get(key)
+            if free:
+                self._free_bytes -= nbytes
+                buffer = free.pop()
+                return buffer, functools.partial(self._give, key, buffer)
         try:
             buffer = self._allocate(nbytes, device)
         except torch.cuda.OutOfMemoryError:  # the kept ones back to torch first, which may fit this one
-            if not self._kept.nbytes:
+            if not self._free_bytes:
                 raise
             self.clear()
             buffer = self._allocate(nbytes, device)
@@ -61,13 +63,17 @@ class DeviceBuffers:
 
     def _give(self, key: tuple[int | None, int, int], buffer: torch.Tensor) -> None:
         with self._lock:
-            if not self._closed:  # else torch has it back
-                self._kept.give(key, buffer, key[2])
+            if not self._closed and self._free_bytes + key[2] <= self.max_free_bytes:  # else torch has it back
+                free = self._free.get(key)
+                if free is None:
+                    free = self._free[key] = []
+                free.append(buffer)
+                self._free_bytes += key[2]
 
     def clear(self) -> None:
         """Give every kept buffer back to torch."""
         with self._lock:
-            self._kept.clear()
+            self._free, self._free_bytes = {}, 0
 
     def close(self) -> None:
         """The recording ended: every buffer goes back to torch, those given back later too."""
@@ -77,15 +83,7 @@ class DeviceBuffers:
 
     @property
     def free_bytes(self) -> int:
-        return self._kept.nbytes
-
-    @property
-    def max_free_bytes(self) -> int:
-        return self._kept.max_bytes
-
-    @max_free_bytes.setter
-    def max_free_bytes(self, nbytes: int) -> None:
-        self._kept.max_bytes = nbytes
+        return self._free_bytes
 
 
 def nothing() -> None:
