@@ -162,8 +162,13 @@ def test_an_out_buffer_of_an_operator_is_stored_the_same_way(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("size", [0, 1, 7])
+@pytest.mark.parametrize("through_the_runtime", [False, True])  # its host twin on the CPU: the bytes held raw
 @pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
-def test_an_out_buffer_the_operator_resizes_is_stored_as_the_bytes_it_held(tmp_path: Path, size: int) -> None:
+def test_an_out_buffer_the_operator_resizes_is_stored_as_the_bytes_it_held(tmp_path: Path, size: int,
+                                                                           through_the_runtime: bool,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from replay.recorder import cuda_runtime
+    monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",) if through_the_runtime else ())
     with replay.recording(tmp_path / "snap", torch_ops=True, triton=False):
         torch.add(torch.arange(4.0), 1, out=torch.full((size,), LEFTOVER))
     (call,) = Snapshot(tmp_path / "snap")
