@@ -105,8 +105,9 @@ class DirectLauncher:
             try:
                 launch(grid, stream, arguments)
                 return
-            except driver_launch.Refused:  # not launched: the compiled launcher from now on, which says why
-                self.through_driver[variant] = None
+            except driver_launch.Refused as refused:  # not launched: the compiled launcher, which says why
+                if refused.for_good:
+                    self.through_driver[variant] = None
         try:
             compiled.run(*grid, stream, compiled.function, compiled.packed_metadata, None, None, None,
                          *arguments, *self._constant_values)

@@ -23,8 +23,20 @@ _INT32 = 1 << 31
 _SCRATCH_POINTERS = 2  # global and profile scratch, after the kernel's own parameters (Triton 3.3 on)
 
 
+_NO_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT: a thread that never made one current (Triton's launcher does)
+
+
 class Refused(RuntimeError):
     """The driver refused a launch (it did not happen): its CUresult."""
+
+    def __init__(self, code: int):
+        super().__init__(f"cuLaunchKernel: CUresult {code}")
+        self.code = code
+
+    @property
+    def for_good(self) -> bool:
+        """Whether every later launch of the kernel would be refused too (not this thread's context alone)."""
+        return self.code != _NO_CONTEXT
 
 
 class Driver:
@@ -70,7 +82,10 @@ class KernelLaunch:
         self._scratch = [ctypes.c_uint64(0) for _ in sizes[arguments:]]
 
     def __call__(self, grid: tuple[int, int, int], stream: int, arguments: tuple[Any, ...]) -> None:
-        """Queue the kernel on `stream` (ints, and tensors passed by address)."""
+        """Queue the kernel on `stream` (ints, and tensors passed by address); an empty grid launches
+        nothing, as in Triton's launcher."""
+        if not (grid[0] and grid[1] and grid[2]):
+            return
         values: list[ctypes._SimpleCData] = [width(a.data_ptr() if isinstance(a, torch.Tensor) else a)
                                              for width, a in zip(self._widths, arguments)]
         values += self._scratch

@@ -688,3 +688,44 @@ def test_a_staged_buffer_given_back_and_not_kept_is_freed_and_none_is_kept_once_
     assert later is not None
     later.hashed(None)
     assert tracker.buffers.free_bytes == 0  # given back after the end: to torch, not kept
+
+
+def test_checksums_launched_and_never_read_give_their_pinned_buffer_back_only_once_the_launch_ran() -> None:
+    # the kernel reads its table and writes its checksums in the pinned buffer in place: a call
+    # abandoned after its launch must not hand the buffer to the next take while it may still run
+    order: list[str] = []
+
+    class Ran:
+        def synchronize(self) -> None:
+            order.append("waited")
+    checksums = piece_batch.Checksums()
+    checksums.launched(torch.zeros(3 * 8, dtype=torch.uint8), torch.zeros(64, dtype=torch.uint8),
+                       lambda buffer: order.append("given back"), Ran())
+    checksums.failed(RuntimeError("the call was abandoned"))
+    del checksums
+    gc.collect()
+    assert order == ["waited", "given back"]
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_an_unread_launch_is_waited_for_before_its_pinned_buffer_goes_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", ("cuda",))
+    given: list[bool] = []
+    pool = copies.PinnedPool()
+
+    def give(buffer: torch.Tensor) -> None:
+        given.append(torch.cuda.current_stream().query())  # the launch, queued behind the sleep, has run
+        pool.give(buffer)
+    batch = piece_batch.PieceBatch(torch.device("cuda"), pool.take, give,
+                                   lambda nbytes: (torch.empty(nbytes, dtype=torch.uint8, device="cuda"), lambda: None))
+    tracker = chunk_changes.PieceTracker()
+    memory = torch.zeros(4 * PIECE, dtype=torch.uint8, device="cuda")
+    torch.cuda._sleep(200_000_000)  # the launch waits behind ~0.1 s of device time
+    history = tracker.observe(memory, False, batch)
+    batch.launch()  # issued, never landed: its call was abandoned
+    assert history is not None
+    tracker.forget()
+    del history, batch
+    gc.collect()
+    assert given == [True]

@@ -66,11 +66,17 @@ def test_a_kernel_that_needs_more_than_a_plain_launch_is_left_to_triton(why: str
     assert driver_launch.prepare(compiled(**metadata), arguments, driver) is None, why
 
 
-def test_a_launch_the_driver_refuses_is_raised_as_refused() -> None:
-    launch = driver_launch.prepare(compiled(), (1,), FakeDriver([4], code=1))  # type: ignore[arg-type]
+def test_a_launch_the_driver_refuses_is_raised_as_refused_and_an_empty_grid_launches_nothing() -> None:
+    driver: Any = FakeDriver([4], code=1)
+    launch = driver_launch.prepare(compiled(), (1,), driver)
     assert launch is not None
-    with pytest.raises(driver_launch.Refused):
+    with pytest.raises(driver_launch.Refused) as refused:
         launch((1, 1, 1), 0, (1,))
+    assert refused.value.for_good  # a bad value: every later launch would be refused too
+    assert not driver_launch.Refused(201).for_good  # no context current on this thread: this launch alone
+    launch((0, 1, 1), 0, (1,))
+    launch((4, 1, 0), 0, (1,))
+    assert len(driver.launches) == 1  # as Triton's launcher: nothing queued for an empty grid
 
 
 @pytest.mark.gpu

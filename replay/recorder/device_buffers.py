@@ -64,10 +64,8 @@ class DeviceBuffers:
     def _give(self, key: tuple[int | None, int, int], buffer: torch.Tensor) -> None:
         with self._lock:
             if not self._closed and self._free_bytes + key[2] <= self.max_free_bytes:  # else torch has it back
-                free = self._free.get(key)
-                if free is None:
-                    free = self._free[key] = []
-                free.append(buffer)
+                # setdefault: a collection while the list is made may give back another buffer of this key
+                self._free.setdefault(key, []).append(buffer)
                 self._free_bytes += key[2]
 
     def clear(self) -> None:

@@ -54,6 +54,7 @@ class Checksums:
         self._host: np.ndarray | None = None
         self._buffer: torch.Tensor | None = None  # the pooled buffer the kernel writes them in, from its start
         self._give: Callable[[torch.Tensor], None] | None = None
+        self._ran: cuda_streams.Landing | None = None  # passes once the launch has run (None: at once)
         self._event: cuda_streams.Landing | None = None
         self._failure: BaseException | None = None
         self._launched = Latch()
@@ -72,11 +73,12 @@ class Checksums:
         the launch issued or not (DeviceBuffers.take's)."""
         self._give_on_device = give_on_device
 
-    def launched(self, on_device: torch.Tensor, buffer: torch.Tensor, give: Callable[[torch.Tensor], None]) -> None:
+    def launched(self, on_device: torch.Tensor, buffer: torch.Tensor, give: Callable[[torch.Tensor], None],
+                 ran: cuda_streams.Landing | None) -> None:
         """The launch is issued: its checksums are `on_device` (bytes: later stores compare with them
         there) and, once landed() says by what event, at the start of `buffer`, given back with
-        `give` once read."""
-        self.on_device, self._buffer, self._give = on_device, buffer, give
+        `give` once read; `ran` passes once the launch has run (None: it has)."""
+        self.on_device, self._buffer, self._give, self._ran = on_device, buffer, give, ran
 
     def landed(self, event: cuda_streams.Landing | None) -> None:
         """Its checksums are on the host once `event` has passed (None: at once, the interpreter's):
@@ -114,6 +116,14 @@ class Checksums:
         return self.on_device.data_ptr() + row * ROW * _INT64
 
     def __del__(self) -> None:
+        # launched and never read (its call abandoned, its writer failed): the kernel reads its table
+        # and writes its checksums in the pinned buffer in place, so the buffer goes back only once
+        # the launch has run (else the next take could hand it out under the kernel). Rare: waited for.
+        if self._buffer is not None and self._give is not None:
+            if self._ran is not None:
+                with contextlib.suppress(Exception):  # a broken device runs nothing more
+                    self._ran.synchronize()
+            self._give(self._buffer)
         # no later store compares with these: the launches reading them are queued on the stream
         # their memory is reused on (device_buffers.py)
         if self._give_on_device is not None:
@@ -224,7 +234,8 @@ class PieceBatch:
             kernel.launch(buffer.data_ptr() + sums_bytes, len(rows), programs, self.device)  # never a program's call
             launched = True
             del held
-            checksums.launched(sums, buffer, self._give)
+            ran = cuda_streams.event_now(self.device) if self.device.type == "cuda" else None  # ~1 us, the runtime's
+            checksums.launched(sums, buffer, self._give, ran)
             self._unlanded.append(checksums)
         except BaseException as exc:
             if launched and self.device.type == "cuda":  # what it reads and writes may go once it has run
