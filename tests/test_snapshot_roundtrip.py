@@ -16,7 +16,7 @@ import replay
 from fixtures.bitwise import assert_same_view, assert_zero_before_offset
 from replay.errors import CaptureError
 from replay.snapshot import Snapshot, callfile
-from replay.snapshot.tensors import DTYPES, OFFSET_ALIGN, geometry_of, storage_span
+from replay.snapshot.tensors import DTYPES, OFFSET_ALIGN, Geometry, geometry_of, storage_span
 
 REQUIRED_DTYPES = {torch.bfloat16, torch.float16, torch.float32, torch.float64, torch.int8, torch.int16,
                    torch.int32, torch.int64, torch.uint8, torch.bool}
@@ -183,3 +183,16 @@ def test_json_values_that_cannot_round_trip_are_capture_errors(value: Any, probl
         with pytest.raises(CaptureError, match="op 'roundtrip_identity': argument 'value'") as err:
             identity(torch.zeros(1), value=value)
     assert problem in str(err.value)
+
+
+@given(shape=st.lists(st.integers(0, 5), max_size=4), strides=st.lists(st.integers(0, 7), min_size=4, max_size=4),
+       offset=st.integers(0, 9))
+def test_a_geometry_spans_exactly_the_storage_elements_its_view_reaches(shape: list[int], strides: list[int],
+                                                                        offset: int) -> None:
+    stride = tuple(strides[:len(shape)])
+    storage = torch.arange(offset + 1 + sum((n - 1) * s for n, s in zip(shape, stride) if n), dtype=torch.int64)
+    view = torch.as_strided(storage, tuple(shape), stride, offset)
+    geometry = geometry_of(view)
+    reached = int(view.max()) - offset + 1 if view.numel() else 0  # the elements run from the first one's
+    assert geometry.span == reached and storage_span(view, geometry).numel() == reached
+    assert geometry == Geometry(geometry.dtype, geometry.shape, geometry.stride, geometry.storage_offset)

@@ -7,9 +7,8 @@ rebuilds the same view: same strides, same storage offset.
 """
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,17 +27,19 @@ class Geometry:
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     storage_offset: int
+    # storage elements from the view's first element to its last: worked out as it is made (a
+    # recorded call asks it of each tensor several times; functools.cached_property takes one lock
+    # for every instance on Python 3.11, which a recording's writer threads contend for)
+    span: int = field(init=False, repr=False, compare=False)
 
-    @functools.cached_property
-    def span(self) -> int:
-        """Number of storage elements from the view's first element to its last (worked out once:
-        a recorded call asks it of each tensor several times)."""
-        if 0 in self.shape:
-            return 0
+    def __post_init__(self) -> None:
         last = 0
         for size, stride in zip(self.shape, self.stride):
+            if not size:
+                last = -1
+                break
             last += (size - 1) * stride
-        return 1 + last
+        object.__setattr__(self, "span", 1 + last)
 
     def to_json(self) -> dict:
         return {"dtype": self.dtype, "shape": list(self.shape), "stride": list(self.stride),
