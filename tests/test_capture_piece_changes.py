@@ -509,7 +509,9 @@ def test_past_the_staging_budget_a_blocking_recording_waits_for_the_writers(tmp_
             made.wait(timeout=60)
         return real(self, take)
     monkeypatch.setattr(chunk_changes.PieceHistory, "whole", lagging)
-    tracked = record_activations(tmp_path / "tracked", device, flush=False, made=made, when_full=when_full)
+    # segment_seconds: no writer finds itself idle meanwhile, so only a waiting program hands its calls over
+    tracked = record_activations(tmp_path / "tracked", device, flush=False, made=made, when_full=when_full,
+                                 segment_seconds=60)
     assert tracked == untracked
     assert on_host == [] if writers == "late" else len(on_host) == 3  # all but the first
 

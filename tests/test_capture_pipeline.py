@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import replay
+from replay.recorder import pipeline
 from replay.recorder.copies import PinnedPool
 from replay.snapshot import Snapshot, files, writer
 from replay.snapshot.writer import SnapshotWriter
@@ -213,3 +214,22 @@ def test_the_pinned_pool_reuses_buffers_by_size_class_up_to_its_cap() -> None:
     assert pool.take(8000) is not first
     reused = pool.take(10)
     assert any(reused is buffer for buffer in small)
+
+
+def test_calls_reach_the_writers_a_few_at_a_time_and_all_are_written(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    # each hand-over wakes a writer, which then takes the interpreter lock from the program: not one a call
+    handed: list[int] = []
+    real = pipeline.CallWriter._hand_off
+
+    def counting(self: pipeline.CallWriter) -> None:
+        handed.append(len(self._handoff))
+        real(self)
+    monkeypatch.setattr(pipeline.CallWriter, "_hand_off", counting)
+    calls = 2 * pipeline.HANDOFF_CALLS + 3
+    with replay.recording(tmp_path / "snap", segment_seconds=60):  # no writer times out meanwhile
+        for n in range(calls):
+            scale_(torch.full((4,), float(n)), 2.0)
+    assert [n for n in handed if n] == [pipeline.HANDOFF_CALLS, pipeline.HANDOFF_CALLS, 3]  # the last at close
+    recorded = Snapshot(tmp_path / "snap")
+    assert [float(record.tensors["in/x"][0]) for record in recorded] == [float(n) for n in range(calls)]

@@ -394,6 +394,9 @@ class PieceTracker:
         self._last: dict[tuple[torch.device, int, int], PieceHistory] = {}
         self.recorded = KnownContent()
         self.wait_for_room = wait_for_room
+        # called before the program waits for room: hands the calls made so far to the writers
+        # (pipeline.CallWriter.hand_off), which give the room back as they fetch their pieces
+        self.before_waiting: Callable[[], None] = nothing
         self._staged_bytes = 0
         self._in_making = 0  # of those, held by calls not yet handed to the writers
         self._waited_in_vain = False
@@ -484,6 +487,8 @@ class PieceTracker:
         """Room for `padded` staged bytes, counted as in the making: past the budget, wait for the
         writers to let go of staged stores, as for a full queue (a host copy instead would cost the
         program more), but never for calls still being made; False where there is none."""
+        if self.wait_for_room and self._staged_bytes + padded > DEVICE_STAGING_BYTES:  # may wait: outside the lock
+            self.before_waiting()
         with self._room:
             deadline = time.monotonic() + STAGING_WAIT_S
             while (self.wait_for_room and padded <= DEVICE_STAGING_BYTES and not self._waited_in_vain

@@ -29,9 +29,15 @@ DEFAULT_QUEUE_DEPTH = 64
 WRITER_THREADS = 2  # more contend for the interpreter lock with the program (measured: docs/PERFORMANCE.md)
 # A segment closes once its calls hold this many bytes, or once its first call is this old: a file
 # costs ~0.3 ms to create whatever it holds, which 16 MiB written at 1.3 GB/s (~12 ms) hides; and
-# a killed process loses at most the open segment, calls at most half a second old
+# a killed process loses at most the open segment and the calls not yet handed to the writers,
+# calls at most about a second old
 SEGMENT_BYTES = 16 << 20
 SEGMENT_SECONDS = 0.5
+# Calls go to the writers this many at a time (sooner when the queue is at its depth, on flush and
+# close, and when a writer finds nothing for SEGMENT_SECONDS): each hand-over wakes a writer,
+# which then takes the interpreter lock from the program at its next release; one wake a call cost
+# a small op's recorded step 15% on the 2-core CPU (docs/PERFORMANCE.md)
+HANDOFF_CALLS = 8
 
 
 @dataclass
@@ -198,7 +204,8 @@ class CallWriter:
         self._indexed = 0  # the next closed segment to index
         self._index_stopped = False  # a segment failed: none after it is indexed
         self._segments_written: dict[int, tuple[_Segment, list[dict], BaseException | None]] = {}
-        self._work: queue.SimpleQueue[tuple[int, Pending] | None] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[list[tuple[int, Pending]] | None] = queue.SimpleQueue()
+        self._handoff: list[tuple[int, Pending]] = []  # submitted, not yet handed to the writers
         self._threads = [threading.Thread(target=self._run, name=f"replay-capture-writer-{n}", daemon=True)
                          for n in range(threads if asynchronous else 0)]
         for thread in self._threads:
@@ -218,18 +225,33 @@ class CallWriter:
         this thread when synchronous, or after close (a call another thread finished meanwhile)."""
         with self._state:
             while self._threads and self._submitted - self._taken >= self.depth:
+                self._hand_off()  # what waits for room must be what the writers have
                 self._state.wait()
             sequence, self._submitted = self._submitted, self._submitted + 1
             queued = bool(self._threads)
             if queued:
-                self._work.put((sequence, call))
+                self._handoff.append((sequence, call))
+                if len(self._handoff) >= HANDOFF_CALLS or self._submitted - self._taken >= self.depth:
+                    self._hand_off()
         if not queued:
             self._finish(sequence, call)
+
+    def hand_off(self) -> None:
+        """Give the writers the calls submitted so far now (before the program waits on them)."""
+        with self._state:
+            self._hand_off()
+
+    def _hand_off(self) -> None:
+        """Queue the calls submitted since the last hand-over for the writers (holding the state lock)."""
+        if self._handoff:
+            calls, self._handoff = self._handoff, []
+            self._work.put(calls)
 
     def flush(self) -> None:
         """Return once every call submitted so far is indexed (or failed): the open segment is
         closed and written."""
         with self._state:
+            self._hand_off()
             target = self._submitted
             while self._taken < target:
                 self._state.wait()
@@ -244,6 +266,7 @@ class CallWriter:
     def close(self) -> None:
         """Write what is pending, stop the threads, and flush the files to disk."""
         with self._state:
+            self._hand_off()
             threads, self._threads = self._threads, []  # from now on a call is written on its own thread
             self._state.notify_all()
         for _ in threads:
@@ -257,15 +280,17 @@ class CallWriter:
         while True:
             try:
                 item = self._work.get(timeout=self.segment_seconds)
-            except queue.Empty:  # nothing new: the open segment may be old enough to close
+            except queue.Empty:  # nothing new: calls not handed over yet go now; the open segment may be old
                 with self._state:
+                    self._hand_off()
                     closing = self._close_open() if self._open_is_old() else None
                 if closing is not None:
                     self._write_segment(closing)
                 continue
             if item is None:
                 return
-            self._finish(*item)
+            for sequence, pending in item:
+                self._finish(sequence, pending)
 
     def _finish(self, sequence: int, pending: Pending) -> None:
         """Make `pending`'s calls ready for a segment (blobs and chunks written), then take every

@@ -111,6 +111,7 @@ class Recording(GraphRecording):
         self.stopped = False
         self._blob_ids = _BlobIds()
         self.pieces = PieceTracker(wait_for_room=self.options.when_full == "block")
+        self.pieces.before_waiting = self.calls.hand_off
         self._reported: set[str] = set()
         self._report_lock = threading.Lock()
         # (after call, op): calls not recorded for want of room in the queue
