@@ -233,3 +233,8 @@ def test_calls_reach_the_writers_a_few_at_a_time_and_all_are_written(tmp_path: P
     assert [n for n in handed if n] == [pipeline.HANDOFF_CALLS, pipeline.HANDOFF_CALLS, 3]  # the last at close
     recorded = Snapshot(tmp_path / "snap")
     assert [float(record.tensors["in/x"][0]) for record in recorded] == [float(n) for n in range(calls)]
+    handed.clear()
+    with replay.recording(tmp_path / "large", segment_seconds=60):  # a large call: a writer at once
+        for n in range(3):
+            scale_(torch.full((pipeline.HANDOFF_BYTES // 8,), float(n)), 2.0)  # in and out: the bound's bytes
+    assert [n for n in handed if n] == [1, 1, 1] and len(Snapshot(tmp_path / "large")) == 3

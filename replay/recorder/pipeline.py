@@ -36,8 +36,10 @@ SEGMENT_SECONDS = 0.5
 # Calls go to the writers this many at a time (sooner when the queue is at its depth, on flush and
 # close, and when a writer finds nothing for SEGMENT_SECONDS): each hand-over wakes a writer,
 # which then takes the interpreter lock from the program at its next release; one wake a call cost
-# a small op's recorded step 15% on the 2-core CPU (docs/PERFORMANCE.md)
+# a small op's recorded step 15% on the 2-core CPU (docs/PERFORMANCE.md); or once they hold this
+# many bytes: a large call's hashing and writing are worth a writer now, beside the other one
 HANDOFF_CALLS = 8
+HANDOFF_BYTES = 1 << 20
 
 
 @dataclass
@@ -206,6 +208,7 @@ class CallWriter:
         self._segments_written: dict[int, tuple[_Segment, list[dict], BaseException | None]] = {}
         self._work: queue.SimpleQueue[list[tuple[int, Pending]] | None] = queue.SimpleQueue()
         self._handoff: list[tuple[int, Pending]] = []  # submitted, not yet handed to the writers
+        self._handoff_bytes = 0  # their host bytes
         self._threads = [threading.Thread(target=self._run, name=f"replay-capture-writer-{n}", daemon=True)
                          for n in range(threads if asynchronous else 0)]
         for thread in self._threads:
@@ -231,7 +234,9 @@ class CallWriter:
             queued = bool(self._threads)
             if queued:
                 self._handoff.append((sequence, call))
-                if len(self._handoff) >= HANDOFF_CALLS or self._submitted - self._taken >= self.depth:
+                self._handoff_bytes += call.nbytes
+                if (len(self._handoff) >= HANDOFF_CALLS or self._handoff_bytes >= HANDOFF_BYTES
+                        or self._submitted - self._taken >= self.depth):
                     self._hand_off()
         if not queued:
             self._finish(sequence, call)
@@ -244,7 +249,7 @@ class CallWriter:
     def _hand_off(self) -> None:
         """Queue the calls submitted since the last hand-over for the writers (holding the state lock)."""
         if self._handoff:
-            calls, self._handoff = self._handoff, []
+            calls, self._handoff, self._handoff_bytes = self._handoff, [], 0
             self._work.put(calls)
 
     def flush(self) -> None:
