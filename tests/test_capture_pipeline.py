@@ -160,17 +160,18 @@ def test_bad_options_are_clear_errors_and_create_nothing(option: str, value: Any
 
 def test_writers_in_parallel_still_index_calls_in_call_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     first_may_go, ready = threading.Event(), []
-    # the first call is made ready last
+    # the first call is made ready last; the calls of the next hand-over go to the other writer
     held_writes(monkeypatch, lambda index: (index == 0 and first_may_go.wait(30)) or ready.append(index))
+    last = 2 * pipeline.HANDOFF_CALLS - 1
     with replay.recording(tmp_path / "snap") as rec:
-        workload(steps=4)
+        workload(steps=pipeline.HANDOFF_CALLS)  # two calls a step
         deadline = time.monotonic() + 30
-        while 7 not in ready and time.monotonic() < deadline:  # made ready meanwhile, by the other writer
+        while last not in ready and time.monotonic() < deadline:  # made ready meanwhile, by the other writer
             time.sleep(0.01)
-        assert 7 in ready and rec.calls_written == 0
+        assert last in ready and rec.calls_written == 0
         first_may_go.set()
     lines = (tmp_path / "snap" / "calls.jsonl").read_text().splitlines()
-    assert [json.loads(line)["index"] for line in lines] == list(range(8))
+    assert [json.loads(line)["index"] for line in lines] == list(range(last + 1))
 
 
 def test_threads_recording_through_the_pipeline_give_every_call_once(tmp_path: Path) -> None:
