@@ -205,7 +205,11 @@ class PieceBatch:
     def flush(self) -> None:
         """launch(), then landed() with an event of its own: the stores' checksums readable alone."""
         self.launch()
-        self.landed(cuda_streams.event_now(self.device) if self.device.type == "cuda" else None)
+        self.landed(self._event_now())
+
+    def _event_now(self) -> cuda_streams.Landing | None:
+        """An event after the work issued on the batch's device so far (None: the interpreter's, done)."""
+        return cuda_streams.event_now(self.device) if self.device.type == "cuda" else None
 
     def launch(self) -> None:
         """Launch the checksums of the stores added since the last launch, on the batch's device's
@@ -234,7 +238,7 @@ class PieceBatch:
             kernel.launch(buffer.data_ptr() + sums_bytes, len(rows), programs, self.device)  # never a program's call
             launched = True
             del held
-            ran = cuda_streams.event_now(self.device) if self.device.type == "cuda" else None  # ~1 us, the runtime's
+            ran = self._event_now()  # ~1 us, the runtime's
             checksums.launched(sums, buffer, self._give, ran)
             self._unlanded.append(checksums)
         except BaseException as exc:
