@@ -155,7 +155,6 @@ def set_field(field: str, value: object):
     return lambda document: document.update({field: value})
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def edit_inside(key: str) -> Callable[[Callable[[dict], object]], Callable[[Path], Path]]:
     """An edit of a tensor's geometry ("tensors") or of the first argument ("args") of the first call."""
     def within(edit: Callable[[dict], object]) -> Callable[[Path], Path]:
@@ -163,6 +162,7 @@ def edit_inside(key: str) -> Callable[[Callable[[dict], object]], Callable[[Path
     return within
 
 
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(where=st.sampled_from(["manifest", "index", "call", "geometry", "argument"]), field=st.data(),
        value=json_values)
 def test_any_json_shape_is_a_verdict_or_exit_2_never_a_traceback(where: str, field: st.DataObject, value: object,
