@@ -622,7 +622,7 @@ def test_stores_dropped_before_their_launch_fail_whoever_reads_them(monkeypatch:
     assert not thread.is_alive() and len(read) == 1 and "dropped" in str(read[0])
 
 
-def test_staging_buffers_are_reused_by_size_and_stream_and_kept_within_their_bound(
+def test_staging_buffers_are_reused_by_size_and_stream_and_kept_within_the_staging_bound(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))  # host memory kept as a GPU's is
     made: list[int] = []
@@ -630,7 +630,8 @@ def test_staging_buffers_are_reused_by_size_and_stream_and_kept_within_their_bou
     def allocate(nbytes: int, device: torch.device) -> torch.Tensor:
         made.append(nbytes)
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    buffers = DeviceBuffers(allocate, max_free_bytes=3 * PIECE)
+    held = {"bytes": 0}  # as the recording's staged stores are
+    buffers = DeviceBuffers(allocate, 3 * PIECE, held=lambda: held["bytes"])
     cpu = torch.device("cpu")
     first, give_first = buffers.take(PIECE, cpu)
     second, give_second = buffers.take(PIECE, cpu)
@@ -642,6 +643,10 @@ def test_staging_buffers_are_reused_by_size_and_stream_and_kept_within_their_bou
     assert larger.numel() == 2 * PIECE and made[-1] == 2 * PIECE  # another size: a fresh one
     give_again(), give_second(), give_larger()
     assert buffers.free_bytes == 2 * PIECE  # the larger one passed the bound: back to torch
+    held["bytes"] = 2 * PIECE  # staged stores hold two pieces: the kept ones and they pass the bound
+    _, give_kept = buffers.take(PIECE, cpu)
+    give_kept()
+    assert buffers.free_bytes == PIECE  # not kept: back to torch
     buffers.clear()
     assert buffers.free_bytes == 0 and buffers.take(PIECE, cpu)[0] is not first
 
@@ -656,7 +661,7 @@ def test_kept_staging_buffers_go_back_to_torch_when_an_allocation_finds_no_room(
             room["full"] = False  # what the kept buffers gave back makes room, once
             raise torch.cuda.OutOfMemoryError("no room")
         return torch.empty(nbytes, dtype=torch.uint8, device=device)
-    buffers = DeviceBuffers(allocate)
+    buffers = DeviceBuffers(allocate, 1 << 30)
     cpu = torch.device("cpu")
     _, give = buffers.take(PIECE, cpu)
     give()
@@ -675,7 +680,7 @@ def test_a_staged_buffer_given_back_and_not_kept_is_freed_and_none_is_kept_once_
     tracker = chunk_changes.PieceTracker()
     batch = copies.piece_batch(torch.device(device), copies.SHARED_POOL)
     memory = torch.zeros(4 * PIECE, dtype=torch.uint8, device=device)
-    tracker.buffers.max_free_bytes = 0  # as if the kept ones were at their bound
+    tracker.buffers.max_bytes = 0  # as if the kept ones were at their bound
     history = tracker.observe(memory, True, batch)
     batch.flush()
     assert history is not None and history.staged is not None
@@ -683,7 +688,7 @@ def test_a_staged_buffer_given_back_and_not_kept_is_freed_and_none_is_kept_once_
     history.hashed(None)  # the writer is done with it; the history stays, the memory's last store
     gc.collect()
     assert staged() is None and tracker.staged_bytes == 0  # not held by what gave it back
-    tracker.buffers.max_free_bytes = 1 << 30
+    tracker.buffers.max_bytes = 1 << 30
     later = tracker.observe(memory, True, batch)
     batch.flush()
     tracker.forget()  # the recording ends while a writer still has this store

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import replay
-from replay.recorder import pipeline
+from replay.recorder import cuda_runtime, pipeline, session
 from replay.recorder.copies import PinnedPool
 from replay.snapshot import Snapshot, files, writer
 from replay.snapshot.writer import SnapshotWriter
@@ -215,6 +215,31 @@ def test_the_pinned_pool_reuses_buffers_by_size_class_up_to_its_cap() -> None:
     assert pool.take(8000) is not first
     reused = pool.take(10)
     assert any(reused is buffer for buffer in small)
+
+
+def test_small_host_copies_leave_the_pinned_pool_as_a_writer_takes_their_call_large_ones_when_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the open segment holds its calls until written (up to segment_seconds): meanwhile the
+    # program's next steps must find the small buffers free again, not pin new ones
+    monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))  # copies into pooled buffers, as a GPU's
+    pool = PinnedPool()
+    monkeypatch.setattr(session, "SHARED_POOL", pool)
+    large = pipeline.UNPIN_BYTES // 4 + 1  # float32 elements: past the bound
+    with replay.recording(tmp_path / "snap", segment_seconds=60) as recording:
+        for n in range(3):
+            scale_(torch.full((16,), float(n)), 2.0)
+        scale_(torch.full((large,), 7.0), 2.0)
+        recording.calls.hand_off()
+        deadline = time.monotonic() + 10
+        while recording.calls._taken < 4 and time.monotonic() < deadline:  # all four in the open segment
+            time.sleep(0.01)
+        assert recording.calls._taken == 4 and recording.calls.written == 0  # taken, not yet written
+        free = {size: len(buffers) for size, buffers in pool._free.items()}
+        assert free.get(4096) == 6  # the small calls' inputs and outputs, back already
+        assert not any(size > pipeline.UNPIN_BYTES for size in free)  # the large call's, still held
+    recorded = list(Snapshot(tmp_path / "snap"))
+    assert [float(record.tensors["out/x"][0]) for record in recorded] == [0.0, 2.0, 4.0, 14.0]
+    assert torch.equal(recorded[3].tensors["in/x"], torch.full((large,), 7.0))
 
 
 def test_calls_reach_the_writers_a_few_at_a_time_and_all_are_written(tmp_path: Path,

@@ -331,9 +331,9 @@ class _Hold:
     def give_back(self) -> None:
         nbytes, self._nbytes = self._nbytes, 0
         give_buffer, self._give_buffer = self._give_buffer, nothing  # it holds the buffer: let go of it
-        if nbytes:
-            give_buffer()
+        if nbytes:  # no longer staged, then kept: the buffers kept and the staged stores share a bound
             self._give_back(nbytes)
+            give_buffer()
 
     __del__ = give_back
 
@@ -403,9 +403,10 @@ class PieceTracker:
         # re-entrant: a garbage collection inside it may finalize a history that gives staged bytes back
         self._lock = threading.RLock()
         self._room = threading.Condition(self._lock)
-        # device buffers kept for reuse (staged pieces, the recorder's scratch); a fresh one from
-        # staging_buffer (looked up at each use: tests replace it)
-        self.buffers = DeviceBuffers(lambda nbytes, device: staging_buffer(nbytes, device))
+        # device buffers kept for reuse (staged pieces, the recorder's scratch); a fresh one from staging_buffer
+        # (looked up at each use: tests replace it), kept while they and the staged stores fit the budget
+        self.buffers = DeviceBuffers(lambda nbytes, device: staging_buffer(nbytes, device), DEVICE_STAGING_BYTES,
+                                     held=lambda: self._staged_bytes)
 
     def observe(self, t: torch.Tensor, stage: bool, batch: PieceBatch, clone: bool = False,
                 geometry: Geometry | None = None) -> PieceHistory | None:

@@ -80,6 +80,17 @@ class HostCopy:
             self.made = self.buffer[:self.geometry.span * dtype.itemsize].view(dtype)
         return self.made
 
+    def unpin(self) -> torch.Tensor:
+        """Move the span (landed) out of its pooled pinned buffer into memory of its own; the
+        buffer, for the caller to give back."""
+        buffer = self.buffer
+        assert buffer is not None, "a host copy unpinned twice"
+        nbytes = self.geometry.span * DTYPES[self.geometry.dtype].itemsize
+        # numpy's copy, not a torch operator: a writer's operator lets go of the lock and waits for it again
+        self.made = torch.from_numpy(buffer[:nbytes].numpy().copy()).view(DTYPES[self.geometry.dtype])
+        self.buffer = None
+        return buffer
+
     @property
     def nbytes(self) -> int:
         if self.on_device:

@@ -7,10 +7,10 @@ tensors again and again, so buffers are kept by exact size once let go and taken
 next store of that size: a dictionary's list, no torch operator. Like torch's own allocator, a
 buffer is reused only on the stream it was taken on: the work queued on it (the checksums'
 launch writing the changed pieces) runs before any later use on that stream; the writers'
-reads on their own stream are waited for before a buffer is let go. At most `max_free_bytes`
-wait (device memory the recording holds beyond its staged stores, until it ends); the rest go
-back to torch, and all of them when the recording ends (close()) or an allocation of the
-recorder's finds no room. Where the runtime is not called for a device (another device than the
+reads on their own stream are waited for before a buffer is let go. Buffers wait while they and
+what `held()` counts (the recording's staged stores) stay within `max_bytes`: the recording's
+device memory never passes its staging budget; the rest go back to torch, and all of them when
+the recording ends (close()) or an allocation of the recorder's finds no room. Where the runtime is not called for a device (another device than the
 current one), torch's allocator alone serves; the runtime's host twin (tests) is kept alike.
 """
 from __future__ import annotations
@@ -23,16 +23,17 @@ import torch
 
 from replay.recorder import cuda_runtime
 
-# a Liger block's step stages ~0.35 GiB of activations; kept buffers are live tensors, which torch
-# cannot take back when the program itself runs out of memory: no more than a step's
-MAX_FREE_BYTES = 512 << 20
-
 
 class DeviceBuffers:
-    """Buffers of `allocate(nbytes, device)` kept by (device, stream, size) once given back."""
+    """Buffers of `allocate(nbytes, device)` kept by (device, stream, size) once given back, while
+    they and the bytes `held()` counts stay within `max_bytes` (kept buffers are live tensors,
+    which torch cannot take back when the program itself runs out of memory). A bound of a step's
+    worth or less is worse than none: a Liger block's step stages ~1.1 GiB in buffers of 16 MiB to
+    250 MiB, and one of 512 MiB dropped and allocated ~15 a step again (docs/PERFORMANCE.md)."""
 
-    def __init__(self, allocate: Callable[[int, torch.device], torch.Tensor], max_free_bytes: int = MAX_FREE_BYTES):
-        self._allocate, self.max_free_bytes = allocate, max_free_bytes
+    def __init__(self, allocate: Callable[[int, torch.device], torch.Tensor], max_bytes: int,
+                 held: Callable[[], int] = lambda: 0):
+        self._allocate, self.max_bytes, self._held = allocate, max_bytes, held
         self._free: dict[tuple[int | None, int, int], list[torch.Tensor]] = {}
         self._free_bytes = 0
         self._closed = False  # the recording ended: buffers its writers give back go to torch
@@ -63,7 +64,7 @@ class DeviceBuffers:
 
     def _give(self, key: tuple[int | None, int, int], buffer: torch.Tensor) -> None:
         with self._lock:
-            if not self._closed and self._free_bytes + key[2] <= self.max_free_bytes:  # else torch has it back
+            if not self._closed and self._free_bytes + key[2] + self._held() <= self.max_bytes:  # else torch's
                 # setdefault: a collection while the list is made may give back another buffer of this key
                 self._free.setdefault(key, []).append(buffer)
                 self._free_bytes += key[2]
@@ -93,4 +94,4 @@ def _allocate(nbytes: int, device: torch.device) -> torch.Tensor:
 
 
 # for work outside a recording's own (which keeps its buffers for reuse): torch's allocator alone
-UNKEPT = DeviceBuffers(_allocate, max_free_bytes=0)
+UNKEPT = DeviceBuffers(_allocate, max_bytes=0)

@@ -40,6 +40,12 @@ SEGMENT_SECONDS = 0.5
 # many bytes: a large call's hashing and writing are worth a writer now, beside the other one
 HANDOFF_CALLS = 8
 HANDOFF_BYTES = 1 << 20
+# A host copy this small leaves its pooled pinned buffer as a writer takes its call: the open
+# segment holds its calls' copies until it is written (up to SEGMENT_SECONDS), and meanwhile every
+# step of the program would find no free buffer of that size and pin a new one (~40 us or more on
+# the program's thread, several a step, measured on an H200: docs/PERFORMANCE.md). Larger copies
+# stay: copying them again would hold the interpreter lock on the writer's side for longer.
+UNPIN_BYTES = 256 << 10
 
 
 @dataclass
@@ -394,6 +400,8 @@ class CallWriter:
                 if copy.chunked:
                     chunks[key] = self._put_chunks(copy)
                     self.release(copy)  # not held until the segment is written: a cache's copy is large
+                elif copy.buffer is not None and copy.nbytes <= UNPIN_BYTES:
+                    self.pool.give(copy.unpin())
         except BaseException:  # a later store of the same memory waits for these: never in vain
             for copy in call.copies.values():
                 if copy.pieces is not None:
