@@ -736,3 +736,32 @@ def test_on_a_gpu_an_unread_launch_is_waited_for_before_its_pinned_buffer_goes_b
     del history, batch
     gc.collect()
     assert given == [True]
+
+
+def test_a_written_store_lets_go_of_its_checksums_while_its_segment_is_still_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    # the open segment holds its calls until written (up to segment_seconds): their checksums' device
+    # and pinned memory must not wait with them, or every step takes new ones meanwhile
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))  # on a GPU, unused
+    made: list[weakref.ref] = []
+    real = piece_batch.Checksums.__init__
+
+    def counted(self: piece_batch.Checksums) -> None:
+        real(self)
+        made.append(weakref.ref(self))
+    monkeypatch.setattr(piece_batch.Checksums, "__init__", counted)
+    cache = torch.zeros(64, 4096, device=device)
+    with replay.recording(tmp_path / "snap", chunk_threshold=1, segment_seconds=60) as recording:
+        for step in range(12):
+            write_row(cache, torch.full((4096,), float(step + 1), device=device), step)
+        recording.calls.hand_off()
+        deadline = time.monotonic() + 30
+        while recording.calls._taken < 12 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert recording.calls._taken == 12 and recording.calls.written == 0  # all in the open segment
+        gc.collect()
+        assert len(made) >= 12 and sum(ref() is not None for ref in made) <= 2  # the last store's, to compare with
+    calls = list(Snapshot(tmp_path / "snap"))
+    assert [float(call.tensors["out/cache"][step, 0]) for step, call in enumerate(calls)] == \
+        [float(step + 1) for step in range(12)]

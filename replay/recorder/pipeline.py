@@ -451,6 +451,9 @@ class CallWriter:
     def release(self, copy: HostCopy) -> None:
         if copy.pieces is not None:  # never written (a flight recording forgot it): a later store hashes all
             copy.pieces.hashed(None)
+            # and let go: the open segment holds the copy until written, its checksums (device and
+            # pinned memory) would wait with it while every step takes new ones
+            copy.pieces = None
         if copy.buffer is not None:
             self.pool.give(copy.buffer)
             copy.buffer = None
