@@ -765,3 +765,17 @@ def test_a_written_store_lets_go_of_its_checksums_while_its_segment_is_still_ope
     calls = list(Snapshot(tmp_path / "snap"))
     assert [float(call.tensors["out/cache"][step, 0]) for step, call in enumerate(calls)] == \
         [float(step + 1) for step in range(12)]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_byte_budget_counts_staged_stores_written_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            device: str, asynchronous: bool) -> None:
+    # written on the calling thread, a call's copies are released before the budget counts them
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))  # on a GPU, unused
+    cache = torch.zeros(64, 4096, device=device)  # 1 MiB: in and out staged, 2 MiB a call
+    with replay.recording(tmp_path / "snap", chunk_threshold=1, asynchronous=asynchronous,
+                          max_bytes=5 << 20) as recording:
+        for step in range(4):
+            write_row(cache, torch.full((4096,), float(step + 1), device=device), step)
+    assert recording.stopped and len(Snapshot(tmp_path / "snap")) == 3  # the third call spent the budget

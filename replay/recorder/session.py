@@ -347,9 +347,11 @@ class Recording(GraphRecording):
         if self.ring is not None:
             self.ring.add(call)
         else:
+            # its bytes summed only where a budget counts them, and before a writer (this thread's,
+            # when synchronous) releases its copies
+            nbytes = call.nbytes if self.options.max_bytes else 0
             self.calls.submit(call)
-            if self.options.max_bytes:  # its bytes summed only where a budget counts them
-                self.spend(call.nbytes)
+            self.spend(nbytes)
 
     def count_unrecorded(self, *, calls: int = 0, replays: int = 0) -> None:
         with self._report_lock:
