@@ -651,6 +651,35 @@ def test_staging_buffers_are_reused_by_size_and_stream_and_kept_within_the_stagi
     assert buffers.free_bytes == 0 and buffers.take(PIECE, cpu)[0] is not first
 
 
+def test_a_fresh_staging_buffer_lets_kept_ones_go_the_sizes_taken_least_lately_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))
+    buffers = DeviceBuffers(lambda nbytes, device: torch.empty(nbytes, dtype=torch.uint8, device=device), 4 * PIECE)
+    cpu = torch.device("cpu")
+    small, give_small = buffers.take(PIECE, cpu)
+    _, give_large = buffers.take(2 * PIECE, cpu)
+    give_small(), give_large()
+    again, give_again = buffers.take(PIECE, cpu)  # the small size taken again: the last to go
+    assert again is small
+    give_again()
+    assert buffers.free_bytes == 3 * PIECE
+    _, give_fresh = buffers.take(3 * PIECE, cpu)  # room for it: the large one goes, the small one stays
+    assert buffers.free_bytes == PIECE and buffers.take(PIECE, cpu)[0] is small
+    give_fresh()
+
+
+def test_a_tracker_that_forgot_its_stores_is_freed_without_the_cycle_collector() -> None:
+    tracker = chunk_changes.PieceTracker()
+    tracker.forget()
+    gone = weakref.ref(tracker)
+    gc.disable()
+    try:
+        del tracker
+        assert gone() is None
+    finally:
+        gc.enable()
+
+
 def test_kept_staging_buffers_go_back_to_torch_when_an_allocation_finds_no_room(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))

@@ -331,9 +331,9 @@ class _Hold:
     def give_back(self) -> None:
         nbytes, self._nbytes = self._nbytes, 0
         give_buffer, self._give_buffer = self._give_buffer, nothing  # it holds the buffer: let go of it
-        if nbytes:  # no longer staged, then kept: the buffers kept and the staged stores share a bound
-            self._give_back(nbytes)
+        if nbytes:  # kept before the bytes count as let go: a store waiting for room then finds it
             give_buffer()
+            self._give_back(nbytes)
 
     __del__ = give_back
 

@@ -7,10 +7,12 @@ tensors again and again, so buffers are kept by exact size once let go and taken
 next store of that size: a dictionary's list, no torch operator. Like torch's own allocator, a
 buffer is reused only on the stream it was taken on: the work queued on it (the checksums'
 launch writing the changed pieces) runs before any later use on that stream; the writers'
-reads on their own stream are waited for before a buffer is let go. Buffers wait while they and
-what `held()` counts (the recording's staged stores) stay within `max_bytes`: the recording's
-device memory never passes its staging budget; the rest go back to torch, and all of them when
-the recording ends (close()) or an allocation of the recorder's finds no room. Where the runtime is not called for a device (another device than the
+reads on their own stream are waited for before a buffer is let go. Kept buffers, what `held()`
+counts (the recording's staged stores) and a fresh buffer stay within `max_bytes` (the staging
+budget: the recorder's staged and kept device memory share one bound, its scratch in use
+besides): a buffer given back past it goes to torch, and a fresh one first lets kept ones go,
+the sizes taken least lately first (sizes the program no longer makes). All go back to torch
+when the recording ends (close()) or an allocation of the recorder's finds no room. Where the runtime is not called for a device (another device than the
 current one), torch's allocator alone serves; the runtime's host twin (tests) is kept alike.
 """
 from __future__ import annotations
@@ -24,6 +26,10 @@ import torch
 from replay.recorder import cuda_runtime
 
 
+def _none_held() -> int:
+    return 0
+
+
 class DeviceBuffers:
     """Buffers of `allocate(nbytes, device)` kept by (device, stream, size) once given back, while
     they and the bytes `held()` counts stay within `max_bytes` (kept buffers are live tensors,
@@ -32,7 +38,7 @@ class DeviceBuffers:
     250 MiB, and one of 512 MiB dropped and allocated ~15 a step again (docs/PERFORMANCE.md)."""
 
     def __init__(self, allocate: Callable[[int, torch.device], torch.Tensor], max_bytes: int,
-                 held: Callable[[], int] = lambda: 0):
+                 held: Callable[[], int] = _none_held):
         self._allocate, self.max_bytes, self._held = allocate, max_bytes, held
         self._free: dict[tuple[int | None, int, int], list[torch.Tensor]] = {}
         self._free_bytes = 0
@@ -48,11 +54,15 @@ class DeviceBuffers:
             return self._allocate(nbytes, device), nothing
         key = (device.index, runtime.current_stream(device.index), nbytes)
         with self._lock:
-            free = self._free.get(key)
+            free = self._free.pop(key, None)
             if free:
+                self._free[key] = free  # a size in use moves to the end: the last to be let go (_trim)
                 self._free_bytes -= nbytes
                 buffer = free.pop()
                 return buffer, functools.partial(self._give, key, buffer)
+            # a fresh one: kept ones make room for it first, so that kept, held and new fit the bound
+            dropped = self._trim(self.max_bytes - self._held() - nbytes)
+        del dropped  # back to torch, outside the lock
         try:
             buffer = self._allocate(nbytes, device)
         except torch.cuda.OutOfMemoryError:  # the kept ones back to torch first, which may fit this one
@@ -69,6 +79,21 @@ class DeviceBuffers:
                 self._free.setdefault(key, []).append(buffer)
                 self._free_bytes += key[2]
 
+    def _trim(self, room: int) -> list[torch.Tensor]:
+        """Let kept buffers go, the sizes taken least lately first (sizes a program no longer
+        makes), until the kept ones fit in `room`; those let go (called holding the lock)."""
+        dropped: list[torch.Tensor] = []
+        for key in list(self._free):
+            if self._free_bytes <= room:
+                break
+            free = self._free.pop(key)
+            while free and self._free_bytes > room:
+                dropped.append(free.pop())
+                self._free_bytes -= key[2]
+            if free:
+                self._free[key] = free
+        return dropped
+
     def clear(self) -> None:
         """Give every kept buffer back to torch."""
         with self._lock:
@@ -78,6 +103,7 @@ class DeviceBuffers:
         """The recording ended: every buffer goes back to torch, those given back later too."""
         with self._lock:
             self._closed = True
+            self._held = _none_held  # and no cycle through the tracker that counts them
         self.clear()
 
     @property
