@@ -12,8 +12,9 @@ counts (the recording's staged stores) and a fresh buffer stay within `max_bytes
 budget: the recorder's staged and kept device memory share one bound, its scratch in use
 besides): a buffer given back past it goes to torch, and a fresh one first lets kept ones go,
 the sizes taken least lately first (sizes the program no longer makes). All go back to torch
-when the recording ends (close()) or an allocation of the recorder's finds no room. Where the runtime is not called for a device (another device than the
-current one), torch's allocator alone serves; the runtime's host twin (tests) is kept alike.
+when the recording ends (close()) or an allocation of the recorder's finds no room. Where the
+runtime is not called for a device (another device than the current one), torch's allocator
+alone serves; the runtime's host twin (tests) is kept alike.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class DeviceBuffers:
     they and the bytes `held()` counts stay within `max_bytes` (kept buffers are live tensors,
     which torch cannot take back when the program itself runs out of memory). A bound of a step's
     worth or less is worse than none: a Liger block's step stages ~1.1 GiB in buffers of 16 MiB to
-    250 MiB, and one of 512 MiB dropped and allocated ~15 a step again (docs/PERFORMANCE.md)."""
+    250 MiB, and one of 512 MiB let ~6 go and allocated ~15 a step (docs/PERFORMANCE.md)."""
 
     def __init__(self, allocate: Callable[[int, torch.device], torch.Tensor], max_bytes: int,
                  held: Callable[[], int] = _none_held):
