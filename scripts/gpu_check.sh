@@ -5,8 +5,11 @@
 # downloaded beforehand into .whl/ (gitpython, gitdb, smmap) are installed from there, and the
 # project is installed editable so its entry points (the trusted 'replay_kernels' provider) exist.
 #   scripts/gpu_check.sh [bench options, e.g. --sweep]
-#   PART=1/2 scripts/gpu_check.sh     # every other test file (then PART=2/2), no bench: the whole
-#                                     # suite takes an H200 lease ~10 minutes, past one command's limit
+#   PART=1/3 scripts/gpu_check.sh     # every third test file (then PART=2/3, PART=3/3), no bench: the
+#                                     # whole suite takes an H200 lease ~16 minutes, and half of it ran
+#                                     # past one command's 10-minute limit (2026-11-27)
+# Each test's outcome is logged as it ends (pytest -v), so a run stopped by a time limit still
+# names the tests that failed before it; they are printed again at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export OUT="${OUT:-$PWD/out}"
@@ -27,7 +30,7 @@ if [ -n "${PART:-}" ]; then
         if [ $((i % parts)) -eq $((part - 1)) ]; then selected+=("${files[$i]}"); fi
     done
 fi
-python3 -m pytest "${selected[@]}" -q -p no:cacheprovider -rfEs --tb=short --durations=15 -n "${JOBS:-12}" \
+python3 -m pytest "${selected[@]}" -v -p no:cacheprovider -rfEs --tb=short --durations=15 -n "${JOBS:-12}" \
     --deselect tests/test_types.py::test_replay_type_checks_clean \
     --deselect tests/test_packaging.py::test_hugging_face_kernels_and_kernel_replay_import_side_by_side \
     2>&1 | tee "$OUT/pytest.log"
