@@ -3,6 +3,7 @@ kernel-replay and Hugging Face's `kernels` (which transformers imports for hub k
 in one environment. The bundled kernels install as `replay_kernels`."""
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import subprocess
@@ -19,8 +20,12 @@ INSTALLED_AS = {"replay": "replay", "kernels": "replay_kernels"}  # repository f
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                           "-w", str(out), str(ROOT)], capture_output=True, text=True)
+    # one build at a time across pytest-xdist's workers: two at once in the repository race on its
+    # build/ and egg-info folders ("Building wheel ... did not run successfully")
+    with open(tmp_path_factory.getbasetemp().parent / "wheel-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                               "-w", str(out), str(ROOT)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     (built,) = out.glob("kernel_replay-*.whl")
     return built
