@@ -85,8 +85,7 @@ class HostCopy:
         buffer, for the caller to give back."""
         buffer = self.buffer
         assert buffer is not None, "a host copy unpinned twice"
-        dtype = DTYPES[self.geometry.dtype]
-        nbytes = self.geometry.span * dtype.itemsize
+        dtype, nbytes = DTYPES[self.geometry.dtype], self.nbytes
         # numpy's copy, not a torch operator: a writer's operator lets go of the lock and waits for it again
         self.made = torch.from_numpy(buffer[:nbytes].numpy().copy()).view(dtype) if nbytes else _no_bytes(dtype)
         self.buffer = None
