@@ -17,7 +17,11 @@ round runs bare, then `record` with this tree's package and with TREE's (which g
 alternates), each in a process of its own: one process's later steps vary by 15-20% from the
 next's, so a change of a few percent shows only in the medians of several rounds, printed last.
 
-The first timed step comes after one warm-up step that compiles every kernel. Printed: per mode,
+The first timed step comes after one warm-up step that compiles every kernel of the block. The
+recorder's own kernels (checksums, output buffers' masks) compile at a recording's first launches,
+once per machine (Triton keeps them in its cache on disk): a one-step recording runs first to
+compile them, as the warm-up step does the block's, and its first step is printed as the cold
+one, what a machine's first recording pays. Printed: per mode,
 the first step and the median of the later ones (ms), each against bare, the extra microseconds a
 launch, the bytes written and what was captured. A recording's first step stores ~1 GB of new
 bytes, which its writers take longer than the step to put on disk: its recording is flushed after
@@ -72,17 +76,22 @@ def main() -> None:
         parser.error(f"--modes: unknown {unknown}; known: {', '.join(MODES)}")
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-launches-", dir=os.environ.get("BENCH_DIR")) as tmp:
+        cold = run_child("record", Path(tmp) / "cold", args, steps=1) if "record" in modes else None
         for mode in modes:
             results[mode] = run_child(mode, Path(tmp) / mode, args)
         floors = bandwidth_floors(Path(tmp))
     print_table(results, args, floors)
+    if cold is not None:
+        print_cold(cold)
 
 
-def run_child(mode: str, target: Path, args: argparse.Namespace, tree: Path = ROOT) -> dict[str, Any]:
-    """One mode in a process of its own, importing `replay` from `tree`: its results, or its error."""
+def run_child(mode: str, target: Path, args: argparse.Namespace, tree: Path = ROOT,
+              steps: int | None = None) -> dict[str, Any]:
+    """One mode in a process of its own, importing `replay` from `tree`, for `steps` timed steps
+    (args.steps unless given): its results, or its error."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
     done = subprocess.run([sys.executable, __file__, "--child", mode, "--dir", str(target), "--steps",
-                           str(args.steps), "--shape", *map(str, args.shape)], capture_output=True, text=True, env=env)
+                           str(steps or args.steps), "--shape", *map(str, args.shape)], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -283,6 +292,16 @@ def print_table(results: dict[str, dict[str, Any]], args: argparse.Namespace, fl
               + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in bounds.items())
               + f"; the bound 1.25x the largest: {bound * 1e3:.1f} ms, written in "
               f"{record['first_written_s'] / bound:.2f}x it; later steps {later_bytes / 1e6:.1f} MB a step")
+
+
+def print_cold(cold: dict[str, Any]) -> None:
+    """The one-step recording that compiled the recorder's own kernels before the table's runs."""
+    if "error" in cold:
+        print(f"\nthe recording that compiled the recorder's kernels failed: {cold['error']}")
+        return
+    print(f"\nbefore these runs, a one-step recording compiled the recorder's own kernels (once per machine: "
+          f"Triton's cache): its step took {cold['steps'][0] * 1e3:.1f} ms, its {cold['first_bytes'] / 1e6:.1f} MB "
+          f"written in {cold['first_written_s'] * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -29,3 +29,15 @@ def test_a_tree_without_kernel_replay_is_refused_by_name(tmp_path: Path) -> None
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert f"--against {tmp_path}: no kernel-replay tree there (no replay/__init__.py)" in done.stderr
+
+
+def test_the_recorders_kernels_compile_in_a_recording_of_their_own_before_the_timed_modes() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), *SMOKE, "--modes", "bare,record"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split(" | ")[0]: line for line in done.stdout.splitlines() if line.startswith("| ")}
+    assert {"| bare", "| record"} <= set(rows), done.stdout
+    cold = re.search(r"a one-step recording compiled the recorder's own kernels .*: its step took (\d+\.\d) ms, "
+                     r"its (\d+\.\d) MB written in (\d+\.\d) ms", done.stdout)
+    assert cold is not None, done.stdout
+    assert float(cold[3]) >= float(cold[1]) > 0  # its bytes are written after its step ends, not before
