@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from replay.recorder.copies import BlobRef, HostCopy, PinnedPool
+from replay.recorder.repeats import Repeats, Site
 from replay.snapshot import SnapshotWriter
 from replay.snapshot.tensors import Geometry
-from replay.snapshot.writer import CallPart
+from replay.snapshot.writer import CallPart, cut_bytes, host_bytes
 
 WHEN_FULL = ("block", "drop")
 DEFAULT_QUEUE_DEPTH = 64
@@ -215,6 +216,7 @@ class CallWriter:
         self._work: queue.SimpleQueue[list[tuple[int, Pending]] | None] = queue.SimpleQueue()
         self._handoff: list[tuple[int, Pending]] = []  # submitted, not yet handed to the writers
         self._handoff_bytes = 0  # their host bytes
+        self._repeats = Repeats(pool.give)  # untracked chunked stores, by site: their pieces alike the last not hashed
         self._threads = [threading.Thread(target=self._run, name=f"replay-capture-writer-{n}", daemon=True)
                          for n in range(threads if asynchronous else 0)]
         for thread in self._threads:
@@ -285,6 +287,7 @@ class CallWriter:
         for thread in threads:
             thread.join()
         self.flush()
+        self._repeats.close()
         self.writer.close()
 
     def _run(self) -> None:
@@ -398,7 +401,7 @@ class CallWriter:
             blobs = {key: ref.resolve(self.writer, self.release, self.pool) for key, (ref, _) in call.blobs.items()}
             for key, copy in call.copies.items():
                 if copy.chunked:
-                    chunks[key] = self._put_chunks(copy)
+                    chunks[key] = self._put_chunks(copy, (call.header["op"], key))
                     self.release(copy)  # not held until the segment is written: a cache's copy is large
                 elif copy.buffer is not None and copy.nbytes <= UNPIN_BYTES:
                     self.pool.give(copy.unpin())
@@ -414,13 +417,17 @@ class CallWriter:
                                      {key: c.span for key, c in call.copies.items() if not c.chunked},
                                      geometries, blobs, chunks, {key: made for key, (_, made) in call.befores.items()})
 
-    def _put_chunks(self, copy: HostCopy) -> str:
+    def _put_chunks(self, copy: HostCopy, site: Site) -> str:
         """Store a chunked copy's pieces, hashing only those changed since its memory's last store
         (those alone come over from the device where they wait there), none where the recording
-        stored the same bytes before; the digest of its list."""
+        stored the same bytes before; the digest of its list. An untracked copy's pieces alike the
+        last untracked store of its `site` are not hashed either (repeats.py)."""
         history = copy.pieces
-        if history is None:  # untracked: every piece hashed
-            return self.writer.put_chunks(copy.span)[0]
+        if history is None:
+            raw = host_bytes(copy.span)
+            digest, digests = self.writer.put_pieces(cut_bytes(raw), self._repeats.known(site, raw))
+            self._repeats.keep(site, copy, raw, digests)
+            return digest
         same = history.stored_before()
         if same is not None:
             history.hashed(*same, new=[])  # nothing comes over: its staged pieces are let go

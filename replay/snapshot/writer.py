@@ -240,13 +240,13 @@ class SnapshotWriter:
         piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return the list's
         digest and the pieces'. A piece or a list another call already stored costs nothing, nor
         does hashing a piece of zeros."""
-        raw = _bytes(span)
-        return self.put_pieces(_pieces(raw), hashing.known_zeros(raw, CHUNK_BYTES))
+        raw = host_bytes(span)
+        return self.put_pieces(cut_bytes(raw), hashing.known_zeros(raw, CHUNK_BYTES))
 
     @staticmethod
     def cut(span: torch.Tensor) -> list[Any]:
         """A host span's bytes as CHUNK_BYTES pieces (numpy views, the last one maybe short)."""
-        return _pieces(_bytes(span))
+        return cut_bytes(host_bytes(span))
 
     def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> tuple[str, list[str]]:
         """put_chunks for a span already cut into pieces (uint8 arrays); a piece whose digest
@@ -396,11 +396,11 @@ class SnapshotWriter:
             self._manifest_stale = False
 
 
-def _bytes(span: torch.Tensor) -> Any:
+def host_bytes(span: torch.Tensor) -> Any:
     """A host span's bytes, as a numpy uint8 array over its memory."""
     return span.reshape(-1).view(torch.uint8).numpy()
 
 
-def _pieces(raw: Any) -> list[Any]:
+def cut_bytes(raw: Any) -> list[Any]:
     """Bytes (a numpy uint8 array) as CHUNK_BYTES pieces: views, the last one maybe short."""
     return [raw[start:start + CHUNK_BYTES] for start in range(0, len(raw), CHUNK_BYTES)]

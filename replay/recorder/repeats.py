@@ -1,0 +1,123 @@
+"""The pieces of an untracked chunked store that are alike the last store of the same site.
+
+A chunked store whose changes the device did not track (an output buffer's mask of unchanged
+elements, made on the device and copied whole; any chunked store of host memory) comes to a writer
+whole, and each of its pieces would be hashed. A program that repeats its steps repeats these
+bytes: on an H200 the Liger block's masks took the writers ~2 ms of processor time each, three a
+step, hashing 64 KiB at a time (each piece a turn at the interpreter lock the program's threads
+wait for). Each site's last store (its op and tensor key) is kept, bytes and piece digests; the
+next store is compared with it in one pass of numpy (which lets go of the lock), and a piece
+whose bytes are equal takes its digest. The bytes are compared, never assumed: the site only
+says which store to compare with.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from replay.snapshot import hashing
+from replay.snapshot.writer import CHUNK_BYTES
+
+# the kept stores' bytes, all sites together: an output buffer's mask is a bit an element (the
+# Liger block's largest: 16 MiB), a host store's bytes are its own
+KEPT_BYTES = 256 << 20
+
+Site = tuple[str, str]  # the call's op and the tensor's key (`kept/out`, `state/cache`)
+
+
+@dataclass
+class _Kept:
+    raw: Any  # numpy uint8 array: the store's bytes
+    digests: list[str]
+    buffer: torch.Tensor | None  # the pooled pinned buffer `raw` lives in, to give back when let go
+
+
+class Repeats:
+    """The last untracked chunked store of each site, its bytes held (`give` takes a pooled buffer
+    back when one is let go), up to `max_bytes` over all sites, the least lately stored let go first.
+    Shared by the writer threads: a site's store is taken out while it is compared, so no other
+    thread gives its buffer back meanwhile (a store of that site made then hashes every piece)."""
+
+    def __init__(self, give: Callable[[torch.Tensor], None], max_bytes: int = KEPT_BYTES) -> None:
+        self._give, self.max_bytes = give, max_bytes
+        self._kept: OrderedDict[Site, _Kept] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._bytes
+
+    def known(self, site: Site, raw: Any) -> list[str | None]:
+        """The digest of each piece of `raw` (contiguous uint8, cut every CHUNK_BYTES) that is known
+        without hashing it: alike the piece of the site's last store, or zeros; None for the rest."""
+        with self._lock:
+            last = self._kept.pop(site, None)
+            if last is not None:
+                self._bytes -= len(last.raw)
+        if last is None:
+            return hashing.known_zeros(raw, CHUNK_BYTES)
+        try:
+            if len(last.raw) != len(raw):
+                return hashing.known_zeros(raw, CHUNK_BYTES)
+            alike = _pieces_alike(raw, last.raw, CHUNK_BYTES)
+            if all(alike):  # a step like the last: no pass for zeros either
+                return list(last.digests)
+            zeros = hashing.known_zeros(raw, CHUNK_BYTES)
+            return [digest if same else zero for digest, same, zero in zip(last.digests, alike, zeros)]
+        finally:
+            self._let_go(last)
+
+    def keep(self, site: Site, copy: Any, raw: Any, digests: list[str]) -> None:
+        """Keep `raw`, the bytes of host copy `copy` (replay.recorder.copies.HostCopy) just stored as
+        `digests`, as the site's last store: its pooled buffer, if it has one, is this store's now
+        (`copy` gives it back no more)."""
+        if len(raw) > self.max_bytes:
+            return
+        kept = _Kept(raw, digests, copy.buffer)
+        copy.buffer = None
+        let_go: list[_Kept] = []
+        with self._lock:
+            replaced = self._kept.pop(site, None)
+            if replaced is not None:
+                self._bytes -= len(replaced.raw)
+                let_go.append(replaced)
+            self._kept[site] = kept
+            self._bytes += len(raw)
+            while self._bytes > self.max_bytes:
+                _, oldest = self._kept.popitem(last=False)
+                self._bytes -= len(oldest.raw)
+                let_go.append(oldest)
+        for old in let_go:
+            self._let_go(old)
+
+    def close(self) -> None:
+        """Let every kept store go (the recording is over)."""
+        with self._lock:
+            kept, self._kept, self._bytes = list(self._kept.values()), OrderedDict(), 0
+        for old in kept:
+            self._let_go(old)
+
+    def _let_go(self, kept: _Kept) -> None:
+        if kept.buffer is not None:
+            self._give(kept.buffer)
+            kept.buffer = None
+
+
+def _pieces_alike(raw: Any, last: Any, piece_bytes: int) -> list[bool]:
+    """Whether each piece of `raw` holds the bytes of the same piece of `last` (as long): one pass
+    over both, eight bytes at a time where they are aligned."""
+    whole = len(raw) // piece_bytes
+    rows, last_rows = raw[:whole * piece_bytes].reshape(whole, piece_bytes), last[:whole * piece_bytes].reshape(
+        whole, piece_bytes)
+    if piece_bytes % 8 == 0 and raw.ctypes.data % 8 == 0 and last.ctypes.data % 8 == 0:
+        rows, last_rows = rows.view(np.uint64), last_rows.view(np.uint64)
+    alike = (~np.not_equal(rows, last_rows).any(axis=1)).tolist() if whole else []
+    if len(raw) > whole * piece_bytes:
+        alike.append(bool(np.array_equal(raw[whole * piece_bytes:], last[whole * piece_bytes:])))
+    return alike
