@@ -172,7 +172,7 @@ def start_in_a_terminal(history, tmp: Path, marks: Path) -> subprocess.Popen:
 
 
 def wait_until(proc: subprocess.Popen, ready, what: str) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a loaded machine (fifteen test workers) took over 30 s to begin a probe
     while not ready():
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, f"waited in vain for {what}"
