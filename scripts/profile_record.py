@@ -4,6 +4,7 @@ runs it) recorded step after step, with the Python stacks of every thread sample
     python scripts/profile_record.py                          # on a GPU: 2048 tokens, hidden 4096, bf16
     python scripts/profile_record.py --steps 12 --interval 0.5
     python scripts/profile_record.py --timers                 # the recorder's steps timed instead
+    python scripts/profile_record.py --writer-timers          # the writers' steps timed: processor time a step
     python scripts/profile_record.py --census                 # the calls a recorded launch makes, counted
     python scripts/profile_record.py --timers --hold-writers --steps 5   # no writer takes the lock meanwhile
 
@@ -17,7 +18,9 @@ recorded) are the ones that cost the program; the writers' and hashers' threads 
 through the interpreter lock. A sample is taken when the sampler gets the lock: a thread in a
 long C call without releasing it is seen late. With `--timers`, instead of sampling, the
 recorder's own steps are timed where they run (TIMED: wall time inclusive, per call and a step,
-summed over threads), which says what a launch's recording costs the program piece by piece.
+summed over threads), which says what a launch's recording costs the program piece by piece;
+with `--writer-timers`, the writers' steps (WRITER_TIMED), whose processor time a step is what
+they take from the cores, and whose Python holds the interpreter lock the program waits for.
 With `--census`, every Python function and C function (torch's operators among them) that a
 recorded launch calls on the thread that launches it, counted a launch, with times (inflated by
 the profiler that counts them, so only their order means anything): unlike timings, the counts
@@ -82,6 +85,29 @@ TIMED = (
     ("replay.recorder.piece_batch", "Checksums.host"),
     ("replay.recorder.unchanged_bits", "unchanged_mask"),
     ("replay.recorder.pipeline", "CallWriter.submit"),
+)
+# the writers' steps, timed by --writer-timers where they run (writer threads; the program's thread
+# when a flush writes a segment): what each costs a step in processor time
+WRITER_TIMED = (
+    ("replay.recorder.pipeline", "CallWriter._finish"),
+    ("replay.recorder.pipeline", "CallWriter._call_part"),
+    ("replay.recorder.pipeline", "CallWriter._put_chunks"),
+    ("replay.recorder.pipeline", "CallWriter._write_segment"),
+    ("replay.recorder.pipeline", "CallWriter.release"),
+    ("replay.snapshot.writer", "SnapshotWriter.write_segment"),
+    ("replay.snapshot.writer", "SnapshotWriter.add_to_index"),
+    ("replay.snapshot.writer", "SnapshotWriter.put_pieces"),
+    ("replay.snapshot.writer", "SnapshotWriter.put_blob"),
+    ("replay.snapshot.writer", "write_atomic"),
+    ("replay.recorder.chunk_changes", "PieceHistory.content_key"),
+    ("replay.recorder.chunk_changes", "PieceHistory.stored_before"),
+    ("replay.recorder.chunk_changes", "PieceHistory.hashed"),
+    ("replay.recorder.piece_batch", "Checksums.host"),
+    ("replay.recorder.copies", "BlobRef.resolve"),
+    ("replay.recorder.copies", "HostCopy.unpin"),
+    ("replay.recorder.repeats", "Repeats.known"),
+    ("replay.snapshot.hashing", "piece_digests"),
+    ("json", "dumps"),
 )
 
 
@@ -214,14 +240,14 @@ def count_stores() -> collections.Counter[str]:
     return counted
 
 
-def time_steps() -> dict[str, list[float]]:
-    """From now on, each of TIMED's functions timed where it runs: name -> [calls, seconds, seconds
+def time_steps(steps: tuple[tuple[str, str], ...] = TIMED) -> dict[str, list[float]]:
+    """From now on, each of `steps`' functions timed where it runs: name -> [calls, seconds, seconds
     of the thread's processor time] (wall time beyond processor time is waiting: for the GPU, a
     lock, the interpreter lock)."""
     import importlib
 
     timed: dict[str, list[float]] = {}
-    for module_name, path in TIMED:
+    for module_name, path in steps:
         owner: Any = importlib.import_module(module_name)
         *outer, name = path.split(".")
         for part in outer:
@@ -261,6 +287,8 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=0.5, help="milliseconds between samples")
     parser.add_argument("--top", type=int, default=25, help="functions shown a table")
     parser.add_argument("--timers", action="store_true", help="time the recorder's steps (TIMED) instead of sampling")
+    parser.add_argument("--writer-timers", action="store_true",
+                        help="time the writers' steps (WRITER_TIMED) instead of sampling: processor time a step")
     parser.add_argument("--census", action="store_true",
                         help="count the calls each recorded launch makes (sys.setprofile) instead of sampling")
     parser.add_argument("--hold-writers", action="store_true",
@@ -280,7 +308,7 @@ def main() -> None:
     counted = count_stores()
     at_step = [0]
     compiled = count_compiles(at_step)
-    timed = time_steps() if args.timers else {}
+    timed = time_steps(WRITER_TIMED if args.writer_timers else TIMED) if args.timers or args.writer_timers else {}
     census = Census() if args.census else None
     sampler = Sampler(args.interval / 1e3)
     times = []
@@ -295,7 +323,7 @@ def main() -> None:
                     totals[:] = [0, 0.0, 0.0]
                 if census is not None:
                     census.on.set()
-                elif not args.timers:
+                elif not timed:
                     sampler.on.set()
             times.append(step())
             if n == 0:
@@ -316,13 +344,14 @@ def main() -> None:
     if census is not None:
         census.print(args.top)
         return
-    if args.timers:
+    if timed:
         print("recorder steps (inclusive: a step's time holds the steps it calls; summed over threads)")
-        print(f"  {'calls a step':>12} {'us a call':>10} {'cpu us':>8} {'ms a step':>10}  step")
+        print(f"  {'calls a step':>12} {'us a call':>10} {'cpu us':>8} {'ms a step':>10} {'cpu ms a step':>14}  step")
         for path, (calls, seconds, processor) in timed.items():
             each, a_step = seconds / max(calls, 1) * 1e6, seconds / sampled * 1e3
             processor_each = processor / max(calls, 1) * 1e6
-            print(f"  {calls / sampled:12.1f} {each:10.1f} {processor_each:8.1f} {a_step:10.2f}  {path}")
+            print(f"  {calls / sampled:12.1f} {each:10.1f} {processor_each:8.1f} {a_step:10.2f} "
+                  f"{processor / sampled * 1e3:14.2f}  {path}")
         return
     print(f"{sampler.samples} samples")
     for title, table in (("inclusive", sampler.inclusive), ("self", sampler.top)):
