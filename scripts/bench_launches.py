@@ -90,8 +90,9 @@ def run_child(mode: str, target: Path, args: argparse.Namespace, tree: Path = RO
     """One mode in a process of its own, importing `replay` from `tree`, for `steps` timed steps
     (args.steps unless given): its results, or its error."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([sys.executable, __file__, "--child", mode, "--dir", str(target), "--steps",
-                           str(steps or args.steps), "--shape", *map(str, args.shape)], capture_output=True, text=True, env=env)
+    command = [sys.executable, __file__, "--child", mode, "--dir", str(target), "--steps", str(steps or args.steps),
+               "--shape", *map(str, args.shape)]
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -15,6 +15,7 @@ from replay.recorder.copies import HostCopy
 from replay.snapshot import Snapshot, hashing
 from replay.snapshot.tensors import geometry_of
 from replay.snapshot.writer import CHUNK_BYTES, cut_bytes
+from test_capture_piece_changes import hashed_pieces
 
 PIECES = 6
 
@@ -26,15 +27,7 @@ def write_row(cache: torch.Tensor, row: int, value: float) -> None:
 
 @pytest.fixture
 def hashed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many pieces each hashing round hashed."""
-    counts: list[int] = []
-    original = hashing.hash_pieces
-
-    def counting(pieces):
-        counts.append(len(pieces))
-        return original(pieces)
-    monkeypatch.setattr(hashing, "hash_pieces", counting)
-    return counts
+    return hashed_pieces(monkeypatch)
 
 
 def test_a_repeated_store_hashes_only_the_pieces_that_changed_and_reads_back_exactly(tmp_path: Path, hashed) -> None:
@@ -82,7 +75,7 @@ def test_pieces_alike_the_sites_last_store_are_known_and_the_rest_not() -> None:
     known = store(kept, ("op", "kept/out"), changed)
     expected = hashing.piece_digests(cut_bytes(changed.numpy()))
     assert [n for n, digest in enumerate(known) if digest is None] == [2, PIECES]
-    assert [digest for digest in known if digest is not None] == [d for n, d in enumerate(expected) if n not in (2, PIECES)]
+    assert [d for d in known if d is not None] == [d for n, d in enumerate(expected) if n not in (2, PIECES)]
     assert len(given) == 1  # the first store's buffer, let go as the second took its place
     assert store(kept, ("op", "kept/other"), changed) == [None] * (PIECES + 1)  # another site: nothing known
     assert store(kept, ("op", "kept/out"), changed[:-1]) == [None] * (PIECES + 1)  # another length: nothing
