@@ -382,8 +382,8 @@ def test_a_call_that_failed_after_its_store_leaves_the_next_store_whole(tmp_path
 
 
 def test_changed_pieces_come_over_a_run_at_a_time() -> None:
-    assert chunk_changes._runs([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 6), (7, 9)]
-    assert chunk_changes._runs([4]) == [(4, 5)]
+    assert chunk_changes.consecutive_runs([0, 1, 2, 5, 7, 8]) == [(0, 3), (5, 6), (7, 9)]
+    assert chunk_changes.consecutive_runs([4]) == [(4, 5)]
 
 
 def record_steps(path: Path, device: str, steps: int = 3) -> None:

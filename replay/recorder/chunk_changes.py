@@ -261,7 +261,7 @@ class PieceHistory:
         if not wanted:  # nothing changed: nothing comes over
             return np.empty(0, dtype=np.uint8), None
         staged = self.staged
-        runs = _runs(wanted)
+        runs = consecutive_runs(wanted)
         if not staged.is_cuda:
             return torch.cat([staged[start * CHUNK_BYTES:end * CHUNK_BYTES] for start, end in runs]).numpy(), None
         stream = _side_streams.get(staged.device)
@@ -375,7 +375,7 @@ def staging_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
-def _runs(pieces: list[int]) -> list[tuple[int, int]]:
+def consecutive_runs(pieces: list[int]) -> list[tuple[int, int]]:
     """Ascending piece numbers as runs of consecutive ones, [start, end)."""
     runs: list[tuple[int, int]] = []
     for n in pieces:

@@ -6,9 +6,11 @@ whole, and each of its pieces would be hashed. A program that repeats its steps 
 bytes: on an H200 the Liger block's masks took the writers ~2 ms of processor time each, three a
 step, hashing 64 KiB at a time (each piece a turn at the interpreter lock the program's threads
 wait for). Each site's last store (its op and tensor key) is kept, bytes and piece digests; the
-next store is compared with it in one pass of numpy (which lets go of the lock), and a piece
-whose bytes are equal takes its digest. The bytes are compared, never assumed: the site only
-says which store to compare with.
+next store's pieces of zeros are named as before (one pass), the others compared with the kept
+store a run of consecutive pieces at a time (numpy, which lets go of the lock), and a piece whose
+bytes are equal takes its digest. The bytes are compared, never assumed: the site only says
+which store to compare with. On the 2-core CPU machine, a decode loop's 64 MiB host cache (32
+steps, a 64 KiB row each) records in 1.31-1.32 s against 1.34-1.38 s hashing its written pieces.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from replay.recorder.chunk_changes import consecutive_runs
 from replay.snapshot import hashing
 from replay.snapshot.writer import CHUNK_BYTES
 
@@ -55,21 +58,25 @@ class Repeats:
 
     def known(self, site: Site, raw: Any) -> list[str | None]:
         """The digest of each piece of `raw` (contiguous uint8, cut every CHUNK_BYTES) that is known
-        without hashing it: alike the piece of the site's last store, or zeros; None for the rest."""
+        without hashing it: zeros, or alike the piece of the site's last store; None for the rest.
+        Zeros are found first, in one pass over all; the rest is compared a run of consecutive
+        pieces at a time (a cache filling up is compared where it is written)."""
         with self._lock:
             last = self._kept.pop(site, None)
             if last is not None:
                 self._bytes -= len(last.raw)
+        known = hashing.known_zeros(raw, CHUNK_BYTES)
         if last is None:
-            return hashing.known_zeros(raw, CHUNK_BYTES)
+            return known
         try:
             if len(last.raw) != len(raw):
-                return hashing.known_zeros(raw, CHUNK_BYTES)
-            alike = _pieces_alike(raw, last.raw, CHUNK_BYTES)
-            if all(alike):  # a step like the last: no pass for zeros either
-                return list(last.digests)
-            zeros = hashing.known_zeros(raw, CHUNK_BYTES)
-            return [digest if same else zero for digest, same, zero in zip(last.digests, alike, zeros)]
+                return known
+            for start, end in consecutive_runs([n for n, digest in enumerate(known) if digest is None]):
+                span = slice(start * CHUNK_BYTES, end * CHUNK_BYTES)  # a run of pieces that are not zeros
+                for n, same in enumerate(_pieces_alike(raw[span], last.raw[span], CHUNK_BYTES), start):
+                    if same:
+                        known[n] = last.digests[n]
+            return known
         finally:
             self._let_go(last)
 
