@@ -10,10 +10,11 @@ import pytest
 import torch
 
 import replay
-from replay.recorder import repeats
+from replay.recorder import cuda_runtime, graphs, repeats
 from replay.recorder.copies import HostCopy
+from replay.recorder.staging import CallSpec, Tensor
 from replay.snapshot import Snapshot, hashing
-from replay.snapshot.tensors import geometry_of
+from replay.snapshot.tensors import geometry_of, storage_span
 from replay.snapshot.writer import CHUNK_BYTES, cut_bytes
 from test_capture_piece_changes import hashed_pieces
 
@@ -48,9 +49,10 @@ def test_a_repeated_store_hashes_only_the_pieces_that_changed_and_reads_back_exa
 
 
 def host_copy(data: torch.Tensor, pooled: bool) -> HostCopy:
-    """A landed host copy of `data`'s bytes, in a buffer of its own standing for a pooled one."""
+    """A landed host copy of `data`'s bytes: in a buffer standing for a pooled one, or a clone."""
     buffer = data.reshape(-1).view(torch.uint8).clone()
-    return HostCopy(None, geometry_of(buffer), buffer=buffer) if pooled else HostCopy(buffer, geometry_of(buffer))
+    return (HostCopy(None, geometry_of(buffer), buffer=buffer) if pooled
+            else HostCopy(buffer, geometry_of(buffer), own_memory=True))
 
 
 def store(kept: repeats.Repeats, site, data: torch.Tensor, pooled: bool = True) -> list[str | None]:
@@ -114,3 +116,55 @@ def test_an_unpooled_copy_is_kept_by_reference_and_nothing_is_given_back() -> No
     assert store(kept, ("op", "in/x"), data, pooled=False) == hashing.piece_digests(cut_bytes(data.numpy()))
     kept.close()
     assert given == []
+
+
+def test_a_view_into_memory_given_back_elsewhere_is_never_kept() -> None:
+    kept = repeats.Repeats(lambda buffer: None)
+    slab = torch.full((4 * CHUNK_BYTES,), 5, dtype=torch.uint8)  # a graph replay's: the next replay reuses it
+    for _ in range(2):
+        view = HostCopy(slab[CHUNK_BYTES:3 * CHUNK_BYTES], geometry_of(slab[:2 * CHUNK_BYTES]))
+        raw = view.span.numpy()
+        assert kept.known(("op", "state/cache"), raw) == [None, None]
+        kept.keep(("op", "state/cache"), view, raw, hashing.piece_digests(cut_bytes(raw)))
+        assert kept.kept_bytes == 0
+
+
+def test_after_close_a_late_store_keeps_nothing_and_its_buffer_stays_with_its_copy() -> None:
+    given: list[torch.Tensor] = []
+    kept = repeats.Repeats(given.append)
+    kept.close()
+    copy = host_copy(torch.ones(CHUNK_BYTES, dtype=torch.uint8), pooled=True)
+    raw = copy.span.numpy()
+    kept.keep(("op", "late"), copy, raw, hashing.piece_digests(cut_bytes(raw)))
+    assert copy.buffer is not None and kept.kept_bytes == 0 and given == []  # the writer gives it back
+
+
+def test_the_bound_counts_a_kept_buffers_whole_size() -> None:
+    kept = repeats.Repeats(lambda buffer: None)
+    buffer = torch.ones(4 * CHUNK_BYTES, dtype=torch.uint8)  # pooled sizes are powers of two
+    copy = HostCopy(buffer[:CHUNK_BYTES + 1], geometry_of(buffer[:CHUNK_BYTES + 1]), buffer=buffer)
+    raw = copy.span.numpy()
+    kept.keep(("op", "kept/out"), copy, raw, hashing.piece_digests(cut_bytes(raw)))
+    assert kept.kept_bytes == 4 * CHUNK_BYTES
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["clones", "pooled buffers, as on a GPU"])
+def test_each_graph_replay_is_read_back_as_it_left_the_staged_tensor(tmp_path: Path, monkeypatch, pooled) -> None:
+    """A replay's calls are views into its slab, which goes back to the pool once written and is
+    the next replay's: a store kept by reference would compare the next replay with itself."""
+    if pooled:
+        monkeypatch.setattr(cuda_runtime, "HOST_TWINS", ("cpu",))
+    cache = torch.zeros(4 * CHUNK_BYTES // 4, dtype=torch.float32)
+    tape = graphs.Tape(graph_id=9)
+    staged = tape.stage(Tensor("state/cache", "argument 'cache'", cache, geometry_of(cache), persistent=True))
+    header = {"op": "repeats_graph_fill", "variant": "default", "provider": __name__,
+              "args": [{"name": "cache", "tensor": "state/cache"}], "returns_json": {}, "launch": [],
+              "meta": {"thread": "MainThread", "scope": {}, "graph": 9}}
+    tape.calls.append(graphs.CapturedCall(CallSpec("repeats_graph_fill", "default", __name__), header, [staged]))
+    with replay.recording(tmp_path / "snap", chunk_threshold=1, asynchronous=False) as recording:
+        for step in range(4):
+            cache.fill_(float(step + 1))
+            staged.tensor.copy_(storage_span(cache))  # what the graph's staging copy does at a replay
+            recording.record_replay(tape)
+    read = [record.tensors["state/cache"] for record in Snapshot(tmp_path / "snap")]
+    assert [float(t.view(torch.float32)[0]) for t in read] == [1.0, 2.0, 3.0, 4.0]

@@ -70,6 +70,9 @@ class HostCopy:
     # where a copy is read by other calls than its own: an event, or checksums' launch
     landed: cuda_streams.Landing | None = None
     on_device: bool = False  # its changed pieces (a blob's: all) wait on the device (pieces.staged); `span` empty
+    # `made` is memory of its own (a clone), no view into a buffer something else gives back (a graph
+    # replay's slab): a writer may keep it past the call (repeats.py)
+    own_memory: bool = False
 
     @property
     def span(self) -> torch.Tensor:
@@ -222,7 +225,8 @@ class Copier:
         if runtime is not None:
             return self._copy_through(runtime, span.data_ptr(), span.device, geometry, landed)
         if span.device.type != "cuda":
-            return HostCopy(span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone(), geometry)
+            return HostCopy(span.to("cpu", copy=True) if span.device.type != "cpu" else span.clone(), geometry,
+                            own_memory=True)
         nbytes = span.numel() * span.element_size()
         buffer = self.pool.take(nbytes)
         host = buffer[:nbytes].view(span.dtype)

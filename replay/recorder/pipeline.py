@@ -286,8 +286,10 @@ class CallWriter:
             self._work.put(None)
         for thread in threads:
             thread.join()
-        self.flush()
-        self._repeats.close()
+        try:
+            self.flush()
+        finally:
+            self._repeats.close()
         self.writer.close()
 
     def _run(self) -> None:

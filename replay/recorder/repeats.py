@@ -38,6 +38,7 @@ class _Kept:
     raw: Any  # numpy uint8 array: the store's bytes
     digests: list[str]
     buffer: torch.Tensor | None  # the pooled pinned buffer `raw` lives in, to give back when let go
+    nbytes: int  # the memory held: the buffer's (a power of two), or the bytes'
 
 
 class Repeats:
@@ -50,6 +51,7 @@ class Repeats:
         self._give, self.max_bytes = give, max_bytes
         self._kept: OrderedDict[Site, _Kept] = OrderedDict()
         self._bytes = 0
+        self._closed = False  # a store written after close (a late call) keeps nothing: none would give it back
         self._lock = threading.Lock()
 
     @property
@@ -64,7 +66,7 @@ class Repeats:
         with self._lock:
             last = self._kept.pop(site, None)
             if last is not None:
-                self._bytes -= len(last.raw)
+                self._bytes -= last.nbytes
         known = hashing.known_zeros(raw, CHUNK_BYTES)
         if last is None:
             return known
@@ -82,23 +84,30 @@ class Repeats:
 
     def keep(self, site: Site, copy: Any, raw: Any, digests: list[str]) -> None:
         """Keep `raw`, the bytes of host copy `copy` (replay.recorder.copies.HostCopy) just stored as
-        `digests`, as the site's last store: its pooled buffer, if it has one, is this store's now
-        (`copy` gives it back no more)."""
-        if len(raw) > self.max_bytes:
+        `digests`, as the site's last store, where the copy's memory can be kept: a pooled buffer
+        (this store's now: `copy` gives it back no more), or memory of its own. A view into a
+        buffer something else gives back (a graph replay's slab, reused by the next replay) is
+        never kept: its bytes would change under the comparison."""
+        buffer = copy.buffer
+        if buffer is None and not copy.own_memory:
             return
-        kept = _Kept(raw, digests, copy.buffer)
-        copy.buffer = None
+        nbytes = buffer.numel() * buffer.element_size() if buffer is not None else len(raw)
+        if nbytes > self.max_bytes:
+            return
         let_go: list[_Kept] = []
         with self._lock:
+            if self._closed:
+                return
+            copy.buffer = None
             replaced = self._kept.pop(site, None)
             if replaced is not None:
-                self._bytes -= len(replaced.raw)
+                self._bytes -= replaced.nbytes
                 let_go.append(replaced)
-            self._kept[site] = kept
-            self._bytes += len(raw)
+            self._kept[site] = _Kept(raw, digests, buffer, nbytes)
+            self._bytes += nbytes
             while self._bytes > self.max_bytes:
                 _, oldest = self._kept.popitem(last=False)
-                self._bytes -= len(oldest.raw)
+                self._bytes -= oldest.nbytes
                 let_go.append(oldest)
         for old in let_go:
             self._let_go(old)
@@ -106,7 +115,7 @@ class Repeats:
     def close(self) -> None:
         """Let every kept store go (the recording is over)."""
         with self._lock:
-            kept, self._kept, self._bytes = list(self._kept.values()), OrderedDict(), 0
+            kept, self._kept, self._bytes, self._closed = list(self._kept.values()), OrderedDict(), 0, True
         for old in kept:
             self._let_go(old)
 
