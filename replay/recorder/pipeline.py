@@ -438,7 +438,7 @@ class CallWriter:
         if copy.on_device:
             pieces, known, buffer = history.fetch(history.known(), self.pool.take)
         else:  # on the host whole: pieces known by checksums, or alike, are not hashed
-            pieces = self.writer.cut(copy.span)
+            pieces = cut_bytes(host_bytes(copy.span))
             known, alike, _, _ = history.plan(history.known())  # the pieces are all here
             for n, first in alike.items():
                 pieces[n] = pieces[first]

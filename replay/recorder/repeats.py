@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from replay.recorder.chunk_changes import consecutive_runs
+from replay.recorder.copies import HostCopy
 from replay.snapshot import hashing
 from replay.snapshot.writer import CHUNK_BYTES
 
@@ -82,10 +83,10 @@ class Repeats:
         finally:
             self._let_go(last)
 
-    def keep(self, site: Site, copy: Any, raw: Any, digests: list[str]) -> None:
-        """Keep `raw`, the bytes of host copy `copy` (replay.recorder.copies.HostCopy) just stored as
-        `digests`, as the site's last store, where the copy's memory can be kept: a pooled buffer
-        (this store's now: `copy` gives it back no more), or memory of its own. A view into a
+    def keep(self, site: Site, copy: HostCopy, raw: Any, digests: list[str]) -> None:
+        """Keep `raw`, the bytes of host copy `copy` just stored as `digests`, as the site's last
+        store, where the copy's memory can be kept: a pooled buffer (this store's now: `copy` gives
+        it back no more), or memory of its own. A view into a
         buffer something else gives back (a graph replay's slab, reused by the next replay) is
         never kept: its bytes would change under the comparison."""
         buffer = copy.buffer

@@ -243,11 +243,6 @@ class SnapshotWriter:
         raw = host_bytes(span)
         return self.put_pieces(cut_bytes(raw), hashing.known_zeros(raw, CHUNK_BYTES))
 
-    @staticmethod
-    def cut(span: torch.Tensor) -> list[Any]:
-        """A host span's bytes as CHUNK_BYTES pieces (numpy views, the last one maybe short)."""
-        return cut_bytes(host_bytes(span))
-
     def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> tuple[str, list[str]]:
         """put_chunks for a span already cut into pieces (uint8 arrays); a piece whose digest
         `known` gives (the same bytes were stored before) is not hashed again, and may be None: a
