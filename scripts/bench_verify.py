@@ -38,12 +38,12 @@ from replay import recorder
 from replay.recorder.staging import CallSpec
 from replay.registry import get_op
 from replay.tolerance import REDUCTION
-from replay.verify import verifier
-from replay.verify.verifier import WINDOW, Policy
+from replay.verify import reference_graphs
+from replay.verify.verifier import VERIFIER, WINDOW, Policy
 
 # (label, how verification is set for an op): None off; a float the sampling rate (gate on);
-# (rate, gate on or off[, "worker": the checks' references launched by the worker thread, not the
-# calling thread, as the verifier did until 2026-11-27]); a str a floor hook
+# (rate, gate on or off[, "eager": each check's reference run operator by operator, as the verifier
+# did until 2026-11-27, not replayed as its kind's CUDA graph]); a str a floor hook
 MODES: tuple[tuple[str, object], ...] = (
     ("off", None), ("floor: every call through a hook", "hook"),
     ("floor: the hook waits for the GPU", "sync"), ("the hook runs the reference after every call", "reference"),
@@ -51,10 +51,10 @@ MODES: tuple[tuple[str, object], ...] = (
     ("sample 0, outlier gate off: the unchecked call", (0.0, False)),
     ("sample 0, outlier gate on: the gate's statistics", (0.0, True)),
     ("sample 0.01, outlier gate off", (0.01, False)),
-    ("sample 0.01, outlier gate off, references launched by the worker", (0.01, False, "worker")),
-    ("sample 0.01", 0.01), ("sample 0.01, references launched by the worker", (0.01, True, "worker")),
-    ("sample 0.1", 0.1), ("sample 1.0", 1.0))
-CALLER_LAUNCHES = verifier.CALLER_LAUNCHES
+    ("sample 0.01, outlier gate off, references eager", (0.01, False, "eager")),
+    ("sample 0.01", 0.01), ("sample 0.01, references eager", (0.01, True, "eager")),
+    ("sample 0.1", 0.1), ("sample 1.0", 1.0), ("sample 1.0, references eager", (1.0, True, "eager")))
+GRAPH_DEVICES = reference_graphs.GRAPH_DEVICES
 
 
 replay.op("bench_verify_linear", tolerance=REDUCTION)
@@ -142,8 +142,8 @@ def floor_hook(kind: str) -> Callable[..., object]:
 
 
 def set_mode(names: tuple[str, ...], mode: object) -> None:
-    by_worker = isinstance(mode, tuple) and mode[2:] == ("worker",)
-    verifier.CALLER_LAUNCHES = () if by_worker else CALLER_LAUNCHES
+    eager = isinstance(mode, tuple) and mode[2:] == ("eager",)
+    reference_graphs.GRAPH_DEVICES = () if eager else GRAPH_DEVICES
     for op_name in names:
         replay.verify.stop(op_name)
         if isinstance(mode, str):
@@ -244,7 +244,7 @@ def main() -> int:
     print("| floor at sample 0.01: 1% of the reference's own cost | "
           + " | ".join(f"{t * 1e3:.2f} ({t / off:.3f}x)" for t, off in zip(floor, medians["off"])) + " |")
     print("\nplanted rare bug, sample 0.01, gate on:\n" + "\n".join(f"- {line}" for line in bugs))
-    print(f"\ncounters: {replay.verify.counters()}")
+    print(f"\ncounters: {replay.verify.counters()}; references' graphs captured: {VERIFIER.graphs.captures}")
     return 0
 
 

@@ -261,6 +261,12 @@ def options_from_env() -> RecordingOptions:
 _graph_methods: dict[str, Callable[..., Any]] = {}  # CUDAGraph's own, while wrapped
 
 
+def graph_method(name: str) -> Callable[..., Any]:
+    """CUDAGraph's own `name` ("capture_begin", "capture_end", "replay"), not the wrapper that
+    follows a capture for a recording: for graphs of the recorder's and verifier's own."""
+    return _graph_methods.get(name) or getattr(torch.cuda.CUDAGraph, name)
+
+
 def _wrap_graphs() -> None:
     """Wrap CUDAGraph's capture and replay: a capture is followed while a recording is active
     (background CUDA work is stopped first: a CUDA call on another thread breaks a capture in the

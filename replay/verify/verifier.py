@@ -45,7 +45,9 @@ from replay.recorder.staging import CallSpec
 from replay.context import recorder_work, returned_values, tag
 from replay.registry import Op
 from replay.snapshot.files import safe_component
+from replay.verify import reference_graphs
 from replay.verify.gate import StatsFeed
+from replay.verify.reference_graphs import Graph, ReferenceGraphs, copy_into, kind_of
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,7 @@ class _Check:
     launched: "_Launched | None" = None  # its reference's work, once launched (_launch)
     failure: Exception | None = None  # launching it on the calling thread raised: the worker reports it
     nbytes: int = 0  # what it holds until the worker is done with it (Settings.max_pending_bytes)
+    graph: Graph | None = None  # its kind's graph, whose statics hold its copies (reference_graphs.py)
 
 
 @dataclass
@@ -118,6 +121,7 @@ class _Launched:
     compared: list[tuple[str, torch.Tensor, torch.Tensor]]
     verdicts: list[torch.Tensor | None]
     done: Any
+    agreed: torch.Tensor | None = None  # a graph's verdict on every output, in host memory (reference_graphs.py)
 
 
 class Policy:
@@ -164,6 +168,7 @@ class Verifier:
         self._policies: list[Policy] = []
         self._retired_calls = 0
         self._pending_bytes = 0  # held by the checks submitted and not yet done (_Check.nbytes)
+        self.graphs = ReferenceGraphs()
         # the calling thread's launch: torch.compile's graph break around a checked call (_call) would
         # otherwise trace the reference too
         self._launch_eagerly = torch.compiler.disable(self._launch)
@@ -277,23 +282,36 @@ class Verifier:
         device = _cuda_device(bound.arguments.values())
         copying = self._streams(device)[0] if device is not None else None
         program = torch.cuda.current_stream(device) if device is not None else None
-        if copying is not None:
-            copying.wait_stream(program)  # the inputs as the program left them
-        with _on(copying):
-            inputs, kept = _inputs(bound.arguments, policy.op.mutates)
-        if copying is not None and program is not None:
-            program.wait_stream(copying)  # the call may write its inputs
-        result = call(*args, **kwargs)
-        if copying is not None:
-            copying.wait_stream(program)  # the outputs as the call left them
-        with _on(copying):
-            after = {name: _copy(value) for name, value in returned_values(result, policy.op.outputs).items()}
-            after.update({name: _copy(bound.arguments[name]) for name in policy.op.mutates if name in bound.arguments})
-        copied = None
-        if copying is not None and program is not None:
-            copied = copying.record_event()
-            program.wait_event(copied)  # the program may overwrite them next
-        check = _Check(policy, spec, number, signature, inputs, kept, after, result, device, copied)
+        graph = None
+        if _device_type(device) in CALLER_LAUNCHES and _device_type(device) in reference_graphs.GRAPH_DEVICES:
+            mutates = policy.op.mutates
+            graph = self.graphs.take(policy.op.name, kind_of(policy.op.name, bound.arguments,
+                                                             lambda name, value: _read_in_place(name, value, mutates)),
+                                     policy.op)
+        try:
+            if copying is not None:
+                copying.wait_stream(program)  # the inputs as the program left them
+            with _on(copying):
+                inputs, kept = _inputs(bound.arguments, policy.op.mutates, graph)
+            if copying is not None and program is not None:
+                program.wait_stream(copying)  # the call may write its inputs
+            result = call(*args, **kwargs)
+            if copying is not None:
+                copying.wait_stream(program)  # the outputs as the call left them
+            with _on(copying):
+                after = {name: _copy(value, graph, "after", name) for name, value in
+                         returned_values(result, policy.op.outputs).items()}
+                after.update({name: _copy(bound.arguments[name], graph, "after", name) for name in policy.op.mutates
+                              if name in bound.arguments})
+            copied = None
+            if copying is not None and program is not None:
+                copied = copying.record_event()
+                program.wait_event(copied)  # the program may overwrite them next
+        except BaseException:  # the call (or a copy) raised: no check, and the graph is free again
+            if graph is not None:
+                self.graphs.release(graph)
+            raise
+        check = _Check(policy, spec, number, signature, inputs, kept, after, result, device, copied, graph=graph)
         if _device_type(device) in CALLER_LAUNCHES:
             try:
                 self._launch_eagerly(check)
@@ -302,8 +320,10 @@ class Verifier:
                 # which would hold the program's frames (and their tensors) until then
                 check.failure = exc.with_traceback(None)
                 exc.__context__ = exc.__cause__ = None
-        check.nbytes = _tensor_bytes(value for name, value in inputs.items() if name not in kept) + \
-            _tensor_bytes(after.values()) + (_tensor_bytes(check.launched.expected.values()) if check.launched else 0)
+        if graph is None:  # a graph's statics are counted with the graph's memory (GRAPH_BYTES)
+            check.nbytes = _tensor_bytes(value for name, value in inputs.items() if name not in kept) + \
+                _tensor_bytes(after.values()) + (_tensor_bytes(check.launched.expected.values()) if check.launched
+                                                 else 0)
         self._submit(check)
         return result
 
@@ -346,6 +366,8 @@ class Verifier:
             except Exception as exc:  # a reference that raises: reported, never the program's problem
                 _check_failed(check, exc)
             finally:
+                if check.graph is not None:
+                    self.graphs.release(check.graph)
                 with self._lock:
                     self._pending_bytes -= check.nbytes
                 self._queue.task_done()
@@ -353,14 +375,50 @@ class Verifier:
 
     def _launch(self, check: _Check) -> None:
         """Run the reference on the check's copies, on the verifier's reference stream once the
-        copies are in place, and reduce the comparison there (nothing is read back here). As a
-        thread of its own would: whatever the calling thread has set (autocast, grad mode,
-        dispatch modes) left out, and never traced by torch.compile (see _launch_eagerly)."""
-        op = check.policy.op
+        copies are in place, and reduce the comparison there (nothing is read back here): one
+        replay of the kind's graph where it has one (captured here at its second check), else
+        eagerly. As a thread of its own would: whatever the calling thread has set (autocast, grad
+        mode, dispatch modes) left out, and never traced by torch.compile (see _launch_eagerly)."""
         stream = self._streams(check.device)[1] if check.device is not None else None
         if stream is not None:
             stream.wait_event(check.copied)
-        with _on(stream), torch.no_grad(), torch.autocast(_device_type(check.device), enabled=False), \
+        graph = check.graph
+        with _on(stream):
+            if graph is None or graph.unfit:
+                result = self._reference(check)
+            else:
+                if graph.replay is None:
+                    try:
+                        reference_graphs.capture(graph, lambda: self._reference(check), cuda=stream is not None)
+                    except Exception:
+                        self._uncapturable(check)
+                        return self._launch(check)
+                    self.graphs.captured(graph)
+                assert graph.replay is not None and graph.result is not None
+                graph.replay()
+                result = graph.result
+            done = stream.record_event() if stream is not None else None
+        check.launched = _Launched(*result, done, graph.agreed if graph is not None and not graph.unfit else None)
+
+    def _uncapturable(self, check: _Check) -> None:
+        """The check's reference could not be captured: its op is checked eagerly from now on, and
+        the stream the capture failed on is not used again (reference_graphs.py); this check too
+        runs eagerly (its graph goes, its statics stay its copies)."""
+        graph, check.graph = check.graph, None
+        self.graphs.uncapturable(check.policy.op.name)
+        if graph is not None:
+            self.graphs.release(graph)
+        if check.device is not None:
+            with self._lock:
+                copying, _ = self._cuda_streams[check.device]
+                self._cuda_streams[check.device] = (copying, torch.cuda.Stream(check.device))
+
+    def _reference(self, check: _Check) -> reference_graphs.Result:
+        """The op's reference on the check's inputs and the device's verdict on each output, on
+        the current stream: the expected outputs (with the op's mutated arguments as it left them),
+        the outputs compared, and a verdict each (None: decided on the host)."""
+        op = check.policy.op
+        with torch.no_grad(), torch.autocast(_device_type(check.device), enabled=False), \
                 _disable_current_modes(), recorder_work():  # its operators are no calls of the program either
             # the op's mutated arguments are copied again: the snapshot of a mismatch needs them as they came in
             arguments = {name: _copy(value) if name in op.mutates else value for name, value in check.inputs.items()}
@@ -369,9 +427,7 @@ class Verifier:
             expected.update({name: arguments[name] for name in op.mutates if name in arguments})
             compared = [(name, got, expected[name]) for name, got in check.after.items()
                         if isinstance(got, torch.Tensor) and isinstance(expected.get(name), torch.Tensor)]
-            verdicts = [_agrees(op, got, want) for _, got, want in compared]
-            done = stream.record_event() if stream is not None else None
-        check.launched = _Launched(expected, compared, verdicts, done)
+            return expected, compared, [_agrees(op, got, want) for _, got, want in compared]
 
     def _check(self, check: _Check) -> None:
         """On the worker: the reference run (here, where the calling thread did not launch it),
@@ -394,6 +450,8 @@ class Verifier:
             self.count("skipped")
             return
         self.count("checked")
+        if launched.agreed is not None and bool(launched.agreed):
+            return  # every output agrees: the graph's verdict, read from host memory
         flags = [v for v in launched.verdicts if v is not None]
         if len(flags) == len(launched.verdicts) and len({v.device for v in flags}) <= 1 and \
                 (not flags or bool(torch.stack(flags).all())):
@@ -477,22 +535,32 @@ def _tensor_bytes(values: Any) -> int:
     return sum(value.numel() * value.element_size() for value in values if isinstance(value, torch.Tensor))
 
 
-def _copy(value: Any) -> Any:
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+def _copy(value: Any, graph: Graph | None = None, part: str = "", name: str = "") -> Any:
+    """A tensor's copy (into the graph's static tensor of that `part` and name, where a check has
+    a graph); anything else as it is."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.detach().clone() if graph is None else copy_into(graph, part, name, value)
 
 
-def _inputs(arguments: dict[str, Any], mutates: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, int]]:
-    """A checked call's inputs, before it runs: copies, except tensors of KEEP_BYTES or more that
-    the op does not write (weights), which are kept as they are with their version counters, so a
-    check costs no copy of them; the program writing to one before the check runs is seen there,
-    and the check is skipped."""
+def _read_in_place(name: str, value: Any, mutates: tuple[str, ...]) -> bool:
+    """Whether a checked call's input is read where it is rather than copied (see _inputs)."""
+    return (isinstance(value, torch.Tensor) and name not in mutates and not value.is_inference()
+            and value.numel() * value.element_size() >= KEEP_BYTES)
+
+
+def _inputs(arguments: dict[str, Any], mutates: tuple[str, ...],
+            graph: Graph | None = None) -> tuple[dict[str, Any], dict[str, int]]:
+    """A checked call's inputs, before it runs: copies (into the graph's statics, with one),
+    except tensors of KEEP_BYTES or more that the op does not write (weights), which are kept as
+    they are with their version counters, so a check costs no copy of them; the program writing
+    to one before the check runs is seen there, and the check is skipped."""
     inputs, kept = {}, {}
     for name, value in arguments.items():
-        if (isinstance(value, torch.Tensor) and name not in mutates and not value.is_inference()
-                and value.numel() * value.element_size() >= KEEP_BYTES):
+        if _read_in_place(name, value, mutates):
             inputs[name], kept[name] = value, value._version
         else:
-            inputs[name] = _copy(value)
+            inputs[name] = _copy(value, graph, "inputs", name)
     return inputs, kept
 
 

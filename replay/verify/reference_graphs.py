@@ -1,0 +1,231 @@
+"""A checked call's reference replayed as a CUDA graph: one launch on the calling thread, where
+running the reference eagerly costs a launch an operator (the tiny model's attention reference:
+~30 operators, ~1 ms of the program's thread a check on an H200 host: docs/PERFORMANCE.md).
+
+A graph serves one *kind* of check: an op, and for each argument its type, shape, strides and
+device (a tensor) or its value (anything else; an argument with no hashable value has no kind),
+and for a large read-only input that a check reads in place instead of copying (a weight:
+verifier._inputs) its address, which the graph reads. The first check of a kind runs eagerly
+(most kinds a sampled check meets, it meets once); the second captures the kind's graph. A graph
+owns static tensors: the copies of the inputs and outputs that a check of its kind takes into them
+instead of into fresh clones, and what the reference and the comparison leave in its own memory
+pool (expected outputs, verdicts). From a check's copies until the worker has read its verdict
+(and written its snapshot), a graph is busy: a check of the same kind meanwhile runs eagerly.
+
+A reference that cannot be captured (it reads a value back on the host, or calls what a capture
+forbids) is run eagerly from then on, and the verifier stops using the stream its capture failed
+on: the allocator may still route that stream's allocations to the failed graph's pool.
+Bounds: KINDS kinds remembered an op, GRAPH_BYTES of device memory over every graph; the least
+recently used idle ones go first. A graph that alone needs more runs its kind eagerly.
+
+Captures and replays go through CUDAGraph's own methods, not those a recording wraps (a
+recording would follow the verifier's graph as the program's).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from replay.recorder import lifecycle
+
+GRAPH_DEVICES = ("cuda",)  # tests add "cpu": the same bookkeeping, a host twin of each graph
+KINDS = 64  # kinds remembered an op (graphs or first sightings); the least recently met forgotten past it
+GRAPH_BYTES = 256 << 20  # device memory the graphs of every op may hold together
+
+Kind = tuple
+Result = tuple[dict[str, Any], list[tuple[str, torch.Tensor, torch.Tensor]], list[torch.Tensor | None]]
+_TOO_LARGE = "too large"  # a kind whose graph alone would pass GRAPH_BYTES: checked eagerly
+
+
+def kind_of(op: str, arguments: dict[str, Any], read_in_place: Callable[[str, Any], bool]) -> Kind | None:
+    """A check's kind (module docstring), or None where an argument has none."""
+    parts: list[Any] = [op]
+    for name, value in arguments.items():
+        if isinstance(value, torch.Tensor):
+            parts.append((name, value.dtype, value.device, tuple(value.shape), value.stride(),
+                          value.data_ptr() if read_in_place(name, value) else None))
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            parts.append((name, type(value), value))
+        else:  # a list of tensors, a tuple, an object: what a graph would bake in is not known
+            return None
+    return tuple(parts)
+
+
+@dataclass(eq=False)
+class Graph:
+    """One kind's graph: its static tensors, and once captured, what replays it and the tensors a
+    replay writes (expected outputs, the comparisons, the device's verdicts)."""
+    kind: Kind
+    inputs: dict[str, torch.Tensor] = field(default_factory=dict)
+    after: dict[str, torch.Tensor] = field(default_factory=dict)
+    replay: Callable[[], None] | None = None
+    result: Result | None = None
+    # whether every output agreed, copied by each replay into host memory (pinned on a GPU), where
+    # the worker reads it with no operator of its own; None where an output is decided on the host
+    agreed: torch.Tensor | None = None
+    nbytes: int = 0
+    busy: bool = True
+
+    unfit: bool = False  # a check's tensor did not fit a static: that check ran eagerly, and the graph goes
+
+
+def copy_into(graph: Graph, part: str, name: str, value: torch.Tensor) -> torch.Tensor:
+    """`value` copied into the graph's static tensor `name` of `part` ("inputs" or "after": the
+    outputs), made like a clone the first time; where it does not fit (an output of another shape
+    for the same inputs), a clone, and the graph is unfit for this check."""
+    statics = graph.inputs if part == "inputs" else graph.after
+    held = statics.get(name)
+    if held is None:
+        held = statics[name] = value.detach().clone()
+        return held
+    if held.shape != value.shape or held.dtype != value.dtype or held.device != value.device:
+        graph.unfit = True
+        return value.detach().clone()
+    return held.copy_(value)
+
+
+class ReferenceGraphs:
+    """The graphs of every verified op, taken by a check and given back by the worker."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kinds: dict[str, OrderedDict[Kind, Graph | str | None]] = {}  # op -> kind -> its graph
+        self._eager: set[str] = set()  # ops whose reference could not be captured
+        self._owners: dict[str, object] = {}  # op -> the Op its graphs were captured for
+        self.bytes = 0
+        self.captures = 0
+
+    def take(self, op: str, kind: Kind | None, owner: object) -> Graph | None:
+        """The kind's graph, busy now (captured or still to be), or None: check this call eagerly.
+        `owner` is the op's declaration: declared anew (another reference, another tolerance), its
+        graphs and its past capture failure are forgotten. Graphs outlive a verification stopped
+        and started again (the bounds keep them few)."""
+        if kind is None:
+            return None
+        with self._lock:
+            if self._owners.setdefault(op, owner) is not owner:
+                self._owners[op] = owner
+                self._eager.discard(op)
+                self._drop(op)
+            if op in self._eager:
+                return None
+            kinds = self._kinds.setdefault(op, OrderedDict())
+            if kind not in kinds:  # a first sighting: eagerly, remembered
+                kinds[kind] = None
+                self._trim(kinds)
+                return None
+            kinds.move_to_end(kind)
+            graph = kinds[kind]
+            if graph is None:  # a second: its graph is captured at this check
+                graph = kinds[kind] = Graph(kind)
+                return graph
+            if not isinstance(graph, Graph) or graph.busy:  # too large, or in use
+                return None
+            graph.busy = True
+            return graph
+
+    def release(self, graph: Graph) -> None:
+        """The worker is done with the graph's tensors; an unfit graph is forgotten."""
+        with self._lock:
+            graph.busy = False
+            kinds = self._kinds.get(graph.kind[0])
+            if graph.unfit and kinds is not None and kinds.get(graph.kind) is graph:
+                del kinds[graph.kind]
+                if graph.replay is not None:
+                    self.bytes -= graph.nbytes
+
+    def captured(self, graph: Graph) -> bool:
+        """Count a new graph's memory; False (and the kind checked eagerly from now on) if it alone
+        would pass GRAPH_BYTES. Idle graphs go, least recently used first, to make room."""
+        with self._lock:
+            self.captures += 1
+            kinds = self._kinds.get(graph.kind[0])
+            if kinds is None or kinds.get(graph.kind) is not graph:  # forgotten meanwhile
+                return True
+            if graph.nbytes > GRAPH_BYTES:
+                kinds[graph.kind] = _TOO_LARGE
+                return False
+            for other_kinds in self._kinds.values():
+                for kind, other in list(other_kinds.items()):
+                    if self.bytes + graph.nbytes <= GRAPH_BYTES:
+                        break
+                    if isinstance(other, Graph) and not other.busy and other.replay is not None:
+                        del other_kinds[kind]
+                        self.bytes -= other.nbytes
+            self.bytes += graph.nbytes
+            return True
+
+    def uncapturable(self, op: str) -> None:
+        """The op's reference could not be captured: its graphs go, and every check of it runs
+        eagerly from now on (until it is declared anew)."""
+        with self._lock:
+            self._eager.add(op)
+            self._drop(op)
+
+    def _drop(self, op: str) -> None:
+        for graph in self._kinds.pop(op, {}).values():
+            if isinstance(graph, Graph) and graph.replay is not None:
+                self.bytes -= graph.nbytes
+
+    def _trim(self, kinds: OrderedDict[Kind, Graph | str | None]) -> None:
+        for kind, graph in list(kinds.items()):
+            if len(kinds) <= KINDS:
+                return
+            if not (isinstance(graph, Graph) and graph.busy):
+                del kinds[kind]
+                if isinstance(graph, Graph) and graph.replay is not None:
+                    self.bytes -= graph.nbytes
+
+
+def capture(graph: Graph, body: Callable[[], Result], cuda: bool) -> None:
+    """Capture `body` (the reference and the comparison, reading the graph's statics) into the
+    graph, on the current stream; nothing runs yet: `graph.replay()` runs it. Raises what the
+    capture raised (the graph is then unusable)."""
+    statics = sum(t.numel() * t.element_size() for t in (*graph.inputs.values(), *graph.after.values()))
+    agreed = torch.zeros((), dtype=torch.bool, pin_memory=cuda)  # pinned outside the capture: no allocation in it
+
+    def with_verdict() -> Result:
+        result = body()
+        flags = [v for v in result[2] if v is not None]
+        if len(flags) == len(result[2]):
+            graph.agreed = agreed
+            agreed.copy_(torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool), non_blocking=True)
+        return result
+
+    if not cuda:  # the host twin: a "replay" runs the body again into the tensors of its first run
+        graph.result = with_verdict()
+        graph.replay = lambda: _run_into(graph.result, with_verdict())
+        graph.nbytes = statics
+        return
+    cuda_graph = torch.cuda.CUDAGraph()
+    reserved = torch.cuda.memory_reserved()
+    lifecycle.graph_method("capture_begin")(cuda_graph, capture_error_mode="thread_local")
+    try:
+        result = with_verdict()
+    except BaseException:
+        with contextlib.suppress(Exception):  # ends the stream's capture; raises for the failed capture
+            lifecycle.graph_method("capture_end")(cuda_graph)
+        raise
+    lifecycle.graph_method("capture_end")(cuda_graph)
+    replay = lifecycle.graph_method("replay")
+    graph.result, graph.replay = result, lambda: replay(cuda_graph)
+    # the pool's segments it reserved (other threads allocating meanwhile make this an estimate)
+    graph.nbytes = statics + max(torch.cuda.memory_reserved() - reserved, 0)
+
+
+def _run_into(result: Result | None, fresh: Result) -> None:
+    """The host twin's replay: the fresh run's tensors copied into those of the first run, as a
+    graph's replay rewrites its memory."""
+    assert result is not None
+    expected, _, verdicts = result
+    for name, value in fresh[0].items():
+        if isinstance(value, torch.Tensor):
+            expected[name].copy_(value)
+    for verdict, new in zip(verdicts, fresh[2]):
+        if verdict is not None and new is not None:
+            verdict.copy_(new)

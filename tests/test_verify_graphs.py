@@ -1,0 +1,209 @@
+"""replay.verify: a checked call's reference replayed as a CUDA graph (replay/verify/reference_graphs.py).
+The first check of a kind runs eagerly, the second captures the kind's graph, later ones replay it
+(on a GPU the reference's Python then no longer runs); a mismatch found through a replay is named
+and written as ever; a reference that cannot be captured, a busy graph, an output that does not
+fit its graph and the memory bound each leave the check eager. The host twin ("cpu" added to
+GRAPH_DEVICES) runs the same bookkeeping, a "replay" running the reference again into the graph's
+tensors."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import replay
+from replay.cli import main
+from replay.verify import Mismatch, reference_graphs, verifier
+from replay.verify.reference_graphs import Graph, ReferenceGraphs, kind_of
+from replay.verify.verifier import VERIFIER
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+OWNER = object()  # an op's declaration, as ReferenceGraphs.take sees it
+
+scaled = replay.op("verify_graph_scaled", batch_axes={"x": 0, "out": 0})
+reference_runs: list[int] = []  # one entry each time the reference's Python runs
+
+
+@scaled.reference
+def scaled_reference(x: torch.Tensor, scale: float) -> torch.Tensor:
+    reference_runs.append(1)
+    return (x.double() * scale).float()
+
+
+@scaled.batched
+def scaled_batched(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Wrong by 1 in a row holding a value over 50."""
+    return x * scale + (x.abs().amax(dim=1, keepdim=True) > 50).to(x.dtype)
+
+
+@pytest.fixture
+def graphed(device: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Checks launched by the calling thread, through graphs, on `device` (the host twin on the CPU)."""
+    if device == "cpu":
+        monkeypatch.setattr(verifier, "CALLER_LAUNCHES", (*verifier.CALLER_LAUNCHES, "cpu"))
+        monkeypatch.setattr(reference_graphs, "GRAPH_DEVICES", (*reference_graphs.GRAPH_DEVICES, "cpu"))
+    replay.verify.configure(directory=tmp_path / "mismatches", seed=0, enabled=True)
+    monkeypatch.setattr(VERIFIER, "graphs", ReferenceGraphs())  # no graph, nor capture failure, of another test
+    reference_runs.clear()
+    yield tmp_path / "mismatches"
+    replay.verify.stop("verify_graph_scaled")
+    replay.verify.drain()
+
+
+def checked_one_by_one(device: str, inputs: list[torch.Tensor]) -> None:
+    """Each call checked and its check done before the next: the kind's graph is never busy."""
+    for x in inputs:
+        scaled_batched(x.to(device), 0.5)
+        assert replay.verify.drain() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_kind_checked_again_replays_its_graph_and_a_mismatch_through_it_is_named(device: str, graphed: Path) -> None:
+    found: list[Mismatch] = []
+    replay.verify("verify_graph_scaled", sample=1.0, outliers=False, on_mismatch=found.append)
+    captures = VERIFIER.graphs.captures
+    gen = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(8, 64, generator=gen) for _ in range(6)]
+    inputs[4][5, 9] = 99.0  # the fifth call is wrong in row 5: found through a replay of the graph
+    checked_one_by_one(device, inputs)
+    counted = replay.verify.counters()
+    assert VERIFIER.graphs.captures == captures + 1  # the second check captured it; the rest replayed
+    if device == "cuda":  # a replay runs no Python: the reference ran eagerly once, and once captured
+        assert len(reference_runs) == 2
+    assert counted["failed"] >= 1 and len(found) == 1
+    assert found[0].call == 4 and found[0].rows == [5] and found[0].max_abs == pytest.approx(1.0)
+    assert found[0].snapshot is not None, found[0].unwritten
+    result = CliRunner().invoke(main, ["run", str(found[0].snapshot), "--provider", __name__])
+    assert result.exit_code == 1 and "rows 5 wrong" in result.output, result.output
+    # the graph's own tensors were rewritten by each replay: a right call after the wrong one passes
+    checked_one_by_one(device, [torch.ones(8, 64)])
+    assert len(found) == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_reference_that_cannot_be_captured_is_checked_eagerly_from_then_on(
+        device: str, graphed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    found: list[Mismatch] = []
+    replay.verify("verify_graph_scaled", sample=1.0, outliers=False, on_mismatch=found.append)
+    if device == "cpu":  # the host twin captures anything: make its capture fail as a GPU's would
+        def refuse(graph: Graph, body: object, cuda: bool) -> None:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        monkeypatch.setattr(reference_graphs, "capture", refuse)
+    else:  # on a GPU, a reference that reads a value back on the host cannot be captured
+        monkeypatch.setattr(scaled.get("reference"), "fn",
+                            lambda x, scale: (x.double() * float(torch.tensor(scale, device=x.device).item())).float())
+    captures = VERIFIER.graphs.captures
+    inputs = [torch.full((4, 8), float(n)) for n in range(5)]
+    inputs[3][2, 1] = 80.0
+    checked_one_by_one(device, inputs)
+    counted = replay.verify.counters()
+    assert VERIFIER.graphs.captures == captures  # none captured; every check ran, eagerly
+    assert [m.call for m in found] == [3] and found[0].rows == [2]
+    assert counted["checked"] >= 5
+
+
+def test_a_busy_graph_leaves_a_check_of_its_kind_to_run_eagerly() -> None:
+    graphs = ReferenceGraphs()
+    kind = kind_of("op", {"x": torch.zeros(2, 3), "scale": 0.5}, lambda name, value: False)
+    assert graphs.take("op", kind, OWNER) is None  # met once: eagerly
+    graph = graphs.take("op", kind, OWNER)
+    assert isinstance(graph, Graph) and graph.busy  # met again: its graph, to capture
+    assert graphs.take("op", kind, OWNER) is None  # busy: eagerly
+    graphs.release(graph)
+    assert graphs.take("op", kind, OWNER) is graph
+    assert graphs.take("op", None, OWNER) is None  # no kind, no graph
+    graphs.release(graph)
+    assert graphs.take("op", kind, object()) is None  # the op declared anew: its graphs are gone
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_graphs_outlive_a_verification_stopped_and_started_again(device: str, graphed: Path) -> None:
+    replay.verify("verify_graph_scaled", sample=1.0, outliers=False)
+    captures = VERIFIER.graphs.captures
+    checked_one_by_one(device, [torch.ones(4, 4)] * 2)
+    replay.verify.stop("verify_graph_scaled")
+    replay.verify("verify_graph_scaled", sample=1.0, outliers=False)
+    reference_runs.clear()
+    checked_one_by_one(device, [torch.ones(4, 4)] * 3)
+    assert VERIFIER.graphs.captures == captures + 1
+    if device == "cuda":
+        assert not reference_runs  # replayed, each time
+
+
+def test_a_kind_is_the_arguments_shapes_strides_types_and_values_and_a_weights_address() -> None:
+    x, weight = torch.zeros(4, 8), torch.zeros(8, 8)
+    in_place = {"weight"}
+
+    def kind(**arguments: object) -> object:
+        return kind_of("op", arguments, lambda name, value: name in in_place)
+
+    assert kind(x=x, weight=weight, eps=1e-6) == kind(x=x.clone(), weight=weight, eps=1e-6)
+    assert kind(x=x, weight=weight, eps=1e-6) != kind(x=x, weight=weight, eps=1e-5)
+    assert kind(x=x, weight=weight, eps=1e-6) != kind(x=torch.zeros(5, 8), weight=weight, eps=1e-6)
+    assert kind(x=x, weight=weight, eps=1e-6) != kind(x=x.t(), weight=weight, eps=1e-6)  # strides
+    assert kind(x=x, weight=weight, eps=1e-6) != kind(x=x.half(), weight=weight, eps=1e-6)
+    assert kind(x=x, weight=weight, eps=1) != kind(x=x, weight=weight, eps=1.0)  # a value's type
+    assert kind(x=x, weight=weight, eps=1e-6) != kind(x=x, weight=weight.clone(), eps=1e-6)  # read in place
+    assert kind(x=x, weight=weight, eps=[1e-6]) is None  # what a graph would bake in is not known
+
+
+def test_graphs_past_the_memory_bound_go_least_recently_used_first_and_one_too_large_is_never_kept(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reference_graphs, "GRAPH_BYTES", 1000)
+    graphs = ReferenceGraphs()
+
+    def captured(name: str, nbytes: int) -> tuple[object, Graph]:
+        kind = kind_of(name, {}, lambda n, v: False)
+        graphs.take(name, kind, OWNER)
+        graph = graphs.take(name, kind, OWNER)
+        assert graph is not None
+        graph.replay, graph.nbytes = (lambda: None), nbytes
+        graphs.captured(graph)
+        graphs.release(graph)
+        return kind, graph
+
+    first_kind, first = captured("a", 600)
+    second_kind, second = captured("b", 300)
+    assert graphs.bytes == 900
+    third_kind, third = captured("c", 400)  # "a" goes: the least recently used
+    assert graphs.bytes == 700 and graphs.take("a", first_kind, OWNER) is None and graphs.take("b", second_kind, OWNER) is second
+    graphs.release(second)
+    too_large_kind, _ = captured("d", 2000)
+    assert graphs.take("d", too_large_kind, OWNER) is None and graphs.bytes == 700  # too large: eagerly, always
+
+
+kept = replay.op("verify_graph_kept", batch_axes={})
+
+
+@kept.reference
+def kept_reference(x: torch.Tensor) -> torch.Tensor:
+    return x[x > 0].double().float()
+
+
+@kept.batched
+def kept_batched(x: torch.Tensor) -> torch.Tensor:
+    """Its output's size depends on the values (a GPU cannot capture that: the host twin's case)."""
+    return x[x > 0]
+
+
+@pytest.mark.parametrize("device", ["cpu"])
+def test_an_output_that_does_not_fit_its_graph_is_checked_eagerly_and_the_graph_goes(
+        device: str, graphed: Path) -> None:
+    found: list[Mismatch] = []
+    replay.verify("verify_graph_kept", sample=1.0, outliers=False, on_mismatch=found.append)
+    captures = VERIFIER.graphs.captures
+    try:
+        for positives in (3, 3, 3, 5, 5, 5):  # the kind stays: 16 elements
+            x = torch.zeros(16)
+            x[:positives] = 1.0
+            kept_batched(x.to(device))
+            assert replay.verify.drain() == 0
+        assert not found and replay.verify.counters()["checked"] >= 6
+        # captured at the second call; unfit at the fourth (checked eagerly, the graph gone); met anew
+        # at the fifth, captured again at the sixth
+        assert VERIFIER.graphs.captures == captures + 2
+    finally:
+        replay.verify.stop("verify_graph_kept")
