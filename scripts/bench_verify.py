@@ -2,6 +2,7 @@
 MLP forward, with verification off and at sample 0.01, 0.1 and 1.0, in one process.
 
     PYTHONPATH=. python3 scripts/bench_verify.py [--device cuda|cpu] [--runs 5]
+    PYTHONPATH=. python3 scripts/bench_verify.py --workloads tiny --modes "1 call in 8,gate on" --no-rare-bug
 
 Each figure is the median wall time of --runs runs of the workload (synchronised at the end),
 verification's pending checks drained after each run (their cost to the program is what the
@@ -42,17 +43,20 @@ from replay.verify import reference_graphs
 from replay.verify.verifier import VERIFIER, WINDOW, Policy
 
 # (label, how verification is set for an op): None off; a float the sampling rate (gate on);
-# (rate, gate on or off[, "eager": each check's reference run operator by operator, as the verifier
-# did until 2026-11-27, not replayed as its kind's CUDA graph]); a str a floor hook
+# (rate, gate on or off, or the share of calls it reads[, "eager": each check's reference run
+# operator by operator, as the verifier did until 2026-11-27, not replayed as its kind's CUDA
+# graph]); a str a floor hook
 MODES: tuple[tuple[str, object], ...] = (
     ("off", None), ("floor: every call through a hook", "hook"),
     ("floor: the hook waits for the GPU", "sync"), ("the hook runs the reference after every call", "reference"),
     ("floor: the hook reads each tensor argument's address, size and type", "inspect"),
     ("sample 0, outlier gate off: the unchecked call", (0.0, False)),
     ("sample 0, outlier gate on: the gate's statistics", (0.0, True)),
+    ("sample 0, outlier gate reading 1 call in 8", (0.0, 0.125)),
     ("sample 0.01, outlier gate off", (0.01, False)),
     ("sample 0.01, outlier gate off, references eager", (0.01, False, "eager")),
     ("sample 0.01", 0.01), ("sample 0.01, references eager", (0.01, True, "eager")),
+    ("sample 0.01, outlier gate reading 1 call in 8", (0.01, 0.125)),
     ("sample 0.1", 0.1), ("sample 1.0", 1.0), ("sample 1.0, references eager", (1.0, True, "eager")))
 GRAPH_DEVICES = reference_graphs.GRAPH_DEVICES
 
@@ -167,14 +171,15 @@ def timed(fn: Callable[[], object], device: str) -> float:
     return elapsed
 
 
-def rare_bug(device: str, first: int, calls: int = 3000) -> str:
-    """At sample 0.01 with the gate on: a spike in one row from call `first` on, every third call;
-    how many calls late the gate decided, and which call was caught."""
+def rare_bug(device: str, first: int, outliers: float = 1.0, calls: int = 4000) -> str:
+    """At sample 0.01 with the gate on (reading the share `outliers` of calls): a spike in one row
+    from call `first` on, every third call; how many calls late the gate decided, and which call
+    was caught."""
     opened: list[int] = []
     open_window = Policy.open_window
     Policy.open_window = lambda self, n: (opened.append(self.calls()), open_window(self, n))  # type: ignore
     caught: list[int] = []
-    replay.verify("bench_verify_spiky", sample=0.01, on_mismatch=lambda m: caught.append(m.call))
+    replay.verify("bench_verify_spiky", sample=0.01, outliers=outliers, on_mismatch=lambda m: caught.append(m.call))
     gen = torch.Generator(device=device).manual_seed(first)
     try:
         for call in range(calls):
@@ -190,8 +195,8 @@ def rare_bug(device: str, first: int, calls: int = 3000) -> str:
         replay.verify.stop("bench_verify_spiky")
     after = [call for call in opened if call > first]  # a window opened before the spikes is no answer
     if not caught or not after:
-        return f"first spike at call {first}: not caught in {calls} calls"
-    return (f"first spike at call {first}: the gate decided after {after[0]} calls ({after[0] - first} calls after "
+        return f"gate reading {outliers:g} of calls, first spike at call {first}: not caught in {calls} calls"
+    return (f"gate reading {outliers:g} of calls, first spike at call {first}: the gate decided after {after[0]} calls ({after[0] - first} calls after "
             f"the first spike), caught at call {caught[0]} (window {WINDOW} calls, from the call in flight; "
             f"{len(opened) - len(after)} windows opened before)")
 
@@ -200,6 +205,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--modes", default="", help="only the modes whose label holds one of these comma-separated "
+                        "texts (and 'off', and the floors the last row needs)")
+    parser.add_argument("--workloads", default="", help="only the workloads whose name holds this text")
+    parser.add_argument("--no-rare-bug", action="store_true", help="skip the planted rare bug")
     args = parser.parse_args()
     import replay_kernels  # noqa: F401  (registers the model's ops; the interpreter without a GPU)
 
@@ -207,7 +216,11 @@ def main() -> int:
                  "one small op x 2000": (small_op(args.device), ("bench_verify_small",))}
     if args.device == "cuda":  # on a CPU the model's kernels run in the Triton interpreter: no timing to speak of
         workloads["tiny model: prefill 8 + decode 32"] = (decode(args.device), tuple(replay_kernels.OPS))
-    modes = [(label, mode) for label, mode in MODES if args.device == "cuda" or mode != "sync"]
+    workloads = {name: work for name, work in workloads.items() if args.workloads in name}
+    wanted = [text for text in args.modes.split(",") if text]
+    needed = {"off", MODES[1][0], MODES[3][0]}  # the baseline, and the floor at sample 0.01's terms
+    modes = [(label, mode) for label, mode in MODES if (args.device == "cuda" or mode != "sync")
+             and (not wanted or label in needed or any(text in label for text in wanted))]
     times: dict[str, list[list[float]]] = {label: [[] for _ in workloads] for label, _ in modes}
     checks: dict[str, list[str]] = {}  # per mode and workload: checks (of them flagged) per run
     with tempfile.TemporaryDirectory() as tmp:
@@ -230,7 +243,8 @@ def main() -> int:
                                                     f"flagged of {done['calls']:.0f} calls"
                                                     if done["checked"] or done["flagged"] else "")
             set_mode(names, None)
-        bugs = [rare_bug(args.device, first) for first in (500, 1000, 2000)]
+        bugs = [] if args.no_rare_bug else \
+            [rare_bug(args.device, first, share) for share in (1.0, 0.125) for first in (500, 1000, 2000)]
     medians = {label: [statistics.median(runs) for runs in row] for label, row in times.items()}
     print(f"device: {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}; torch {torch.__version__}\n")
     print("| mode | " + " | ".join(f"{name}: ms (x off)" for name in workloads) + " |")
@@ -243,7 +257,8 @@ def main() -> int:
              for off, ref, hook in zip(medians["off"], medians[MODES[3][0]], medians[MODES[1][0]])]
     print("| floor at sample 0.01: 1% of the reference's own cost | "
           + " | ".join(f"{t * 1e3:.2f} ({t / off:.3f}x)" for t, off in zip(floor, medians["off"])) + " |")
-    print("\nplanted rare bug, sample 0.01, gate on:\n" + "\n".join(f"- {line}" for line in bugs))
+    if bugs:
+        print("\nplanted rare bug, sample 0.01, gate on:\n" + "\n".join(f"- {line}" for line in bugs))
     print(f"\ncounters: {replay.verify.counters()}; references' graphs captured: {VERIFIER.graphs.captures}")
     return 0
 

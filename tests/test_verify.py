@@ -146,6 +146,47 @@ def test_the_gate_decides_late_and_the_calls_after_an_unusual_one_are_checked(ve
     assert counted["flagged"] == 2 and counted["checked"] == 2 * WINDOW
 
 
+def test_a_gate_reading_a_share_of_calls_reads_about_that_share_and_still_catches_a_recurring_pattern(
+        verifying: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """outliers=0.25: the gate reads a quarter of the calls (chosen at random); the pattern that
+    comes back every third call from call 500 on is read a few calls later, and caught in the
+    window it opens."""
+    read: list[int] = []
+    observe = gate_module.StatsFeed.observe
+    monkeypatch.setattr(gate_module.StatsFeed, "observe",
+                        lambda self, number, args, kwargs: (read.append(number), observe(self, number, args, kwargs))[1])
+    found: list[Mismatch] = []
+    replay.verify("verify_rowscale", sample=0.0, outliers=0.25, on_mismatch=found.append)
+    gen = torch.Generator().manual_seed(1)
+    spiked = set(range(500, 4000, 3))
+    for call in range(4000):
+        x = torch.randn(8, 64, generator=gen)
+        if call in spiked:
+            x[3, 17] = 100.0
+        rowscale_batched(x, 0.5)
+        if found:
+            break
+    replay.verify.drain()
+    assert found and found[0].rows == [3] and found[0].call in spiked
+    made = call + 1  # the loop went on while the worker found it
+    assert 0.18 * made < len(read) < 0.32 * made and len(set(read)) == len(read)
+
+
+@pytest.mark.parametrize("outliers", [1.5, -0.25, "often", None])
+def test_the_gates_share_must_be_a_share(outliers: object) -> None:
+    with pytest.raises(ValueError, match="outliers="):
+        replay.verify("verify_rowscale", outliers=outliers)  # type: ignore[arg-type]
+
+
+def test_a_gate_reading_no_call_is_no_gate(verifying: Path) -> None:
+    replay.verify("verify_rowscale", sample=0.0, outliers=0.0)
+    before = replay.verify.counters()
+    for _ in range(300):
+        rowscale_batched(torch.randn(8, 64), 0.5)
+    replay.verify.drain()
+    assert verifier.VERIFIER._policies[-1].feed is None and delta(before)["checked"] == 0
+
+
 def test_no_false_alarm_over_ten_thousand_calls_of_a_right_kernel(verifying: Path) -> None:
     @replay.verify(reference=lambda x, w: (x.double() @ w.double()).float(), sample=0.01)
     def right_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

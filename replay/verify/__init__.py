@@ -31,7 +31,7 @@ _policies: dict[str, Policy] = {}
 
 def verify(target: Callable[..., Any] | str | None = None, /, reference: Callable[..., Any] | None = None, *,
            sample: float = 0.01, rtol: float | None = None, atol: float | None = None,
-           on_mismatch: Callable[[Mismatch], None] | None = None, outliers: bool = True,
+           on_mismatch: Callable[[Mismatch], None] | None = None, outliers: bool | float = True,
            metric: str | None = None) -> Any:
     """Verify calls against a reference, off the critical path.
 
@@ -44,7 +44,10 @@ def verify(target: Callable[..., Any] | str | None = None, /, reference: Callabl
             0; neither, replay.tolerance.DEFAULT for each dtype).
         on_mismatch: called with a Mismatch (op, call, output, rows, max error, snapshot path)
             instead of printing one line on stderr.
-        outliers: also check every call whose inputs look unlike the calls before (the gate).
+        outliers: also check the calls after one whose inputs look unlike the calls before (the
+            gate). A number from 0 to 1 is the share of calls the gate reads, chosen at random
+            (True: every call): its cost to the program falls in proportion, and a pattern that
+            recurs is seen that many calls later on average.
         metric: for a function given a reference: how a check passes instead of within the
             tolerance ('nmse:1e-6', 'cosine:0.9999', ...: replay/metrics.py; decided on the device
             where it can be, ulp on the worker's host; not fp64, which needs a float64 run). A
@@ -92,7 +95,7 @@ def _declare(fn: Callable[..., Any], reference: Callable[..., Any], rtol: float 
 
 
 def _enable(op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None,
-            outliers: bool) -> Callable[..., Any]:
+            outliers: bool | float) -> Callable[..., Any]:
     """Verify `op`'s calls from now on; returns the hook its calls go through."""
     if op.name in _policies:
         VERIFIER.retire(_policies[op.name])

@@ -128,12 +128,19 @@ class Policy:
     """How one op's calls are verified: its reference and tolerance, the sampling schedule, the
     gate's feed and the window of calls still to check after an unusual one."""
 
-    def __init__(self, op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None, outliers: bool):
+    def __init__(self, op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None,
+                 outliers: bool | float):
         if not 0.0 <= sample <= 1.0:
             raise ValueError(f"replay.verify: sample={sample!r} must be a share of calls, 0 to 1")
+        share = float(outliers) if isinstance(outliers, (bool, int, float)) else -1.0
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"replay.verify: outliers={outliers!r}: True, False, or the share of calls the gate "
+                             "reads, 0 to 1")
         if "reference" not in op.variants:
             raise ValueError(f"replay.verify: op '{op.name}' has no reference variant to check against")
-        self.op, self.on_mismatch, self.outliers = op, on_mismatch, outliers
+        self.op, self.on_mismatch = op, on_mismatch
+        self.gate_share = share  # the share of calls the gate reads (0: no gate)
+        self.next_note = sys.maxsize  # the number of the next call the gate reads (Verifier.schedule_note)
         self.numbers = itertools.count()  # next() is atomic: threads never share a call number
         self.window = 0  # calls still to check because the gate found an earlier one unusual
         self.feed: StatsFeed | None = None  # set by Verifier.hook when the gate is on
@@ -178,6 +185,8 @@ class Verifier:
         self._random.seed(seed)
         for policy in self._policies:
             self.schedule(policy, policy.calls() - 1)
+            if policy.feed is not None:
+                self.schedule_note(policy, policy.calls() - 1)
 
     def count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -193,10 +202,17 @@ class Verifier:
         so a call is sampled with probability `sample` and an unsampled one costs a comparison."""
         if sample is not None:
             policy._sample = sample
-        p = policy.sample
+        policy.next_sample = self._after_gap(after, policy.sample)
+
+    def schedule_note(self, policy: Policy, after: int) -> None:
+        """Pick the next call the gate reads after call `after` (every call, with a share of 1)."""
+        policy.next_note = self._after_gap(after, policy.gate_share)
+
+    def _after_gap(self, after: int, p: float) -> int:
+        """The next call after `after` chosen with probability `p`: gaps are geometric."""
         gap = 0 if p >= 1.0 else sys.maxsize if p <= 0.0 else \
             int(math.log(1.0 - self._random.random()) / math.log(1.0 - p))
-        policy.next_sample = min(after + 1 + gap, sys.maxsize)
+        return min(after + 1 + gap, sys.maxsize)
 
     def retire(self, policy: Policy) -> None:
         """`policy` is no longer used: its calls stay counted, its gate's batches are scored (none
@@ -215,14 +231,15 @@ class Verifier:
         unchecked call costs a counter, two comparisons and the call, plus, with the gate on, its
         arguments noted (and every BATCH calls one launch); nothing on this path waits for the
         device."""
-        if policy.outliers:
+        if policy.gate_share > 0:
             policy.feed = StatsFeed(policy.open_window, self.count)
+            self.schedule_note(policy, -1)
         self.schedule(policy, -1)
         with self._lock:
             self._policies.append(policy)
         compiled = torch.compiler.disable(self._call, recursive=False)  # a graph break around the check
         noted = self._noted
-        settings, numbers, ungated = self.settings, policy.numbers, policy.feed is None
+        settings, numbers = self.settings, policy.numbers
         is_compiling = torch.compiler.is_compiling
 
         def verified(spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature, args: tuple,
@@ -233,7 +250,7 @@ class Verifier:
                     return call(*args, **kwargs)
                 return compiled(policy, spec, call, signature, args, kwargs)
             number = next(numbers)
-            if ungated and number < policy.next_sample and policy.window <= 0:
+            if number < policy.next_note and number < policy.next_sample and policy.window <= 0:
                 return call(*args, **kwargs)  # the common case: no statistics, no check
             return noted(policy, number, spec, call, signature, args, kwargs)
         return verified
@@ -252,7 +269,10 @@ class Verifier:
             self.count("skipped")  # nothing may be issued into a graph being captured
             return call(*args, **kwargs)
         feed = policy.feed
-        batch_due = feed is not None and feed.observe(number, args, kwargs)
+        batch_due = False
+        if feed is not None and number >= policy.next_note:
+            self.schedule_note(policy, number)
+            batch_due = feed.observe(number, args, kwargs)
         result = self._route(policy, number, spec, call, signature, args, kwargs)
         if feed is not None and batch_due:
             feed.close()  # after the call: what it wrote is read as written
