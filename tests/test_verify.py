@@ -562,7 +562,7 @@ def batch_table(tensors: list[torch.Tensor]) -> torch.Tensor:
 @pytest.mark.parametrize("sizes", [(1,), (5000, 3), (4096 * 32 + 7, 1, 640, 33, 2)])
 def test_the_statistics_kernel_reads_every_tensor_of_a_batch_table(sizes: tuple[int, ...]) -> None:
     """The kernel (in Triton's interpreter here, reading host memory by address) and the host's
-    torch twin describe a batch's tensors alike, and both agree with float64 sums."""
+    host twin describe a batch's tensors alike, and both agree with float64 sums."""
     gen = torch.Generator().manual_seed(4)
     dtypes = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
     tensors = [(torch.randn(n, generator=gen) * (w + 1)).to(dtypes[w % 4]) for w, n in enumerate(sizes)]
