@@ -107,7 +107,7 @@ def test_a_reference_that_cannot_be_captured_is_checked_eagerly_from_then_on(
 
 def test_a_busy_graph_leaves_a_check_of_its_kind_to_run_eagerly() -> None:
     graphs = ReferenceGraphs()
-    kind = kind_of("op", {"x": torch.zeros(2, 3), "scale": 0.5}, lambda name, value: False)
+    kind = kind_of("op", {"x": torch.zeros(2, 3), "scale": 0.5}, "cpu", lambda name, value: False)
     assert graphs.take("op", kind, OWNER) is None  # met once: eagerly
     graph = graphs.take("op", kind, OWNER)
     assert isinstance(graph, Graph) and graph.busy  # met again: its graph, to capture
@@ -138,7 +138,7 @@ def test_a_kind_is_the_arguments_shapes_strides_types_and_values_and_a_weights_a
     in_place = {"weight"}
 
     def kind(**arguments: object) -> object:
-        return kind_of("op", arguments, lambda name, value: name in in_place)
+        return kind_of("op", arguments, "cpu", lambda name, value: name in in_place)
 
     assert kind(x=x, weight=weight, eps=1e-6) == kind(x=x.clone(), weight=weight, eps=1e-6)
     assert kind(x=x, weight=weight, eps=1e-6) != kind(x=x, weight=weight, eps=1e-5)
@@ -148,6 +148,11 @@ def test_a_kind_is_the_arguments_shapes_strides_types_and_values_and_a_weights_a
     assert kind(x=x, weight=weight, eps=1) != kind(x=x, weight=weight, eps=1.0)  # a value's type
     assert kind(x=x, weight=weight, eps=1e-6) != kind(x=x, weight=weight.clone(), eps=1e-6)  # read in place
     assert kind(x=x, weight=weight, eps=[1e-6]) is None  # what a graph would bake in is not known
+    assert kind(x=x, weight=weight, eps=-0.0) != kind(x=x, weight=weight, eps=0.0)
+    assert kind(x=x, weight=weight, eps=float("nan")) == kind(x=x, weight=weight, eps=float("nan"))
+    assert kind(x=x.to_sparse(), weight=weight, eps=1e-6) is None
+    # a host tensor in a GPU's check would be read once, at the capture: no kind
+    assert kind_of("op", {"x": x, "scale": torch.tensor(2.0)}, "cuda", lambda name, value: False) is None
 
 
 def test_graphs_past_the_memory_bound_go_least_recently_used_first_and_one_too_large_is_never_kept(
@@ -156,7 +161,7 @@ def test_graphs_past_the_memory_bound_go_least_recently_used_first_and_one_too_l
     graphs = ReferenceGraphs()
 
     def captured(name: str, nbytes: int) -> tuple[object, Graph]:
-        kind = kind_of(name, {}, lambda n, v: False)
+        kind = kind_of(name, {}, "cpu", lambda n, v: False)
         graphs.take(name, kind, OWNER)
         graph = graphs.take(name, kind, OWNER)
         assert graph is not None
@@ -175,35 +180,82 @@ def test_graphs_past_the_memory_bound_go_least_recently_used_first_and_one_too_l
     assert graphs.take("d", too_large_kind, OWNER) is None and graphs.bytes == 700  # too large: eagerly, always
 
 
-kept = replay.op("verify_graph_kept", batch_axes={})
+def test_a_graph_forgotten_while_it_was_captured_is_never_counted() -> None:
+    graphs = ReferenceGraphs()
+    kind = kind_of("op", {}, "cpu", lambda n, v: False)
+    graphs.take("op", kind, OWNER)
+    graph = graphs.take("op", kind, OWNER)
+    assert graph is not None
+    graph.replay, graph.nbytes = (lambda: None), 1000
+    graphs.uncapturable("op")  # another thread's capture of the op failed meanwhile
+    graphs.captured(graph)
+    graphs.release(graph)
+    assert graphs.bytes == 0 and graphs.take("op", kind, OWNER) is None
 
 
-@kept.reference
-def kept_reference(x: torch.Tensor) -> torch.Tensor:
+def test_a_gate_reading_every_call_reads_calls_numbered_out_of_order() -> None:
+    """With threads, call 2 may reach the gate before call 1: with a share of 1 neither is skipped."""
+    policy = verifier.Policy(scaled, 0.0, None, True)
+    VERIFIER.schedule_note(policy, 2)
+    assert policy.next_note == 0
+    shared = verifier.Policy(scaled, 0.0, None, 0.5)
+    VERIFIER.schedule_note(shared, 2)
+    assert shared.next_note > 2
+
+
+positives = replay.op("verify_graph_positives", batch_axes={})
+
+
+@positives.reference
+def positives_reference(x: torch.Tensor) -> torch.Tensor:
     return x[x > 0].double().float()
 
 
-@kept.batched
-def kept_batched(x: torch.Tensor) -> torch.Tensor:
+@positives.batched
+def positives_batched(x: torch.Tensor) -> torch.Tensor:
     """Its output's size depends on the values (a GPU cannot capture that: the host twin's case)."""
     return x[x > 0]
+
+
+@positives.single
+def positives_first_three(x: torch.Tensor) -> torch.Tensor:
+    """Right while the first three elements are the positive ones."""
+    return x[:3]
+
+
+@pytest.mark.parametrize("device", ["cpu"])
+def test_a_reference_whose_output_shape_follows_the_values_is_checked_eagerly_and_fails_as_eagerly(
+        device: str, graphed: Path) -> None:
+    """The host twin cannot hold such a reference any more than a CUDA graph could: the check
+    whose replay would not fit goes eager, and its mismatch is found."""
+    found: list[Mismatch] = []
+    replay.verify("verify_graph_positives", sample=1.0, outliers=False, on_mismatch=found.append)
+    try:
+        for positives in (3, 3, 5):
+            x = torch.zeros(16)
+            x[:positives] = 1.0
+            positives_first_three(x.to(device))
+            assert replay.verify.drain() == 0
+        assert [m.call for m in found] == [2]
+    finally:
+        replay.verify.stop("verify_graph_positives")
 
 
 @pytest.mark.parametrize("device", ["cpu"])
 def test_an_output_that_does_not_fit_its_graph_is_checked_eagerly_and_the_graph_goes(
         device: str, graphed: Path) -> None:
     found: list[Mismatch] = []
-    replay.verify("verify_graph_kept", sample=1.0, outliers=False, on_mismatch=found.append)
+    replay.verify("verify_graph_positives", sample=1.0, outliers=False, on_mismatch=found.append)
     captures = VERIFIER.graphs.captures
     try:
         for positives in (3, 3, 3, 5, 5, 5):  # the kind stays: 16 elements
             x = torch.zeros(16)
             x[:positives] = 1.0
-            kept_batched(x.to(device))
+            positives_batched(x.to(device))
             assert replay.verify.drain() == 0
         assert not found and replay.verify.counters()["checked"] >= 6
         # captured at the second call; unfit at the fourth (checked eagerly, the graph gone); met anew
         # at the fifth, captured again at the sixth
         assert VERIFIER.graphs.captures == captures + 2
     finally:
-        replay.verify.stop("verify_graph_kept")
+        replay.verify.stop("verify_graph_positives")

@@ -13,10 +13,15 @@ pool (expected outputs, verdicts). From a check's copies until the worker has re
 (and written its snapshot), a graph is busy: a check of the same kind meanwhile runs eagerly.
 
 A reference that cannot be captured (it reads a value back on the host, or calls what a capture
-forbids) is run eagerly from then on, and the verifier stops using the stream its capture failed
-on: the allocator may still route that stream's allocations to the failed graph's pool.
+forbids) is run eagerly from then on; the failed capture's allocator routing is ended by hand
+(torch's capture_end leaves it on when the capture was invalidated), and the verifier stops using
+the stream it failed on. A kind has no graph where an argument is a tensor on another device
+than the check's (a host scalar tensor a capture would read once) or anything but a tensor or a
+plain scalar. One thread at a time issues work on the verifier's reference streams (its
+Verifier's lock): a capture on one must hold nothing of another thread's checks.
 Bounds: KINDS kinds remembered an op, GRAPH_BYTES of device memory over every graph; the least
-recently used idle ones go first. A graph that alone needs more runs its kind eagerly.
+recently used idle graphs, of any op, go first. A graph that alone needs more runs its kind
+eagerly. An op declared anew (its reference, tolerance or metric changed) starts again.
 
 Captures and replays go through CUDAGraph's own methods, not those a recording wraps (a
 recording would follow the verifier's graph as the program's).
@@ -42,14 +47,22 @@ Result = tuple[dict[str, Any], list[tuple[str, torch.Tensor, torch.Tensor]], lis
 _TOO_LARGE = "too large"  # a kind whose graph alone would pass GRAPH_BYTES: checked eagerly
 
 
-def kind_of(op: str, arguments: dict[str, Any], read_in_place: Callable[[str, Any], bool]) -> Kind | None:
-    """A check's kind (module docstring), or None where an argument has none."""
+def kind_of(op: str, arguments: dict[str, Any], device_type: str,
+            read_in_place: Callable[[str, Any], bool]) -> Kind | None:
+    """A check's kind (module docstring), or None where an argument has none: a tensor elsewhere
+    than the check's device type (a host tensor a capture would read once, as a scalar), not
+    strided, or anything but a tensor or a plain scalar (a float by its repr: -0.0 is not 0.0,
+    and NaN is NaN)."""
     parts: list[Any] = [op]
     for name, value in arguments.items():
         if isinstance(value, torch.Tensor):
+            if value.device.type != device_type or value.layout is not torch.strided:
+                return None
             parts.append((name, value.dtype, value.device, tuple(value.shape), value.stride(),
                           value.data_ptr() if read_in_place(name, value) else None))
-        elif value is None or isinstance(value, (bool, int, float, str)):
+        elif isinstance(value, float):
+            parts.append((name, float, repr(value)))
+        elif value is None or isinstance(value, (bool, int, str)):
             parts.append((name, type(value), value))
         else:  # a list of tensors, a tuple, an object: what a graph would bake in is not known
             return None
@@ -68,9 +81,9 @@ class Graph:
     # whether every output agreed, copied by each replay into host memory (pinned on a GPU), where
     # the worker reads it with no operator of its own; None where an output is decided on the host
     agreed: torch.Tensor | None = None
-    nbytes: int = 0
+    nbytes: int = 0  # counted in ReferenceGraphs.bytes from `captured` on (`counted`)
+    counted: bool = False
     busy: bool = True
-
     unfit: bool = False  # a check's tensor did not fit a static: that check ran eagerly, and the graph goes
 
 
@@ -95,23 +108,25 @@ class ReferenceGraphs:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._kinds: dict[str, OrderedDict[Kind, Graph | str | None]] = {}  # op -> kind -> its graph
+        self._counted: OrderedDict[Graph, None] = OrderedDict()  # graphs whose bytes count, least recently used first
         self._eager: set[str] = set()  # ops whose reference could not be captured
-        self._owners: dict[str, object] = {}  # op -> the Op its graphs were captured for
+        self._owners: dict[str, object] = {}  # op -> its declaration when its graphs were captured
         self.bytes = 0
         self.captures = 0
 
     def take(self, op: str, kind: Kind | None, owner: object) -> Graph | None:
         """The kind's graph, busy now (captured or still to be), or None: check this call eagerly.
-        `owner` is the op's declaration: declared anew (another reference, another tolerance), its
-        graphs and its past capture failure are forgotten. Graphs outlive a verification stopped
-        and started again (the bounds keep them few)."""
+        `owner` is what the graphs bake in of the op's declaration (its reference, tolerance and
+        metric, compared with ==): when it changes, the op's graphs and its past capture failure
+        are forgotten. Graphs outlive a verification stopped and started again (the bounds keep
+        them few)."""
         if kind is None:
             return None
         with self._lock:
-            if self._owners.setdefault(op, owner) is not owner:
-                self._owners[op] = owner
+            if op in self._owners and self._owners[op] != owner:
                 self._eager.discard(op)
                 self._drop(op)
+            self._owners[op] = owner
             if op in self._eager:
                 return None
             kinds = self._kinds.setdefault(op, OrderedDict())
@@ -127,21 +142,23 @@ class ReferenceGraphs:
             if not isinstance(graph, Graph) or graph.busy:  # too large, or in use
                 return None
             graph.busy = True
+            if graph.counted:
+                self._counted.move_to_end(graph)
             return graph
 
     def release(self, graph: Graph) -> None:
-        """The worker is done with the graph's tensors; an unfit graph is forgotten."""
+        """The worker is done with the graph's tensors (or the check never reached it); an unfit
+        graph is forgotten."""
         with self._lock:
             graph.busy = False
             kinds = self._kinds.get(graph.kind[0])
             if graph.unfit and kinds is not None and kinds.get(graph.kind) is graph:
                 del kinds[graph.kind]
-                if graph.replay is not None:
-                    self.bytes -= graph.nbytes
+                self._uncount(graph)
 
     def captured(self, graph: Graph) -> bool:
         """Count a new graph's memory; False (and the kind checked eagerly from now on) if it alone
-        would pass GRAPH_BYTES. Idle graphs go, least recently used first, to make room."""
+        would pass GRAPH_BYTES. Idle graphs of any op go, least recently used first, to make room."""
         with self._lock:
             self.captures += 1
             kinds = self._kinds.get(graph.kind[0])
@@ -150,13 +167,14 @@ class ReferenceGraphs:
             if graph.nbytes > GRAPH_BYTES:
                 kinds[graph.kind] = _TOO_LARGE
                 return False
-            for other_kinds in self._kinds.values():
-                for kind, other in list(other_kinds.items()):
-                    if self.bytes + graph.nbytes <= GRAPH_BYTES:
-                        break
-                    if isinstance(other, Graph) and not other.busy and other.replay is not None:
-                        del other_kinds[kind]
-                        self.bytes -= other.nbytes
+            for other in list(self._counted):
+                if self.bytes + graph.nbytes <= GRAPH_BYTES:
+                    break
+                if not other.busy:
+                    del self._kinds[other.kind[0]][other.kind]
+                    self._uncount(other)
+            graph.counted = True
+            self._counted[graph] = None
             self.bytes += graph.nbytes
             return True
 
@@ -169,8 +187,14 @@ class ReferenceGraphs:
 
     def _drop(self, op: str) -> None:
         for graph in self._kinds.pop(op, {}).values():
-            if isinstance(graph, Graph) and graph.replay is not None:
-                self.bytes -= graph.nbytes
+            if isinstance(graph, Graph):
+                self._uncount(graph)
+
+    def _uncount(self, graph: Graph) -> None:
+        if graph.counted:
+            graph.counted = False
+            del self._counted[graph]
+            self.bytes -= graph.nbytes
 
     def _trim(self, kinds: OrderedDict[Kind, Graph | str | None]) -> None:
         for kind, graph in list(kinds.items()):
@@ -178,14 +202,14 @@ class ReferenceGraphs:
                 return
             if not (isinstance(graph, Graph) and graph.busy):
                 del kinds[kind]
-                if isinstance(graph, Graph) and graph.replay is not None:
-                    self.bytes -= graph.nbytes
+                if isinstance(graph, Graph):
+                    self._uncount(graph)
 
 
 def capture(graph: Graph, body: Callable[[], Result], cuda: bool) -> None:
     """Capture `body` (the reference and the comparison, reading the graph's statics) into the
-    graph, on the current stream; nothing runs yet: `graph.replay()` runs it. Raises what the
-    capture raised (the graph is then unusable)."""
+    graph, on the current stream, which nothing else may use meanwhile; nothing runs yet:
+    `graph.replay()` runs it. Raises what the capture raised (the graph is then unusable)."""
     statics = sum(t.numel() * t.element_size() for t in (*graph.inputs.values(), *graph.after.values()))
     agreed = torch.zeros((), dtype=torch.bool, pin_memory=cuda)  # pinned outside the capture: no allocation in it
 
@@ -199,33 +223,57 @@ def capture(graph: Graph, body: Callable[[], Result], cuda: bool) -> None:
 
     if not cuda:  # the host twin: a "replay" runs the body again into the tensors of its first run
         graph.result = with_verdict()
-        graph.replay = lambda: _run_into(graph.result, with_verdict())
+        graph.replay = lambda: _run_into(graph, with_verdict())
         graph.nbytes = statics
         return
     cuda_graph = torch.cuda.CUDAGraph()
+    pool = torch.cuda.graph_pool_handle()  # its own, named here: a failed capture's routing is ended by it
     reserved = torch.cuda.memory_reserved()
-    lifecycle.graph_method("capture_begin")(cuda_graph, capture_error_mode="thread_local")
+    lifecycle.graph_method("capture_begin")(cuda_graph, pool=pool, capture_error_mode="thread_local")
     try:
         result = with_verdict()
     except BaseException:
-        with contextlib.suppress(Exception):  # ends the stream's capture; raises for the failed capture
-            lifecycle.graph_method("capture_end")(cuda_graph)
+        _abandon(cuda_graph, pool)
         raise
-    lifecycle.graph_method("capture_end")(cuda_graph)
+    try:
+        lifecycle.graph_method("capture_end")(cuda_graph)
+    except BaseException:
+        _abandon(cuda_graph, pool)
+        raise
     replay = lifecycle.graph_method("replay")
     graph.result, graph.replay = result, lambda: replay(cuda_graph)
     # the pool's segments it reserved (other threads allocating meanwhile make this an estimate)
     graph.nbytes = statics + max(torch.cuda.memory_reserved() - reserved, 0)
 
 
-def _run_into(result: Result | None, fresh: Result) -> None:
+def _abandon(cuda_graph: Any, pool: Any) -> None:
+    """End a failed capture. Torch's capture_end raises before it stops routing allocations to the
+    graph's pool when the capture was invalidated (a read back on the host, a forbidden call):
+    left so, the allocator would keep a capture "underway" for the rest of the process (freeing
+    memory used on other streams deferred for good, every allocation checked). So the routing is
+    ended here, by the pool's id; where capture_end ended it, that raises, and is let be."""
+    with contextlib.suppress(Exception):
+        lifecycle.graph_method("capture_end")(cuda_graph)
+    end_routing = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end_routing is not None:
+        with contextlib.suppress(Exception):
+            end_routing(torch.cuda.current_device(), pool)
+
+
+def _run_into(graph: Graph, fresh: Result) -> None:
     """The host twin's replay: the fresh run's tensors copied into those of the first run, as a
-    graph's replay rewrites its memory."""
-    assert result is not None
-    expected, _, verdicts = result
+    graph's replay rewrites its memory. A run that does not fit them (an output's shape that
+    depends on the values, a verdict left to the host) is one a GPU could not have captured:
+    it raises, and the check goes eager."""
+    assert graph.result is not None
+    expected, _, verdicts = graph.result
     for name, value in fresh[0].items():
         if isinstance(value, torch.Tensor):
+            if expected[name].shape != value.shape or expected[name].dtype != value.dtype:
+                raise RuntimeError(f"the reference's '{name}' changed shape: a CUDA graph could not hold it")
             expected[name].copy_(value)
     for verdict, new in zip(verdicts, fresh[2]):
+        if (verdict is None) != (new is None):
+            raise RuntimeError("a verdict moved between the device and the host: a CUDA graph could not hold it")
         if verdict is not None and new is not None:
             verdict.copy_(new)

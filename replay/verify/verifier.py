@@ -176,6 +176,7 @@ class Verifier:
         self._retired_calls = 0
         self._pending_bytes = 0  # held by the checks submitted and not yet done (_Check.nbytes)
         self.graphs = ReferenceGraphs()
+        self._reference_stream = threading.RLock()  # held while a thread issues work on a reference stream
         # the calling thread's launch: torch.compile's graph break around a checked call (_call) would
         # otherwise trace the reference too
         self._launch_eagerly = torch.compiler.disable(self._launch)
@@ -205,8 +206,9 @@ class Verifier:
         policy.next_sample = self._after_gap(after, policy.sample)
 
     def schedule_note(self, policy: Policy, after: int) -> None:
-        """Pick the next call the gate reads after call `after` (every call, with a share of 1)."""
-        policy.next_note = self._after_gap(after, policy.gate_share)
+        """Pick the next call the gate reads after call `after`. With a share of 1 every call is read:
+        the next is 0 for good, so that threads taking numbers out of order skip none."""
+        policy.next_note = 0 if policy.gate_share >= 1.0 else self._after_gap(after, policy.gate_share)
 
     def _after_gap(self, after: int, p: float) -> int:
         """The next call after `after` chosen with probability `p`: gaps are geometric."""
@@ -304,10 +306,10 @@ class Verifier:
         program = torch.cuda.current_stream(device) if device is not None else None
         graph = None
         if _device_type(device) in CALLER_LAUNCHES and _device_type(device) in reference_graphs.GRAPH_DEVICES:
-            mutates = policy.op.mutates
-            graph = self.graphs.take(policy.op.name, kind_of(policy.op.name, bound.arguments,
-                                                             lambda name, value: _read_in_place(name, value, mutates)),
-                                     policy.op)
+            op, mutates = policy.op, policy.op.mutates
+            kind = kind_of(op.name, bound.arguments, _device_type(device),
+                           lambda name, value: _read_in_place(name, value, mutates))
+            graph = self.graphs.take(op.name, kind, (op, op.get("reference").fn, dict(op.tolerance), op.metric))
         try:
             if copying is not None:
                 copying.wait_stream(program)  # the inputs as the program left them
@@ -332,19 +334,24 @@ class Verifier:
                 self.graphs.release(graph)
             raise
         check = _Check(policy, spec, number, signature, inputs, kept, after, result, device, copied, graph=graph)
-        if _device_type(device) in CALLER_LAUNCHES:
-            try:
-                self._launch_eagerly(check)
-            except Exception as exc:  # a reference that raises: reported, never the program's problem
-                # by the worker, once what it launched is done with the copies; without its traceback,
-                # which would hold the program's frames (and their tensors) until then
-                check.failure = exc.with_traceback(None)
-                exc.__context__ = exc.__cause__ = None
-        if graph is None:  # a graph's statics are counted with the graph's memory (GRAPH_BYTES)
-            check.nbytes = _tensor_bytes(value for name, value in inputs.items() if name not in kept) + \
-                _tensor_bytes(after.values()) + (_tensor_bytes(check.launched.expected.values()) if check.launched
-                                                 else 0)
-        self._submit(check)
+        try:
+            if _device_type(device) in CALLER_LAUNCHES:
+                try:
+                    self._launch_eagerly(check)
+                except Exception as exc:  # a reference that raises: reported, never the program's problem
+                    # by the worker, once what it launched is done with the copies; without its traceback,
+                    # which would hold the program's frames (and their tensors) until then
+                    check.failure = exc.with_traceback(None)
+                    exc.__context__ = exc.__cause__ = None
+            if check.graph is None or check.graph.unfit:  # a graph's statics count with its memory (GRAPH_BYTES)
+                check.nbytes = _tensor_bytes(value for name, value in inputs.items() if name not in kept) + \
+                    _tensor_bytes(after.values()) + (_tensor_bytes(check.launched.expected.values())
+                                                     if check.launched else 0)
+            self._submit(check)
+        except BaseException:  # an interrupt: the check goes nowhere, and its graph is free again
+            if check.graph is not None:
+                self.graphs.release(check.graph)
+            raise
         return result
 
     def _streams(self, device: int) -> tuple[Any, Any]:
@@ -398,26 +405,29 @@ class Verifier:
         copies are in place, and reduce the comparison there (nothing is read back here): one
         replay of the kind's graph where it has one (captured here at its second check), else
         eagerly. As a thread of its own would: whatever the calling thread has set (autocast, grad
-        mode, dispatch modes) left out, and never traced by torch.compile (see _launch_eagerly)."""
-        stream = self._streams(check.device)[1] if check.device is not None else None
-        if stream is not None:
-            stream.wait_event(check.copied)
-        graph = check.graph
-        with _on(stream):
-            if graph is None or graph.unfit:
-                result = self._reference(check)
-            else:
-                if graph.replay is None:
+        mode, dispatch modes) left out, and never traced by torch.compile (see _launch_eagerly).
+        One thread at a time uses the reference stream: a capture on it must hold nothing of
+        another thread's."""
+        with self._reference_stream:
+            stream = self._streams(check.device)[1] if check.device is not None else None
+            if stream is not None:
+                stream.wait_event(check.copied)
+            graph = check.graph
+            with _on(stream):
+                if graph is None or graph.unfit:
+                    result = self._reference(check)
+                else:
                     try:
-                        reference_graphs.capture(graph, lambda: self._reference(check), cuda=stream is not None)
-                    except Exception:
+                        if graph.replay is None:
+                            reference_graphs.capture(graph, lambda: self._reference(check), cuda=stream is not None)
+                            self.graphs.captured(graph)
+                        assert graph.replay is not None and graph.result is not None
+                        graph.replay()
+                    except Exception:  # the reference cannot be captured (or replayed): eagerly, from now on
                         self._uncapturable(check)
                         return self._launch(check)
-                    self.graphs.captured(graph)
-                assert graph.replay is not None and graph.result is not None
-                graph.replay()
-                result = graph.result
-            done = stream.record_event() if stream is not None else None
+                    result = graph.result
+                done = stream.record_event() if stream is not None else None
         check.launched = _Launched(*result, done, graph.agreed if graph is not None and not graph.unfit else None)
 
     def _uncapturable(self, check: _Check) -> None:
@@ -461,7 +471,8 @@ class Verifier:
             if check.launched is not None and check.launched.done is not None:
                 check.launched.done.synchronize()  # this thread's wait, never the program's
             elif check.device is not None:  # a launch that failed part-way: its work is let finish first
-                self._streams(check.device)[1].synchronize()
+                with self._reference_stream:  # never while another thread captures on it
+                    self._streams(check.device)[1].synchronize()
         launched = check.launched
         assert launched is not None  # launched above, or the launch raised
         # looked at once the reference has read them: the program wrote to an argument that was not
