@@ -151,6 +151,7 @@ def test_a_kind_is_the_arguments_shapes_strides_types_and_values_and_a_weights_a
     assert kind(x=x, weight=weight, eps=-0.0) != kind(x=x, weight=weight, eps=0.0)
     assert kind(x=x, weight=weight, eps=float("nan")) == kind(x=x, weight=weight, eps=float("nan"))
     assert kind(x=x.to_sparse(), weight=weight, eps=1e-6) is None
+    assert kind(x=torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]), weight=weight, eps=1e-6) is None
     # a host tensor in a GPU's check would be read once, at the capture: no kind
     assert kind_of("op", {"x": x, "scale": torch.tensor(2.0)}, "cuda", lambda name, value: False) is None
 

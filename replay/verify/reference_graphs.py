@@ -56,7 +56,7 @@ def kind_of(op: str, arguments: dict[str, Any], device_type: str,
     parts: list[Any] = [op]
     for name, value in arguments.items():
         if isinstance(value, torch.Tensor):
-            if value.device.type != device_type or value.layout is not torch.strided:
+            if value.device.type != device_type or value.layout is not torch.strided or value.is_nested:
                 return None
             parts.append((name, value.dtype, value.device, tuple(value.shape), value.stride(),
                           value.data_ptr() if read_in_place(name, value) else None))
