@@ -260,3 +260,35 @@ def test_an_output_that_does_not_fit_its_graph_is_checked_eagerly_and_the_graph_
         assert VERIFIER.graphs.captures == captures + 2
     finally:
         replay.verify.stop("verify_graph_positives")
+
+
+touchy = replay.op("verify_graph_touchy", batch_axes={"x": 0, "out": 0})
+
+
+@touchy.reference
+def touchy_reference(x: torch.Tensor) -> torch.Tensor:
+    return (x.double() * 2).float()
+
+
+@touchy.batched
+def touchy_batched(x: torch.Tensor) -> torch.Tensor:
+    """Raises (the program's own error) where x holds a value over 100."""
+    if bool((x > 100).any()):
+        raise ValueError("out of range")
+    return x * 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_call_that_raises_while_its_kind_has_a_graph_leaves_the_graph_free(device: str, graphed: Path) -> None:
+    replay.verify("verify_graph_touchy", sample=1.0, outliers=False)
+    try:
+        x = torch.ones(4, 4, device=device)
+        touchy_batched(x)  # met once
+        assert replay.verify.drain() == 0
+        with pytest.raises(ValueError, match="out of range"):
+            touchy_batched(x * 1000)  # met again: its graph taken, the call raises
+        assert replay.verify.drain() == 0 and VERIFIER.graphs.captures == 0
+        touchy_batched(x)  # the graph was given back: captured now
+        assert replay.verify.drain() == 0 and VERIFIER.graphs.captures == 1
+    finally:
+        replay.verify.stop("verify_graph_touchy")

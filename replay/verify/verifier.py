@@ -304,12 +304,8 @@ class Verifier:
         device = _cuda_device(bound.arguments.values())
         copying = self._streams(device)[0] if device is not None else None
         program = torch.cuda.current_stream(device) if device is not None else None
-        graph = None
-        if _device_type(device) in CALLER_LAUNCHES and _device_type(device) in reference_graphs.GRAPH_DEVICES:
-            op, mutates = policy.op, policy.op.mutates
-            kind = kind_of(op.name, bound.arguments, _device_type(device),
-                           lambda name, value: _read_in_place(name, value, mutates))
-            graph = self.graphs.take(op.name, kind, (op, op.get("reference").fn, dict(op.tolerance), op.metric))
+        graph = self._graph_for(policy, bound.arguments, device)
+        check = None
         try:
             if copying is not None:
                 copying.wait_stream(program)  # the inputs as the program left them
@@ -329,12 +325,7 @@ class Verifier:
             if copying is not None and program is not None:
                 copied = copying.record_event()
                 program.wait_event(copied)  # the program may overwrite them next
-        except BaseException:  # the call (or a copy) raised: no check, and the graph is free again
-            if graph is not None:
-                self.graphs.release(graph)
-            raise
-        check = _Check(policy, spec, number, signature, inputs, kept, after, result, device, copied, graph=graph)
-        try:
+            check = _Check(policy, spec, number, signature, inputs, kept, after, result, device, copied, graph=graph)
             if _device_type(device) in CALLER_LAUNCHES:
                 try:
                     self._launch_eagerly(check)
@@ -347,12 +338,23 @@ class Verifier:
                 check.nbytes = _tensor_bytes(value for name, value in inputs.items() if name not in kept) + \
                     _tensor_bytes(after.values()) + (_tensor_bytes(check.launched.expected.values())
                                                      if check.launched else 0)
-            self._submit(check)
-        except BaseException:  # an interrupt: the check goes nowhere, and its graph is free again
-            if check.graph is not None:
-                self.graphs.release(check.graph)
+            self._submit(check)  # queued last: from here the worker gives the graph back
+        except BaseException:  # the call raised (or an interrupt came): no check, and the graph is free again
+            held = check.graph if check is not None else graph
+            if held is not None:
+                self.graphs.release(held)
             raise
         return result
+
+    def _graph_for(self, policy: Policy, arguments: dict[str, Any], device: int | None) -> Graph | None:
+        """The graph of this check's kind, taken (reference_graphs.py), where its reference is
+        launched by the calling thread on a device that has graphs."""
+        if _device_type(device) not in CALLER_LAUNCHES or _device_type(device) not in reference_graphs.GRAPH_DEVICES:
+            return None
+        op, mutates = policy.op, policy.op.mutates
+        kind = kind_of(op.name, arguments, _device_type(device),
+                       lambda name, value: _read_in_place(name, value, mutates))
+        return self.graphs.take(op.name, kind, (op, op.get("reference").fn, dict(op.tolerance), op.metric))
 
     def _streams(self, device: int) -> tuple[Any, Any]:
         """The verifier's two streams on a CUDA device: one copies checked calls' tensors, one runs
