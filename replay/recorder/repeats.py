@@ -130,8 +130,7 @@ def _pieces_alike(raw: Any, last: Any, piece_bytes: int) -> list[bool]:
     """Whether each piece of `raw` holds the bytes of the same piece of `last` (as long): one pass
     over both, eight bytes at a time where they are aligned."""
     whole = len(raw) // piece_bytes
-    rows, last_rows = raw[:whole * piece_bytes].reshape(whole, piece_bytes), last[:whole * piece_bytes].reshape(
-        whole, piece_bytes)
+    rows, last_rows = (a[:whole * piece_bytes].reshape(whole, piece_bytes) for a in (raw, last))
     if piece_bytes % 8 == 0 and raw.ctypes.data % 8 == 0 and last.ctypes.data % 8 == 0:
         rows, last_rows = rows.view(np.uint64), last_rows.view(np.uint64)
     alike = (~np.not_equal(rows, last_rows).any(axis=1)).tolist() if whole else []

@@ -13,9 +13,9 @@ pool (expected outputs, verdicts). From a check's copies until the worker has re
 (and written its snapshot), a graph is busy: a check of the same kind meanwhile runs eagerly.
 
 A reference that cannot be captured (it reads a value back on the host, or calls what a capture
-forbids) is run eagerly from then on; the failed capture's allocator routing is ended by hand
-(torch's capture_end leaves it on when the capture was invalidated), and the verifier stops using
-the stream it failed on. A kind has no graph where an argument is a tensor on another device
+forbids) is run eagerly from then on; the failed capture is ended, and its allocator routing
+ended by hand (torch's capture_end leaves it on when the capture was invalidated), so the stream
+serves on. A kind has no graph where an argument is a tensor on another device
 than the check's (a host scalar tensor a capture would read once) or anything but a tensor or a
 plain scalar. One thread at a time issues work on the verifier's reference streams (its
 Verifier's lock): a capture on one must hold nothing of another thread's checks.

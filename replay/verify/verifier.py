@@ -433,17 +433,12 @@ class Verifier:
         check.launched = _Launched(*result, done, graph.agreed if graph is not None and not graph.unfit else None)
 
     def _uncapturable(self, check: _Check) -> None:
-        """The check's reference could not be captured: its op is checked eagerly from now on, and
-        the stream the capture failed on is not used again (reference_graphs.py); this check too
-        runs eagerly (its graph goes, its statics stay its copies)."""
+        """The check's reference could not be captured: its op is checked eagerly from now on;
+        this check too runs eagerly (its graph goes, its statics stay its copies)."""
         graph, check.graph = check.graph, None
         self.graphs.uncapturable(check.policy.op.name)
         if graph is not None:
             self.graphs.release(graph)
-        if check.device is not None:
-            with self._lock:
-                copying, _ = self._cuda_streams[check.device]
-                self._cuda_streams[check.device] = (copying, torch.cuda.Stream(check.device))
 
     def _reference(self, check: _Check) -> reference_graphs.Result:
         """The op's reference on the check's inputs and the device's verdict on each output, on
