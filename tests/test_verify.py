@@ -721,6 +721,18 @@ def spiked_after(gates: KindGates, row: int, scale: float, calls: int, gen: torc
     return bool(gates.flag(np.array([row]), spike)[0])
 
 
+def test_a_gate_reading_a_share_of_calls_counts_its_warm_up_in_calls_read() -> None:
+    """Reading 1 call in 8, a kind first read at the op's call 200 (the gate's 26th read) is still
+    learnt in the warm-up, not flagged; one first read after WARMUP reads is flagged at once."""
+    flagged: list[int] = []
+    feed = gate_module.StatsFeed(flagged.append, lambda name, n: None)
+    for read in range(gate_module.WARMUP + 8):
+        x = torch.ones(64 if read == 25 else 512 if read == gate_module.WARMUP + 4 else 8)
+        if feed.observe(8 * read, (x,), {}):
+            feed.close()
+    assert flagged == [8 * (gate_module.WARMUP + 4)]
+
+
 def test_a_kind_learnt_anew_after_the_table_fills_keeps_nothing_of_the_one_before() -> None:
     gen = torch.Generator().manual_seed(8)
     gates = KindGates()

@@ -19,9 +19,10 @@ calls after an unusual one are checked.
 What varies by design is not scored: sizes and integer tensors and arguments (sequence lengths,
 positions, page tables, batch sizes) are what a program changes from step to step, so they only
 pick the kind, and each kind learns its own contents (a prefill's and a decode step's calls do
-not judge each other). A kind never seen before, after the op's first WARMUP calls, is an
-outlier (a size seen once); floating-point contents far from their kind's past are outliers (a
-spike, a NaN, a scale never seen).
+not judge each other). A kind never seen before, after the first WARMUP calls of the op that the
+gate read, is an outlier (a size seen once; counted in calls read, so that a gate reading a share
+of calls does not take the kinds it has not met yet for new ones); floating-point contents far
+from their kind's past are outliers (a spike, a NaN, a scale never seen).
 
 How far is far. Per number, an exponentially weighted centroid and mean absolute deviation
 (weight ALPHA, or plain means over a kind's first 1/ALPHA calls), updated once a batch from the
@@ -50,7 +51,7 @@ log = logging.getLogger(__name__)
 ALPHA = 0.02
 QUANTILE = 0.99
 MARGIN = 3.0
-WARMUP = 64  # calls of an op before a kind never seen counts as an outlier
+WARMUP = 64  # calls of an op read before a kind never seen counts as an outlier
 KIND_WARMUP = 64  # calls of a kind that only teach its statistics
 KINDS = 256  # kinds remembered per op; past that every kind starts again (KindGates.kind_id)
 BATCH = 64  # calls whose statistics are computed together: the gate decides this many calls late at least
@@ -152,6 +153,7 @@ class StatsFeed:
         self._tensors: list[torch.Tensor] = []  # its tensors to read, held until they are
         self._rows: list[tuple[int, int, int]] = []  # address, count, type code a tensor
         self._held = 0
+        self._read = 0  # calls noted: the op's warm-up is counted in these (WARMUP)
         self._failed = False  # the gate's failure was said (_failure)
 
     def observe(self, number: int, args: tuple, kwargs: dict) -> bool:
@@ -194,8 +196,10 @@ class StatsFeed:
             self._held += size
             row, new = self.gates.kind_id(tuple(kind))
             self._calls.append((number, row, len(read)))
+            self._read += 1
             due = len(self._calls) >= BATCH or self._held > HELD_BYTES
-        if new and number >= WARMUP:  # a kind never seen, after the op's warm-up: known now, no device needed
+            warm = self._read > WARMUP
+        if new and warm:  # a kind never seen, after the op's warm-up: known now, no device needed
             self.count("flagged", 1)
             self.on_flag(number)
         return due
