@@ -107,7 +107,7 @@ def test_a_reference_that_cannot_be_captured_is_checked_eagerly_from_then_on(
 
 def test_a_busy_graph_leaves_a_check_of_its_kind_to_run_eagerly() -> None:
     graphs = ReferenceGraphs()
-    kind = kind_of("op", {"x": torch.zeros(2, 3), "scale": 0.5}, "cpu", lambda name, value: False)
+    kind = kind_of("op", {"x": torch.zeros(2, 3), "scale": 0.5}, "cpu", ())
     assert graphs.take("op", kind, OWNER) is None  # met once: eagerly
     graph = graphs.take("op", kind, OWNER)
     assert isinstance(graph, Graph) and graph.busy  # met again: its graph, to capture
@@ -135,10 +135,8 @@ def test_graphs_outlive_a_verification_stopped_and_started_again(device: str, gr
 
 def test_a_kind_is_the_arguments_shapes_strides_types_and_values_and_a_weights_address() -> None:
     x, weight = torch.zeros(4, 8), torch.zeros(8, 8)
-    in_place = {"weight"}
-
     def kind(**arguments: object) -> object:
-        return kind_of("op", arguments, "cpu", lambda name, value: name in in_place)
+        return kind_of("op", arguments, "cpu", {"weight"})
 
     assert kind(x=x, weight=weight, eps=1e-6) == kind(x=x.clone(), weight=weight, eps=1e-6)
     assert kind(x=x, weight=weight, eps=1e-6) != kind(x=x, weight=weight, eps=1e-5)
@@ -153,7 +151,7 @@ def test_a_kind_is_the_arguments_shapes_strides_types_and_values_and_a_weights_a
     assert kind(x=x.to_sparse(), weight=weight, eps=1e-6) is None
     assert kind(x=torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]), weight=weight, eps=1e-6) is None
     # a host tensor in a GPU's check would be read once, at the capture: no kind
-    assert kind_of("op", {"x": x, "scale": torch.tensor(2.0)}, "cuda", lambda name, value: False) is None
+    assert kind_of("op", {"x": x, "scale": torch.tensor(2.0)}, "cuda", ()) is None
 
 
 def test_graphs_past_the_memory_bound_go_least_recently_used_first_and_one_too_large_is_never_kept(
@@ -162,7 +160,7 @@ def test_graphs_past_the_memory_bound_go_least_recently_used_first_and_one_too_l
     graphs = ReferenceGraphs()
 
     def captured(name: str, nbytes: int) -> tuple[object, Graph]:
-        kind = kind_of(name, {}, "cpu", lambda n, v: False)
+        kind = kind_of(name, {}, "cpu", ())
         graphs.take(name, kind, OWNER)
         graph = graphs.take(name, kind, OWNER)
         assert graph is not None

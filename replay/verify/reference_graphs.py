@@ -32,7 +32,7 @@ import contextlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import torch
 
@@ -47,19 +47,18 @@ Result = tuple[dict[str, Any], list[tuple[str, torch.Tensor, torch.Tensor]], lis
 _TOO_LARGE = "too large"  # a kind whose graph alone would pass GRAPH_BYTES: checked eagerly
 
 
-def kind_of(op: str, arguments: dict[str, Any], device_type: str,
-            read_in_place: Callable[[str, Any], bool]) -> Kind | None:
+def kind_of(op: str, arguments: dict[str, Any], device_type: str, in_place: Collection[str]) -> Kind | None:
     """A check's kind (module docstring), or None where an argument has none: a tensor elsewhere
     than the check's device type (a host tensor a capture would read once, as a scalar), not
     strided, or anything but a tensor or a plain scalar (a float by its repr: -0.0 is not 0.0,
-    and NaN is NaN)."""
+    and NaN is NaN). `in_place`: the arguments a check reads where they are, not copied."""
     parts: list[Any] = [op]
     for name, value in arguments.items():
         if isinstance(value, torch.Tensor):
             if value.device.type != device_type or value.layout is not torch.strided or value.is_nested:
                 return None
-            parts.append((name, value.dtype, value.device, tuple(value.shape), value.stride(),
-                          value.data_ptr() if read_in_place(name, value) else None))
+            parts.append((name, value.dtype, value.device, value.shape, value.stride(),
+                          value.data_ptr() if name in in_place else None))
         elif isinstance(value, float):
             parts.append((name, float, repr(value)))
         elif value is None or isinstance(value, (bool, int, str)):
@@ -87,19 +86,27 @@ class Graph:
     unfit: bool = False  # a check's tensor did not fit a static: that check ran eagerly, and the graph goes
 
 
-def copy_into(graph: Graph, part: str, name: str, value: torch.Tensor) -> torch.Tensor:
-    """`value` copied into the graph's static tensor `name` of `part` ("inputs" or "after": the
-    outputs), made like a clone the first time; where it does not fit (an output of another shape
-    for the same inputs), a clone, and the graph is unfit for this check."""
+def copy_into(graph: Graph, part: str, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each of `values` copied into the graph's static tensor of that name in `part` ("inputs" or
+    "after": the outputs), on the current stream, in one launch for them all; a static is made
+    like a clone the first time. Where one does not fit (an output of another shape for the same
+    inputs), that value is cloned and the graph is unfit for this check."""
     statics = graph.inputs if part == "inputs" else graph.after
-    held = statics.get(name)
-    if held is None:
-        held = statics[name] = value.detach().clone()
-        return held
-    if held.shape != value.shape or held.dtype != value.dtype or held.device != value.device:
-        graph.unfit = True
-        return value.detach().clone()
-    return held.copy_(value)
+    copies, targets, sources = {}, [], []
+    for name, value in values.items():
+        held = statics.get(name)
+        if held is None:
+            held = statics[name] = value.detach().clone()
+        elif held.shape != value.shape or held.dtype != value.dtype or held.device != value.device:
+            graph.unfit = True
+            held = value.detach().clone()
+        else:
+            targets.append(held)
+            sources.append(value.detach() if value.requires_grad else value)
+        copies[name] = held
+    if targets:
+        torch._foreach_copy_(targets, sources)
+    return copies
 
 
 class ReferenceGraphs:

@@ -4,9 +4,9 @@ A verified call returns its own result at once, and nothing on the program's thr
 the device. An unchecked call costs a counter and two comparisons (and, with the outlier gate
 on, its arguments noted for the gate: replay/verify/gate.py). A sampled call, or one of the
 WINDOW calls after one the gate found unusual, has its inputs copied before it runs and its
-outputs after, on a copying stream of the verifier's ordered against the program's by events (the
-program waits for those copies, nothing more). The op's reference then runs on the copies on a
-second stream of the verifier's, and the comparison is reduced there to one flag
+outputs after, on the program's stream (the program waits for those copies, nothing more). The
+op's reference then runs on the copies on a stream of the verifier's, after an event, and the
+comparison is reduced there to one flag
 (compare.agreement); a worker thread reads the flag once the reference is done, running the full
 comparison only when it fails. On a GPU the calling thread launches the reference itself, right
 after the call: launching is asynchronous, and a worker's Python launching it would take the
@@ -52,7 +52,7 @@ from replay.verify.reference_graphs import Graph, ReferenceGraphs, copy_into, ki
 log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("break", "skip")
-KEEP_BYTES = 1 << 20  # read-only inputs this large are not copied for a check (see _inputs)
+KEEP_BYTES = 1 << 20  # read-only inputs this large are not copied for a check (see _read_in_place)
 COUNTERS = ("calls", "checked", "flagged", "skipped", "dropped", "failed", "snapshots", "abandoned", "unscored")
 WINDOW = 16  # calls of an op checked after the gate found one unusual
 # Device types whose checks the calling thread launches (the worker then only reads the verdict);
@@ -100,7 +100,7 @@ class _Check:
     spec: CallSpec
     number: int
     signature: inspect.Signature
-    inputs: dict[str, Any]  # copies of the bound arguments, taken before the call (see _inputs)
+    inputs: dict[str, Any]  # copies of the bound arguments, taken before the call (see _read_in_place)
     kept: dict[str, int]  # the inputs not copied, the program's own tensors: their version counters
     after: dict[str, Any]  # the kernel's outputs and mutated arguments, copied after it
     result: Any
@@ -171,7 +171,7 @@ class Verifier:
         self._random = random.Random()
         self._queue: queue.Queue[_Check] | None = None
         self._worker: threading.Thread | None = None
-        self._cuda_streams: dict[int, tuple[Any, Any]] = {}  # per CUDA device: see _streams
+        self._cuda_streams: dict[int, Any] = {}  # per CUDA device: see _reference_stream_on
         self._policies: list[Policy] = []
         self._retired_calls = 0
         self._pending_bytes = 0  # held by the checks submitted and not yet done (_Check.nbytes)
@@ -296,35 +296,30 @@ class Verifier:
 
     def _checked(self, policy: Policy, number: int, spec: CallSpec, call: Callable[..., Any],
                  signature: inspect.Signature, args: tuple, kwargs: dict) -> Any:
-        """Run a checked call: its inputs copied before it and its outputs after, on a copying
-        stream of the verifier's own (on a GPU); the program's stream waits for those copies
-        only, never for a reference; the check queued."""
+        """Run a checked call: its inputs copied before it and its outputs after, on the program's
+        own stream (the program would wait for copies made elsewhere anyway: the call may write
+        its inputs, and the program what the call returned), never waiting for a reference; the
+        check queued."""
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        device = _cuda_device(bound.arguments.values())
-        copying = self._streams(device)[0] if device is not None else None
-        program = torch.cuda.current_stream(device) if device is not None else None
-        graph = self._graph_for(policy, bound.arguments, device)
+        arguments, mutates = bound.arguments, policy.op.mutates
+        in_place = {name for name, value in arguments.items() if _read_in_place(name, value, mutates)}
+        device = _cuda_device(arguments.values())
+        graph = self._graph_for(policy, arguments, device, in_place)
         check = None
         try:
-            if copying is not None:
-                copying.wait_stream(program)  # the inputs as the program left them
-            with _on(copying):
-                inputs, kept = _inputs(bound.arguments, policy.op.mutates, graph)
-            if copying is not None and program is not None:
-                program.wait_stream(copying)  # the call may write its inputs
+            copies = _copies({name: value for name, value in arguments.items() if name not in in_place},
+                             graph, "inputs")
+            inputs = {name: copies.get(name, value) for name, value in arguments.items()}  # in the call's order
+            kept = {name: arguments[name]._version for name in in_place}
             result = call(*args, **kwargs)
-            if copying is not None:
-                copying.wait_stream(program)  # the outputs as the call left them
-            with _on(copying):
-                after = {name: _copy(value, graph, "after", name) for name, value in
-                         returned_values(result, policy.op.outputs).items()}
-                after.update({name: _copy(bound.arguments[name], graph, "after", name) for name in policy.op.mutates
-                              if name in bound.arguments})
+            outputs = returned_values(result, policy.op.outputs)
+            outputs.update((name, arguments[name]) for name in mutates if name in arguments)
+            after = _copies(outputs, graph, "after")
             copied = None
-            if copying is not None and program is not None:
-                copied = copying.record_event()
-                program.wait_event(copied)  # the program may overwrite them next
+            if device is not None:
+                copied = torch.cuda.Event()
+                copied.record(torch.cuda.current_stream(device))
             check = _Check(policy, spec, number, signature, inputs, kept, after, result, device, copied, graph=graph)
             if _device_type(device) in CALLER_LAUNCHES:
                 try:
@@ -346,24 +341,24 @@ class Verifier:
             raise
         return result
 
-    def _graph_for(self, policy: Policy, arguments: dict[str, Any], device: int | None) -> Graph | None:
+    def _graph_for(self, policy: Policy, arguments: dict[str, Any], device: int | None,
+                   in_place: set[str]) -> Graph | None:
         """The graph of this check's kind, taken (reference_graphs.py), where its reference is
         launched by the calling thread on a device that has graphs."""
         if _device_type(device) not in CALLER_LAUNCHES or _device_type(device) not in reference_graphs.GRAPH_DEVICES:
             return None
-        op, mutates = policy.op, policy.op.mutates
-        kind = kind_of(op.name, arguments, _device_type(device),
-                       lambda name, value: _read_in_place(name, value, mutates))
+        op = policy.op
+        kind = kind_of(op.name, arguments, _device_type(device), in_place)
         return self.graphs.take(op.name, kind, (op, op.get("reference").fn, dict(op.tolerance), op.metric))
 
-    def _streams(self, device: int) -> tuple[Any, Any]:
-        """The verifier's two streams on a CUDA device: one copies checked calls' tensors, one runs
-        references (so that the program, waiting for a copy, never waits for a reference)."""
-        streams = self._cuda_streams.get(device)
-        if streams is None:
+    def _reference_stream_on(self, device: int) -> Any:
+        """The verifier's stream on a CUDA device, where references run (so that the program never
+        waits for one)."""
+        stream = self._cuda_streams.get(device)
+        if stream is None:
             with self._lock:  # the program's thread and the worker may ask first at once
-                streams = self._cuda_streams.setdefault(device, (torch.cuda.Stream(device), torch.cuda.Stream(device)))
-        return streams
+                stream = self._cuda_streams.setdefault(device, torch.cuda.Stream(device))
+        return stream
 
     def _full(self) -> bool:
         """Whether `queue_depth` checks are pending, or they hold `max_pending_bytes`: a call
@@ -411,7 +406,7 @@ class Verifier:
         One thread at a time uses the reference stream: a capture on it must hold nothing of
         another thread's."""
         with self._reference_stream:
-            stream = self._streams(check.device)[1] if check.device is not None else None
+            stream = self._reference_stream_on(check.device) if check.device is not None else None
             if stream is not None:
                 stream.wait_event(check.copied)
             graph = check.graph
@@ -469,7 +464,7 @@ class Verifier:
                 check.launched.done.synchronize()  # this thread's wait, never the program's
             elif check.device is not None:  # a launch that failed part-way: its work is let finish first
                 with self._reference_stream:  # never while another thread captures on it
-                    self._streams(check.device)[1].synchronize()
+                    self._reference_stream_on(check.device).synchronize()
         launched = check.launched
         assert launched is not None  # launched above, or the launch raised
         # looked at once the reference has read them: the program wrote to an argument that was not
@@ -563,33 +558,27 @@ def _tensor_bytes(values: Any) -> int:
     return sum(value.numel() * value.element_size() for value in values if isinstance(value, torch.Tensor))
 
 
-def _copy(value: Any, graph: Graph | None = None, part: str = "", name: str = "") -> Any:
-    """A tensor's copy (into the graph's static tensor of that `part` and name, where a check has
-    a graph); anything else as it is."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    return value.detach().clone() if graph is None else copy_into(graph, part, name, value)
+def _copy(value: Any) -> Any:
+    """A tensor's copy; anything else as it is."""
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _copies(values: dict[str, Any], graph: Graph | None, part: str) -> dict[str, Any]:
+    """`values` with each tensor copied (into the graph's statics of that `part`, where a check has
+    a graph: one launch for them all); anything else as it is."""
+    if graph is None:
+        return {name: _copy(value) for name, value in values.items()}
+    tensors = {name: value for name, value in values.items() if isinstance(value, torch.Tensor)}
+    return {**values, **copy_into(graph, part, tensors)}
 
 
 def _read_in_place(name: str, value: Any, mutates: tuple[str, ...]) -> bool:
-    """Whether a checked call's input is read where it is rather than copied (see _inputs)."""
+    """Whether a checked call's input is read where it is rather than copied: a tensor of
+    KEEP_BYTES or more that the op does not write (a weight) is kept as it is with its version
+    counter, so a check costs no copy of it; the program writing to it before the check runs is
+    seen there, and the check is skipped."""
     return (isinstance(value, torch.Tensor) and name not in mutates and not value.is_inference()
             and value.numel() * value.element_size() >= KEEP_BYTES)
-
-
-def _inputs(arguments: dict[str, Any], mutates: tuple[str, ...],
-            graph: Graph | None = None) -> tuple[dict[str, Any], dict[str, int]]:
-    """A checked call's inputs, before it runs: copies (into the graph's statics, with one),
-    except tensors of KEEP_BYTES or more that the op does not write (weights), which are kept as
-    they are with their version counters, so a check costs no copy of them; the program writing
-    to one before the check runs is seen there, and the check is skipped."""
-    inputs, kept = {}, {}
-    for name, value in arguments.items():
-        if _read_in_place(name, value, mutates):
-            inputs[name], kept[name] = value, value._version
-        else:
-            inputs[name] = _copy(value, graph, "inputs", name)
-    return inputs, kept
 
 
 def _check_failed(check: _Check, exc: Exception) -> None:
