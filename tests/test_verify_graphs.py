@@ -84,6 +84,33 @@ def test_a_kind_checked_again_replays_its_graph_and_a_mismatch_through_it_is_nam
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_a_graphs_verdict_is_read_by_the_calling_thread_at_its_next_check_and_a_mismatch_goes_to_the_worker(
+        device: str, graphed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checks replayed through their kind's graph never reach the worker while they pass: the
+    calling thread reads each verdict from host memory at its next check (once the reference is
+    done) or at a drain; a verdict that some output disagrees is handed to the worker, which names
+    the rows."""
+    found: list[Mismatch] = []
+    replay.verify("verify_graph_scaled", sample=1.0, outliers=False, on_mismatch=found.append)
+    checked_one_by_one(device, [torch.ones(8, 64)] * 2)  # eager, then the capture
+    handed: list[int] = []
+    submit = VERIFIER._submit
+    monkeypatch.setattr(VERIFIER, "_submit", lambda check: (handed.append(check.number), submit(check)))
+    before = replay.verify.counters()
+    for n in range(6):
+        scaled_batched(torch.full((8, 64), float(n), device=device), 0.5)  # reads the n checks before it
+        assert replay.verify.counters()["checked"] - before["checked"] == n
+        if device == "cuda":  # the test's own wait: the reference is done by the next check, its graph free
+            torch.cuda.synchronize()
+    x = torch.ones(8, 64)
+    x[3, 2] = 70.0
+    scaled_batched(x.to(device), 0.5)
+    assert replay.verify.drain() == 0
+    assert handed == [8] and [(m.call, m.rows) for m in found] == [(8, [3])]
+    assert replay.verify.counters()["checked"] - before["checked"] == 7
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_a_reference_that_cannot_be_captured_is_checked_eagerly_from_then_on(
         device: str, graphed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     found: list[Mismatch] = []
