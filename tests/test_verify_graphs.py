@@ -110,6 +110,22 @@ def test_a_graphs_verdict_is_read_by_the_calling_thread_at_its_next_check_and_a_
     assert replay.verify.counters()["checked"] - before["checked"] == 7
 
 
+@pytest.mark.parametrize("device", ["cpu"])
+def test_a_verdict_that_cannot_be_read_never_breaks_the_call(device: str, graphed: Path,
+                                                              monkeypatch: pytest.MonkeyPatch, said) -> None:
+    replay.verify("verify_graph_scaled", sample=1.0, outliers=False)
+    checked_one_by_one("cpu", [torch.ones(2, 4)] * 2)  # eager, then the capture
+    scaled_batched(torch.ones(2, 4), 0.5)  # replayed: its verdict waits for the next check
+    said()
+
+    def unreadable(wait: bool = False) -> None:
+        raise RuntimeError("the device is gone")
+    with monkeypatch.context() as patched:
+        patched.setattr(VERIFIER, "_read_landed", unreadable)
+        assert torch.equal(scaled_batched(torch.ones(2, 4), 0.5), torch.full((2, 4), 0.5))
+    assert said() == ["replay.verify: reading a check's verdict failed: RuntimeError: the device is gone"]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_reference_that_cannot_be_captured_is_checked_eagerly_from_then_on(
         device: str, graphed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
