@@ -722,12 +722,13 @@ def spiked_after(gates: KindGates, row: int, scale: float, calls: int, gen: torc
 
 
 def test_a_gate_reading_a_share_of_calls_counts_its_warm_up_in_calls_read() -> None:
-    """Reading 1 call in 8, a kind first read at the op's call 200 (the gate's 26th read) is still
-    learnt in the warm-up, not flagged; one first read after WARMUP reads is flagged at once."""
+    """Reading 1 call in 8, a kind first read halfway through the gate's warm-up (long after the
+    op's WARMUP-th call) is learnt, not flagged; one first read after WARMUP reads is flagged at
+    once."""
     flagged: list[int] = []
     feed = gate_module.StatsFeed(flagged.append, lambda name, n: None)
     for read in range(gate_module.WARMUP + 8):
-        x = torch.ones(64 if read == 25 else 512 if read == gate_module.WARMUP + 4 else 8)
+        x = torch.ones(64 if read == gate_module.WARMUP // 2 else 512 if read == gate_module.WARMUP + 4 else 8)
         if feed.observe(8 * read, (x,), {}):
             feed.close()
     assert flagged == [8 * (gate_module.WARMUP + 4)]
