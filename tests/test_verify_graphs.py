@@ -7,6 +7,8 @@ GRAPH_DEVICES) runs the same bookkeeping, a "replay" running the reference again
 tensors."""
 from __future__ import annotations
 
+import gc
+import weakref
 from pathlib import Path
 from typing import Iterator
 
@@ -37,6 +39,15 @@ def scaled_reference(x: torch.Tensor, scale: float) -> torch.Tensor:
 def scaled_batched(x: torch.Tensor, scale: float) -> torch.Tensor:
     """Wrong by 1 in a row holding a value over 50."""
     return x * scale + (x.abs().amax(dim=1, keepdim=True) > 50).to(x.dtype)
+
+
+weighted = replay.op("verify_graph_weighted", batch_axes={"x": 0, "out": 0})
+weighted.reference(lambda x, w: x @ w)
+
+
+@weighted.batched
+def weighted_batched(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w
 
 
 @pytest.fixture
@@ -108,6 +119,74 @@ def test_a_graphs_verdict_is_read_by_the_calling_thread_at_its_next_check_and_a_
     assert replay.verify.drain() == 0
     assert handed == [8] and [(m.call, m.rows) for m in found] == [(8, [3])]
     assert replay.verify.counters()["checked"] - before["checked"] == 7
+
+
+@pytest.mark.parametrize("device", ["cpu"])
+def test_checks_waiting_to_be_read_never_crowd_out_the_checks_after_them(
+        device: str, graphed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for one pending check, each call reads the landed check before it before asking
+    whether there is room: every call is checked, none dropped."""
+    monkeypatch.setattr(VERIFIER.settings, "queue_depth", 1)
+    replay.verify("verify_graph_scaled", sample=1.0, outliers=False)
+    checked_one_by_one(device, [torch.ones(2, 4)] * 2)  # eager, then the capture
+    before = replay.verify.counters()
+    for _ in range(20):
+        scaled_batched(torch.ones(2, 4), 0.5)
+    assert replay.verify.drain() == 0
+    counted = replay.verify.counters()
+    assert counted["checked"] - before["checked"] == 20 and counted["dropped"] == before["dropped"]
+
+
+@pytest.mark.parametrize("device", ["cpu"])
+def test_a_landed_check_holds_copies_not_the_programs_outputs(device: str, graphed: Path) -> None:
+    replay.verify("verify_graph_scaled", sample=1.0, outliers=False)
+    checked_one_by_one(device, [torch.ones(2, 4)] * 2)
+    out = scaled_batched(torch.ones(2, 4), 0.5)  # replayed: its check waits to be read
+    assert len(VERIFIER._landed) == 1
+    gone = weakref.ref(out)
+    del out
+    gc.collect()
+    assert gone() is None  # the program's output was let go; the check keeps the graph's copy
+
+
+@pytest.mark.parametrize("device", ["cpu"])
+def test_a_check_reading_a_weight_in_place_goes_to_the_worker(device: str, graphed: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The worker looks at a weight's version as soon as the reference is done; read later (at the
+    next check), a write the program made after the reference had read it would skip the check."""
+    replay.verify("verify_graph_weighted", sample=1.0, outliers=False)
+    w = torch.ones(64, verifier.KEEP_BYTES // 256)  # 1 MiB: read in place
+    for _ in range(2):
+        weighted_batched(torch.ones(2, 64), w)
+        assert replay.verify.drain() == 0
+    handed: list[int] = []
+    submit = VERIFIER._submit
+    monkeypatch.setattr(VERIFIER, "_submit", lambda check: (handed.append(check.number), submit(check)))
+    weighted_batched(torch.ones(2, 64), w)
+    assert handed == [2] and not VERIFIER._landed
+    assert replay.verify.drain() == 0
+    replay.verify.stop("verify_graph_weighted")
+
+
+@pytest.mark.parametrize("device", ["cpu"])
+def test_a_disagreeing_verdict_that_cannot_reach_the_worker_still_gives_its_graph_back(
+        device: str, graphed: Path, monkeypatch: pytest.MonkeyPatch, said) -> None:
+    replay.verify("verify_graph_scaled", sample=1.0, outliers=False)
+    checked_one_by_one(device, [torch.ones(2, 4)] * 2)
+    wrong = torch.ones(2, 4)
+    wrong[1, 0] = 60.0
+    scaled_batched(wrong, 0.5)
+    said()
+
+    def unreachable(check: object) -> None:
+        raise RuntimeError("can't start new thread")
+    with monkeypatch.context() as patched:
+        patched.setattr(VERIFIER, "_submit", unreachable)
+        scaled_batched(torch.ones(2, 4), 0.5)  # reads the wrong one's verdict first
+    assert said() == ["replay.verify: reading a check's verdict failed: RuntimeError: can't start new thread"]
+    assert replay.verify.drain() == 0
+    graphs = [graph for graph in VERIFIER.graphs._kinds["verify_graph_scaled"].values() if isinstance(graph, Graph)]
+    assert graphs and not any(graph.busy for graph in graphs)
 
 
 @pytest.mark.parametrize("device", ["cpu"])

@@ -9,8 +9,8 @@ verifier._inputs) its address, which the graph reads. The first check of a kind 
 (most kinds a sampled check meets, it meets once); the second captures the kind's graph. A graph
 owns static tensors: the copies of the inputs and outputs that a check of its kind takes into them
 instead of into fresh clones, and what the reference and the comparison leave in its own memory
-pool (expected outputs, verdicts). From a check's copies until the worker has read its verdict
-(and written its snapshot), a graph is busy: a check of the same kind meanwhile runs eagerly.
+pool (expected outputs, verdicts). From a check's copies until its verdict has been read (and a
+mismatch's snapshot written), a graph is busy: a check of the same kind meanwhile runs eagerly.
 
 A reference that cannot be captured (it reads a value back on the host, or calls what a capture
 forbids) is run eagerly from then on; the failed capture is ended, and its allocator routing
@@ -78,7 +78,7 @@ class Graph:
     replay: Callable[[], None] | None = None
     result: Result | None = None
     # whether every output agreed, copied by each replay into host memory (pinned on a GPU), where
-    # the worker reads it with no operator of its own; None where an output is decided on the host
+    # it is read with no operator; None where an output is decided on the host
     agreed: torch.Tensor | None = None
     nbytes: int = 0  # counted in ReferenceGraphs.bytes from `captured` on (`counted`)
     counted: bool = False
@@ -110,7 +110,7 @@ def copy_into(graph: Graph, part: str, values: dict[str, torch.Tensor]) -> dict[
 
 
 class ReferenceGraphs:
-    """The graphs of every verified op, taken by a check and given back by the worker."""
+    """The graphs of every verified op, taken by a check and given back once its verdict is read."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -154,7 +154,7 @@ class ReferenceGraphs:
             return graph
 
     def release(self, graph: Graph) -> None:
-        """The worker is done with the graph's tensors (or the check never reached it); an unfit
+        """The check is done with the graph's tensors (or never reached it); an unfit
         graph is forgotten."""
         with self._lock:
             graph.busy = False

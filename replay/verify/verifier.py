@@ -7,8 +7,11 @@ WINDOW calls after one the gate found unusual, has its inputs copied before it r
 outputs after, on the program's stream (the program waits for those copies, nothing more). The
 op's reference then runs on the copies on a stream of the verifier's, after an event, and the
 comparison is reduced there to one flag
-(compare.agreement); a worker thread reads the flag once the reference is done, running the full
-comparison only when it fails. On a GPU the calling thread launches the reference itself, right
+(compare.agreement). A check replayed through its kind's graph (reference_graphs.py), reading
+nothing of the program's in place, lands its flag in host memory, and the calling thread reads
+it at its next check past the fast path (or a drain, or `stop`) once the reference's event has
+passed; any other check's flag a worker thread reads once the reference is done. Either way only
+a failing check runs the full comparison, on the worker. On a GPU the calling thread launches the reference itself, right
 after the call: launching is asynchronous, and a worker's Python launching it would take the
 interpreter lock from the program at each of the reference's operators, each hand-over costing
 both threads (measured: docs/PERFORMANCE.md). On the host, where running the reference is the
@@ -229,6 +232,7 @@ class Verifier:
                 self._retired_calls += policy.calls()
         if policy.feed is not None:
             policy.feed.flush()
+        self._read_landed_safely()  # what is done is counted now, not at some other op's next check
 
     # the call path ------------------------------------------------------------------------------
 
@@ -293,6 +297,8 @@ class Verifier:
             policy.window -= 1  # two threads may take the last one: then it reads as closed
         else:
             return call(*args, **kwargs)
+        if self._landed:
+            self._read_landed_safely()
         if self._full():
             self.count("dropped")
             return call(*args, **kwargs)
@@ -304,11 +310,6 @@ class Verifier:
         own stream (the program would wait for copies made elsewhere anyway: the call may write
         its inputs, and the program what the call returned), never waiting for a reference; the
         check queued."""
-        if self._landed:
-            try:
-                self._read_landed()
-            except Exception as exc:  # never the program's problem: said, and the call goes on
-                log.warning(f"replay.verify: reading a check's verdict failed: {type(exc).__name__}: {exc}")
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         arguments, mutates = bound.arguments, policy.op.mutates
@@ -329,7 +330,9 @@ class Verifier:
             if device is not None:
                 copied = torch.cuda.Event()
                 copied.record(torch.cuda.current_stream(device))
-            check = _Check(policy, spec, number, signature, inputs, kept, after, result, device, copied, graph=graph)
+            # the result's shape holding the copies: a check never keeps the program's outputs alive
+            check = _Check(policy, spec, number, signature, inputs, kept, after,
+                           _as_returned(result, after, policy.op.outputs), device, copied, graph=graph)
             if _device_type(device) in CALLER_LAUNCHES:
                 try:
                     self._launch_eagerly(check)
@@ -342,7 +345,10 @@ class Verifier:
                 check.nbytes = _tensor_bytes(value for name, value in inputs.items() if name not in kept) + \
                     _tensor_bytes(after.values()) + (_tensor_bytes(check.launched.expected.values())
                                                      if check.launched else 0)
-            landed = check.failure is None and check.launched is not None and check.launched.agreed is not None
+            # a check reading a program's tensor in place goes to the worker, which looks at its version
+            # as soon as the reference is done: a write after that is no reason to skip it
+            landed = not kept and check.failure is None and check.launched is not None and \
+                check.launched.agreed is not None
             if landed:
                 self._land(check)  # queued last: from here its reader gives the graph back
             else:
@@ -394,36 +400,49 @@ class Verifier:
 
     def _land(self, check: _Check) -> None:
         """Keep a check whose verdict its graph copies into host memory, for the program's thread
-        to read at its next check (or a drain) once the reference is done. Handing every check to
+        to read at its next checked call (of any op), a drain or a `stop`, once the reference is
+        done. Handing every check to
         the worker cost the program the worker's turns with the interpreter lock: two a check (it
         wakes, and its wait for the reference ends), ~0.1 ms each on an H200 host."""
         with self._lock:
             self._landed.append(check)
             self._pending_bytes += check.nbytes
 
-    def _read_landed(self, wait: bool = False) -> None:
-        """Finish the landed checks whose reference is done, oldest first; without `wait`, one
-        still running stops the walk (nothing here waits for the device). A verdict that some
-        output disagrees goes to the worker, which compares in full and reports."""
+    def _read_landed(self, deadline: float | None = None) -> None:
+        """Finish the landed checks whose reference is done; with a `deadline` (a drain), wait for
+        the others until then, else leave them (nothing here waits for the device). A verdict
+        that some output disagrees goes to the worker, which compares in full and reports."""
         while self._landed:
             with self._lock:
-                if not self._landed:
-                    return
-                check = self._landed[0]
-                assert check.launched is not None and check.launched.agreed is not None
-                done = check.launched.done
-                if done is not None and not wait and not done.query():
-                    return
-                self._landed.popleft()
-                self._pending_bytes -= check.nbytes
-            if done is not None and wait:
-                done.synchronize()
-            if any(check.inputs[name]._version != version for name, version in check.kept.items()) or \
-                    not check.launched.agreed.numpy():
-                self._submit(check)  # skipped or failed: the worker says which
-                continue
-            self.count("checked")
-            if check.graph is not None:
+                ready = [check for check in self._landed if _reference_done(check)]
+                for check in ready:
+                    self._landed.remove(check)
+                    self._pending_bytes -= check.nbytes
+            for check in ready:
+                self._finish_landed(check)
+            if not self._landed or deadline is None or time.monotonic() >= deadline:
+                return
+            time.sleep(0.001)
+
+    def _read_landed_safely(self) -> None:
+        try:
+            self._read_landed()
+        except Exception as exc:  # never the program's problem: said, and the call goes on
+            log.warning(f"replay.verify: reading a check's verdict failed: {type(exc).__name__}: {exc}")
+
+    def _finish_landed(self, check: _Check) -> None:
+        """A landed check whose reference is done: counted and its graph given back, or handed to
+        the worker (which then gives it back) when its verdict is that some output disagrees."""
+        handed = False
+        try:
+            assert check.launched is not None and check.launched.agreed is not None
+            if not check.launched.agreed.numpy():
+                self._submit(check)
+                handed = True
+            else:
+                self.count("checked")
+        finally:
+            if not handed and check.graph is not None:
                 self.graphs.release(check.graph)
 
     # the worker ---------------------------------------------------------------------------------
@@ -564,13 +583,23 @@ class Verifier:
         for policy in list(self._policies):
             if policy.feed is not None:
                 policy.feed.flush()
-        self._read_landed(wait=True)
         deadline = time.monotonic() + timeout
+        try:
+            self._read_landed(deadline)
+        except Exception as exc:  # a drain before the program's graph capture, or at exit: never raises
+            log.warning(f"replay.verify: reading a check's verdict failed: {type(exc).__name__}: {exc}")
         if self._queue is None:
-            return 0
+            return len(self._landed)
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.005)
-        return self._queue.unfinished_tasks
+        return self._queue.unfinished_tasks + len(self._landed)
+
+
+def _reference_done(check: _Check) -> bool:
+    """Whether a launched check's reference is done (asked of its event, never waited for)."""
+    assert check.launched is not None
+    done = check.launched.done
+    return done is None or bool(done.query())
 
 
 def _as_returned(result: Any, after: dict[str, Any], outputs: tuple[str, ...]) -> Any:
