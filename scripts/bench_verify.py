@@ -160,7 +160,7 @@ class Modes:
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
-        self.hooks: dict[object, dict[str, Callable[..., object]]] = {}
+        self.hooks: dict[object, dict[str, Callable[..., object] | None]] = {}
         self.policies: list[Policy] = []
 
     def set(self, mode: object) -> None:
@@ -171,9 +171,9 @@ class Modes:
         for name in self.names:
             recorder.set_verifier(name, self.hooks[mode][name])
 
-    def _hook(self, name: str, mode: object) -> Callable[..., object]:
+    def _hook(self, name: str, mode: object) -> Callable[..., object] | None:
         if mode is None or isinstance(mode, str):
-            return floor_hook(mode) if mode else None  # type: ignore[return-value]
+            return floor_hook(mode) if mode else None
         sample, outliers = (mode[0], mode[1]) if isinstance(mode, tuple) else (mode, True)
         policy = Policy(get_op(name), sample, None, outliers)  # type: ignore[arg-type]
         self.policies.append(policy)
@@ -262,19 +262,19 @@ def main() -> int:
             for round in range(-args.warmup, args.runs):  # rounds before 0 untimed: every mode warmed up
                 # no mode always follows another; its unverified partner runs before it or after, by turns
                 for turn, (label, mode) in enumerate(random.Random(round).sample(modes, len(modes))):
-                    first = (round + turn) % 2  # where the mode's run is in its pair
+                    mine = (round + turn) % 2  # the mode's run's place in its pair
                     elapsed = []
-                    for place, this_mode in enumerate((modes[0][1], mode) if first else (mode, modes[0][1])):
+                    for place, this_mode in enumerate((modes[0][1], mode) if mine else (mode, modes[0][1])):
                         verified.set(this_mode)
                         gc.collect()  # the garbage of the mode before is not this one's to collect
                         before = replay.verify.counters()
                         elapsed.append(timed(fn, args.device))
-                        if round >= 0 and place == first:
+                        if round >= 0 and place == mine:
                             for key, value in replay.verify.counters().items():
                                 counted[label][key] = counted[label].get(key, 0) + (value - before[key]) / args.runs
                     if round >= 0:
-                        times[label][w].append(elapsed[first])
-                        ratios[label][w].append(elapsed[first] / elapsed[1 - first])
+                        times[label][w].append(elapsed[mine])
+                        ratios[label][w].append(elapsed[mine] / elapsed[1 - mine])
             verified.close()
             for label, _ in modes:
                 done = counted[label]
