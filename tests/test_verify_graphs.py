@@ -197,7 +197,7 @@ def test_a_verdict_that_cannot_be_read_never_breaks_the_call(device: str, graphe
     scaled_batched(torch.ones(2, 4), 0.5)  # replayed: its verdict waits for the next check
     said()
 
-    def unreadable(wait: bool = False) -> None:
+    def unreadable(deadline: float | None = None) -> None:
         raise RuntimeError("the device is gone")
     with monkeypatch.context() as patched:
         patched.setattr(VERIFIER, "_read_landed", unreadable)

@@ -5,7 +5,7 @@ running the reference eagerly costs a launch an operator (the tiny model's atten
 A graph serves one *kind* of check: an op, and for each argument its type, shape, strides and
 device (a tensor) or its value (anything else; an argument with no hashable value has no kind),
 and for a large read-only input that a check reads in place instead of copying (a weight:
-verifier._inputs) its address, which the graph reads. The first check of a kind runs eagerly
+verifier._read_in_place) its address, which the graph reads. The first check of a kind runs eagerly
 (most kinds a sampled check meets, it meets once); the second captures the kind's graph. A graph
 owns static tensors: the copies of the inputs and outputs that a check of its kind takes into them
 instead of into fresh clones, and what the reference and the comparison leave in its own memory

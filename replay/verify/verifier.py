@@ -6,15 +6,15 @@ on, its arguments noted for the gate: replay/verify/gate.py). A sampled call, or
 WINDOW calls after one the gate found unusual, has its inputs copied before it runs and its
 outputs after, on the program's stream (the program waits for those copies, nothing more). The
 op's reference then runs on the copies on a stream of the verifier's, after an event, and the
-comparison is reduced there to one flag
-(compare.agreement). A check replayed through its kind's graph (reference_graphs.py), reading
-nothing of the program's in place, lands its flag in host memory, and the calling thread reads
-it at its next check past the fast path (or a drain, or `stop`) once the reference's event has
-passed; any other check's flag a worker thread reads once the reference is done. Either way only
-a failing check runs the full comparison, on the worker. On a GPU the calling thread launches the reference itself, right
-after the call: launching is asynchronous, and a worker's Python launching it would take the
-interpreter lock from the program at each of the reference's operators, each hand-over costing
-both threads (measured: docs/PERFORMANCE.md). On the host, where running the reference is the
+comparison is reduced there to one flag (compare.agreement). A check replayed through its
+kind's graph (reference_graphs.py), reading nothing of the program's in place, lands its flag
+in host memory, and the calling thread reads it at its next check past the fast path (or a
+drain, or `stop`) once the reference's event has passed; any other check's flag a worker thread
+reads once the reference is done. Either way only a failing check runs the full comparison, on
+the worker. On a GPU the calling thread launches the reference itself, right after the call:
+launching is asynchronous, and a worker's Python launching it would take the interpreter lock
+from the program at each of the reference's operators, each hand-over costing both threads
+(measured: docs/PERFORMANCE.md). On the host, where running the reference is the
 work itself, the worker runs it. A mismatch is reported (`on_mismatch`, by default one line on
 stderr) and written, rate-limited, as a one-call snapshot that `replay run` replays.
 """
@@ -401,9 +401,9 @@ class Verifier:
     def _land(self, check: _Check) -> None:
         """Keep a check whose verdict its graph copies into host memory, for the program's thread
         to read at its next checked call (of any op), a drain or a `stop`, once the reference is
-        done. Handing every check to
-        the worker cost the program the worker's turns with the interpreter lock: two a check (it
-        wakes, and its wait for the reference ends), ~0.1 ms each on an H200 host."""
+        done. Handing every check to the worker cost the program the worker's turns with the
+        interpreter lock: two a check (it wakes, and its wait for the reference ends), ~0.1 ms
+        each on an H200 host."""
         with self._lock:
             self._landed.append(check)
             self._pending_bytes += check.nbytes
@@ -424,10 +424,10 @@ class Verifier:
                 return
             time.sleep(0.001)
 
-    def _read_landed_safely(self) -> None:
+    def _read_landed_safely(self, deadline: float | None = None) -> None:
         try:
-            self._read_landed()
-        except Exception as exc:  # never the program's problem: said, and the call goes on
+            self._read_landed(deadline)
+        except Exception as exc:  # never the program's problem (nor a drain's): said, and the program goes on
             log.warning(f"replay.verify: reading a check's verdict failed: {type(exc).__name__}: {exc}")
 
     def _finish_landed(self, check: _Check) -> None:
@@ -584,10 +584,7 @@ class Verifier:
             if policy.feed is not None:
                 policy.feed.flush()
         deadline = time.monotonic() + timeout
-        try:
-            self._read_landed(deadline)
-        except Exception as exc:  # a drain before the program's graph capture, or at exit: never raises
-            log.warning(f"replay.verify: reading a check's verdict failed: {type(exc).__name__}: {exc}")
+        self._read_landed_safely(deadline)
         if self._queue is None:
             return len(self._landed)
         while self._queue.unfinished_tasks and time.monotonic() < deadline:
