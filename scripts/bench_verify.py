@@ -50,8 +50,8 @@ from replay.tolerance import REDUCTION
 from replay.verify import reference_graphs
 from replay.verify.verifier import VERIFIER, WINDOW, Policy
 
-# (label, how verification is set for an op): None off; a float the sampling rate (gate on);
-# (rate, gate on or off, or the share of calls it reads[, "eager": each check's reference run
+# (label, how verification is set for an op): None off; a float the sampling rate (gate on, within
+# its time budget: outliers=True); (rate, gate on or off, or the share of calls it reads[, "eager": each check's reference run
 # operator by operator, as the verifier did until 2026-11-27, not replayed as its kind's CUDA
 # graph]); a str a floor hook
 MODES: tuple[tuple[str, object], ...] = (
@@ -59,11 +59,13 @@ MODES: tuple[tuple[str, object], ...] = (
     ("floor: the hook waits for the GPU", "sync"), ("the hook runs the reference after every call", "reference"),
     ("floor: the hook reads each tensor argument's address, size and type", "inspect"),
     ("sample 0, outlier gate off: the unchecked call", (0.0, False)),
-    ("sample 0, outlier gate on: the gate's statistics", (0.0, True)),
+    ("sample 0, outlier gate on: the gate's statistics, within its budget", (0.0, True)),
+    ("sample 0, outlier gate reading every call", (0.0, 1.0)),
     ("sample 0, outlier gate reading 1 call in 8", (0.0, 0.125)),
     ("sample 0.01, outlier gate off", (0.01, False)),
     ("sample 0.01, outlier gate off, references eager", (0.01, False, "eager")),
-    ("sample 0.01", 0.01), ("sample 0.01, references eager", (0.01, True, "eager")),
+    ("sample 0.01 (the gate within its budget)", 0.01), ("sample 0.01, references eager", (0.01, True, "eager")),
+    ("sample 0.01, outlier gate reading every call", (0.01, 1.0)),
     ("sample 0.01, outlier gate reading 1 call in 8", (0.01, 0.125)),
     ("sample 0.1", 0.1), ("sample 1.0", 1.0), ("sample 1.0, references eager", (1.0, True, "eager")))
 GRAPH_DEVICES = reference_graphs.GRAPH_DEVICES
@@ -160,30 +162,37 @@ class Modes:
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
-        self.hooks: dict[object, dict[str, Callable[..., object] | None]] = {}
-        self.policies: list[Policy] = []
+        self.hooks: dict[str, dict[str, Callable[..., object] | None]] = {}  # by the mode's repr
+        self.policies: dict[str, list[Policy]] = {}
 
     def set(self, mode: object) -> None:
         eager = isinstance(mode, tuple) and mode[2:] == ("eager",)
         reference_graphs.GRAPH_DEVICES = () if eager else GRAPH_DEVICES
-        if mode not in self.hooks:
-            self.hooks[mode] = {name: self._hook(name, mode) for name in self.names}
+        key = repr(mode)  # (0.0, True) == (0.0, 1.0): the budgeted gate and the gate reading every call
+        if key not in self.hooks:
+            self.hooks[key] = {name: self._hook(name, mode) for name in self.names}
         for name in self.names:
-            recorder.set_verifier(name, self.hooks[mode][name])
+            recorder.set_verifier(name, self.hooks[key][name])
 
     def _hook(self, name: str, mode: object) -> Callable[..., object] | None:
         if mode is None or isinstance(mode, str):
             return floor_hook(mode) if mode else None
         sample, outliers = (mode[0], mode[1]) if isinstance(mode, tuple) else (mode, True)
         policy = Policy(get_op(name), sample, None, outliers)  # type: ignore[arg-type]
-        self.policies.append(policy)
+        self.policies.setdefault(repr(mode), []).append(policy)
         return VERIFIER.hook(policy)
+
+    def gate_share(self, mode: object) -> float | None:
+        """The share of calls the mode's gates read now, where it follows their budget."""
+        budgeted = [policy.gate_share for policy in self.policies.get(repr(mode), []) if policy.budgeted]
+        return statistics.median(budgeted) if budgeted else None
 
     def close(self) -> None:
         for name in self.names:
             recorder.set_verifier(name, None)
-        for policy in self.policies:
-            VERIFIER.retire(policy)
+        for policies in self.policies.values():
+            for policy in policies:
+                VERIFIER.retire(policy)
 
 
 def timed(fn: Callable[[], object], device: str) -> float:
@@ -199,10 +208,11 @@ def timed(fn: Callable[[], object], device: str) -> float:
     return elapsed
 
 
-def rare_bug(device: str, first: int, outliers: float = 1.0, calls: int = 4000) -> str:
-    """At sample 0.01 with the gate on (reading the share `outliers` of calls): a spike in one row
-    from call `first` on, every third call; how many calls late the gate decided, and which call
-    was caught."""
+def rare_bug(device: str, first: int, outliers: float | bool = 1.0, calls: int = 4000) -> str:
+    """At sample 0.01 with the gate on (reading the share `outliers` of calls, or True: what its
+    budget allows): a spike in one row from call `first` on, every third call; how many calls late
+    the gate decided, and which call was caught."""
+    reading = "what its budget allows" if outliers is True else f"{outliers:g} of calls"
     opened: list[int] = []
     open_window = Policy.open_window
     Policy.open_window = lambda self, n: (opened.append(self.calls()), open_window(self, n))  # type: ignore
@@ -223,8 +233,8 @@ def rare_bug(device: str, first: int, outliers: float = 1.0, calls: int = 4000) 
         replay.verify.stop("bench_verify_spiky")
     after = [call for call in opened if call > first]  # a window opened before the spikes is no answer
     if not caught or not after:
-        return f"gate reading {outliers:g} of calls, first spike at call {first}: not caught in {calls} calls"
-    return (f"gate reading {outliers:g} of calls, first spike at call {first}: the gate decided after {after[0]} calls ({after[0] - first} calls after "
+        return f"gate reading {reading}, first spike at call {first}: not caught in {calls} calls"
+    return (f"gate reading {reading}, first spike at call {first}: the gate decided after {after[0]} calls ({after[0] - first} calls after "
             f"the first spike), caught at call {caught[0]} (window {WINDOW} calls, from the call in flight; "
             f"{len(opened) - len(after)} windows opened before)")
 
@@ -275,14 +285,14 @@ def main() -> int:
                     if round >= 0:
                         times[label][w].append(elapsed[mine])
                         ratios[label][w].append(elapsed[mine] / elapsed[1 - mine])
+            for label, mode in modes:
+                done, share = counted[label], verified.gate_share(mode)
+                checks.setdefault(label, []).append(
+                    (f"; {done['checked']:.1f} checks/run, {done['flagged']:.1f} flagged of {done['calls']:.0f} calls"
+                     if done["checked"] or done["flagged"] else "") + (f"; the gate reads {share:.3f}" if share else ""))
             verified.close()
-            for label, _ in modes:
-                done = counted[label]
-                checks.setdefault(label, []).append(f"; {done['checked']:.1f} checks/run, {done['flagged']:.1f} "
-                                                    f"flagged of {done['calls']:.0f} calls"
-                                                    if done["checked"] or done["flagged"] else "")
         bugs = [] if args.no_rare_bug else \
-            [rare_bug(args.device, first, share) for share in (1.0, 0.125) for first in (500, 1000, 2000)]
+            [rare_bug(args.device, first, share) for share in (1.0, True, 0.125) for first in (500, 1000, 2000)]
     medians = {label: [statistics.median(runs) for runs in row] for label, row in times.items()}
     paired = {label: [statistics.median(runs) for runs in row] for label, row in ratios.items()}
     print(f"device: {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}; torch {torch.__version__}\n")

@@ -85,3 +85,18 @@ def test_a_copy_the_runtime_refuses_is_a_runtime_error_and_torch_goes_on() -> No
     event = cuda_streams.event_now(torch.device("cuda", torch.cuda.current_device()))
     assert isinstance(event, cuda_runtime.Event)
     event.synchronize()
+
+
+@pytest.mark.gpu
+def test_issuing_on_a_stream_makes_it_current_and_gives_the_one_before_back() -> None:
+    device = torch.cuda.current_device()
+    side, before = torch.cuda.Stream(device), torch.cuda.current_stream(device)
+    x = torch.zeros(1 << 20, device="cuda")
+    with cuda_streams.issuing_on(side):
+        assert torch.cuda.current_stream(device) == side
+        side.wait_stream(before)
+        x.add_(1)  # on `side`: the program's stream knows nothing of it until told
+    assert torch.cuda.current_stream(device) == before
+    before.wait_stream(side)
+    assert float(x.sum()) == x.numel()
+    assert cuda_streams.current(device) == before  # by index, as the verifier asks

@@ -97,7 +97,7 @@ def test_a_rare_wrong_pattern_is_caught_within_the_window_after_it_first_shows_a
     open_window = Policy.open_window
     monkeypatch.setattr(Policy, "open_window", lambda self, n: (opened.append(self.calls()), open_window(self, n)))
     found: list[Mismatch] = []
-    replay.verify("verify_rowscale", sample=0.01, on_mismatch=found.append)
+    replay.verify("verify_rowscale", sample=0.01, outliers=1.0, on_mismatch=found.append)
     gen = torch.Generator().manual_seed(1)
     before = replay.verify.counters()
     spiked = set(range(500, 3000, 3))
@@ -122,7 +122,7 @@ def test_a_rare_wrong_pattern_is_caught_within_the_window_after_it_first_shows_a
 
 def test_the_gate_decides_late_and_the_calls_after_an_unusual_one_are_checked(verifying: Path) -> None:
     found: list[Mismatch] = []
-    replay.verify("verify_rowscale", sample=0.0, on_mismatch=found.append)
+    replay.verify("verify_rowscale", sample=0.0, outliers=1.0, on_mismatch=found.append)
     gen = torch.Generator().manual_seed(3)
     spike = torch.randn(8, 64, generator=gen)
     spike[5, 2] = -80.0
@@ -589,7 +589,7 @@ def test_the_gate_scores_each_call_on_what_its_tensors_held(verifying: Path, mon
     flag = KindGates.flag
     monkeypatch.setattr(KindGates, "flag", lambda self, ids, x: (seen.extend(zip(ids.tolist(), x.tolist())),
                                                                  flag(self, ids, x))[1])
-    replay.verify("verify_rowscale", sample=0.0)
+    replay.verify("verify_rowscale", sample=0.0, outliers=1.0)
     inputs = [torch.full((2, 4), float(i)) for i in range(3 * BATCH * BATCHES + 5)]
     for x in inputs:
         rowscale_batched(x, 2.0)
@@ -646,7 +646,7 @@ def test_no_wait_for_the_device_on_the_calling_thread(device: str, launcher: str
 def test_a_clean_decode_loop_is_almost_never_flagged(verifying: Path) -> None:
     """Prefill and decode steps, repeated: sizes, positions and lengths change every call by
     design, the cache fills; after warm-up at most 1% of calls are flagged."""
-    replay.verify("verify_attend", sample=0.0)
+    replay.verify("verify_attend", sample=0.0, outliers=1.0)
     gen = torch.Generator().manual_seed(6)
     calls, flagged_after_warmup = 0, 0
     for repeat in range(30):
@@ -769,7 +769,7 @@ def test_a_function_of_the_script_being_run_is_told_its_snapshots_need_a_module(
 def test_a_failing_gate_never_breaks_the_program(verifying: Path, monkeypatch: pytest.MonkeyPatch, said) -> None:
     """The scoring fails (here on purpose): the calls go on, it is said once, the gate's buffers
     are not lost (once it works again, it scores batch after batch)."""
-    replay.verify("verify_rowscale", sample=0.0)
+    replay.verify("verify_rowscale", sample=0.0, outliers=1.0)
     works = gate_module.features
     monkeypatch.setattr(gate_module, "features", lambda *a: 1 / 0)
     x = torch.ones(2, 4)

@@ -45,9 +45,12 @@ def verify(target: Callable[..., Any] | str | None = None, /, reference: Callabl
         on_mismatch: called with a Mismatch (op, call, output, rows, max error, snapshot path)
             instead of printing one line on stderr.
         outliers: also check the calls after one whose inputs look unlike the calls before (the
-            gate). A number from 0 to 1 is the share of calls the gate reads, chosen at random
-            (True: every call): its cost to the program falls in proportion, and a pattern that
-            recurs is seen that many calls later on average.
+            gate). True: the gate reads every call while the gates together cost the program
+            less than their budget (configure's gate_budget, 2% of its time), else that many
+            fewer, chosen at random, as each measures its cost. A number from 0 to 1 is the
+            share of calls the gate reads, whatever it costs (1.0: every call): its cost to the
+            program falls in proportion, and a pattern that recurs is seen that many calls later
+            on average.
         metric: for a function given a reference: how a check passes instead of within the
             tolerance ('nmse:1e-6', 'cosine:0.9999', ...: replay/metrics.py; decided on the device
             where it can be, ulp on the worker's host; not fp64, which needs a float64 run). A
@@ -107,11 +110,13 @@ def _enable(op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | Non
 
 def configure(*, enabled: bool | None = None, sample: float | None = None, directory: str | Path | None = None,
               max_snapshots: int | None = None, compile: str | None = None, seed: int | None = None,
-              max_pending_bytes: int | None = None) -> None:
+              max_pending_bytes: int | None = None, gate_budget: float | None = None) -> None:
     """Change verification at run time: on or off, every verified op's sampling rate, where
     mismatch snapshots go and how many per op, what happens under torch.compile ("break": a
-    graph break around the check; "skip": no check in compiled code, counted when traced), and
-    how much memory pending checks may hold before calls go unchecked (dropped)."""
+    graph break around the check; "skip": no check in compiled code, counted when traced), how
+    much memory pending checks may hold before calls go unchecked (dropped), and the share of the
+    program's time the outlier gates of ops verified with outliers=True may take together
+    (gate_budget, 0.02 by default: they read fewer calls where reading every one would cost more)."""
     settings = VERIFIER.settings
     if compile is not None and compile not in COMPILE_MODES:
         raise ValueError(f"replay.verify.configure: compile={compile!r}: one of {', '.join(COMPILE_MODES)}")
@@ -121,6 +126,10 @@ def configure(*, enabled: bool | None = None, sample: float | None = None, direc
                          "bytes")
     if sample is not None and not 0.0 <= sample <= 1.0:
         raise ValueError(f"replay.verify.configure: sample={sample!r} must be a share of calls, 0 to 1")
+    if gate_budget is not None and (isinstance(gate_budget, bool) or not isinstance(gate_budget, (int, float))
+                                    or not 0.0 < gate_budget <= 1.0):
+        raise ValueError(f"replay.verify.configure: gate_budget={gate_budget!r} must be a share of the program's "
+                         "time, above 0 and at most 1")
     if enabled is not None:
         settings.enabled = enabled
     if sample is not None:
@@ -134,6 +143,8 @@ def configure(*, enabled: bool | None = None, sample: float | None = None, direc
         settings.compile = compile
     if max_pending_bytes is not None:
         settings.max_pending_bytes = max_pending_bytes
+    if gate_budget is not None:
+        settings.gate_budget = float(gate_budget)
     if seed is not None:
         VERIFIER.seed(seed)
 

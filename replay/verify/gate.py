@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import collections
 import logging
+import statistics
 import threading
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -61,6 +63,8 @@ BATCHES = 16  # batches in flight at once; past that a batch goes unread ("unsco
 HELD_BYTES = 64 << 20  # a batch closes early rather than hold more of the program's memory than this
 WIDTH = 3 * MAX_TENSORS  # numbers a call: three a tensor read, zeros where the kind reads fewer
 NOT_FINITE = 1e30  # what a NaN or an infinity among a call's numbers becomes: far from anything
+BUDGET = 0.02  # the share of the program's time the budgeted gates take together, at most (budgeted_share)
+MIN_SHARE = 1 / 256  # the least share of calls a budgeted gate reads
 
 
 class KindGates:
@@ -125,6 +129,14 @@ class KindGates:
         return flagged
 
 
+def budgeted_share(rates: Iterable[float], budget: float) -> float:
+    """The share of calls each budgeted gate reads so that together they take about `budget` of
+    the program's time: a gate reading a share s of calls takes s times its rate (StatsFeed.rate),
+    and every budgeted gate reads the same share (never below MIN_SHARE)."""
+    total = sum(rates)
+    return 1.0 if total <= budget else max(budget / total, MIN_SHARE)
+
+
 def features(partials: np.ndarray, numels: np.ndarray) -> np.ndarray:
     """[rows, 3]: mean |x|, rms and max |x| of each row's tensor, from its partials ([rows, 3,
     PROGRAMS]) and sizes; what is not finite (a NaN, an overflow) as NOT_FINITE."""
@@ -138,7 +150,13 @@ class StatsFeed:
     """One verified op's calls on their way to its gate, on the program's thread, never waiting for
     the device: `observe` notes a call's kind and the tensors to read; `close`, after the BATCH-th
     call has run, hands the batch to the device (one launch and an event) and scores the batches
-    whose statistics are in. `on_flag(number)` is called for a call found unusual."""
+    whose statistics are in. `on_flag(number)` is called for a call found unusual.
+
+    It also measures what it costs: `rate` is the gate's seconds on the program's thread a second
+    of the program, were every call of the op read (ReadBudget); from each batch, the gate's
+    time a call read (noting it, and the close that follows) over the program's time a call of
+    the op, the median of the gaps between the calls read (a gap spans the calls not read; a
+    median, so that the program's idle spells do not count as its work)."""
 
     def __init__(self, on_flag: Callable[[int], None], count: Callable[[str, int], None]) -> None:
         self.on_flag, self.count = on_flag, count
@@ -157,16 +175,23 @@ class StatsFeed:
         self._held = 0
         self._read = 0  # calls noted: the op's warm-up is counted in these (WARMUP)
         self._failed = False  # the gate's failure was said (_failure)
+        self.rate = 0.0  # measured at each close: see the class's docstring
+        self._spent = 0.0  # the open batch's seconds of noting
+        self._last_read: tuple[float, int] | None = None  # when the last call read was noted, and its number
+        self._gaps: list[float] = []  # the program's seconds a call of the op, between the calls read
 
     def observe(self, number: int, args: tuple, kwargs: dict) -> bool:
         """Note one call, before it runs; True when its batch is full, to be closed (`close`)
         once the call has run. The gate never breaks a call: what fails here is logged once and
         the call goes unnoted."""
+        started = time.perf_counter()
         try:
-            return self._observe(number, args, kwargs)
+            return self._observe(number, args, kwargs, started)
         except Exception as exc:  # an argument nothing here foresaw
             self._failure(exc)
             return False
+        finally:  # two threads may add at once: one addition lost only blurs the estimate
+            self._spent += time.perf_counter() - started
 
     def _failure(self, exc: Exception) -> None:
         """Say once that the gate failed; the program goes on (the calls concerned go unscored)."""
@@ -174,7 +199,7 @@ class StatsFeed:
             self._failed = True
             log.warning(f"replay.verify: the outlier gate failed: {type(exc).__name__}: {exc}; the program goes on")
 
-    def _observe(self, number: int, args: tuple, kwargs: dict) -> bool:
+    def _observe(self, number: int, args: tuple, kwargs: dict, started: float) -> bool:
         kind: list[Any] = []
         read: list[tuple[int, int, int]] = []  # address, count, type code of each tensor read
         held: list[torch.Tensor] = []
@@ -199,6 +224,10 @@ class StatsFeed:
             row, new = self.gates.kind_id(tuple(kind))
             self._calls.append((number, row, len(read)))
             self._read += 1
+            last = self._last_read
+            if last is not None and number > last[1]:
+                self._gaps.append((started - last[0]) / (number - last[1]))
+            self._last_read = started, number
             due = len(self._calls) >= BATCH or self._held > HELD_BYTES
             warm = self._read > WARMUP
         if new and warm:  # a kind never seen, after the op's warm-up: known now, no device needed
@@ -209,12 +238,25 @@ class StatsFeed:
     def close(self) -> None:
         """Close the open batch (its last call has run): its statistics go to the device, and the
         batches whose statistics are in are scored."""
+        started = time.perf_counter()
         try:
             with self._lock:
+                reads = len(self._calls)
                 self._close()
                 self._score(wait=False)
+                self._measure(reads, time.perf_counter() - started)
         except Exception as exc:  # the gate's failure is never the program's
             self._failure(exc)
+
+    def _measure(self, reads: int, closing: float) -> None:
+        """The gate's `rate` from the batch just closed: `reads` calls noted, then `closing`
+        seconds of closing it."""
+        gaps, spent = self._gaps, self._spent + closing
+        self._gaps, self._spent = [], 0.0
+        if reads and gaps:
+            gap = statistics.median(gaps)
+            if gap > 0:
+                self.rate = spent / reads / gap
 
     def _adopt(self, tensor: torch.Tensor) -> int:
         """The first tensor to read decides where the gate reads (its CUDA device, or the host):
@@ -233,6 +275,7 @@ class StatsFeed:
             with self._lock:
                 self._close()
                 self._score(wait=True)
+                self._gaps, self._spent = [], 0.0  # a wait for the device: nothing to measure by
         except Exception as exc:
             self._failure(exc)
 

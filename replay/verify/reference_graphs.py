@@ -34,6 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection
 
+import numpy as np
 import torch
 
 from replay.recorder import lifecycle
@@ -77,9 +78,10 @@ class Graph:
     after: dict[str, torch.Tensor] = field(default_factory=dict)
     replay: Callable[[], None] | None = None
     result: Result | None = None
-    # whether every output agreed, copied by each replay into host memory (pinned on a GPU), where
-    # it is read with no operator; None where an output is decided on the host
-    agreed: torch.Tensor | None = None
+    # whether every output agreed, copied by each replay into host memory (pinned on a GPU), seen
+    # through numpy: read with no operator; None where an output is decided on the host
+    agreed: np.ndarray | None = None
+    events: tuple[Any, Any] | None = None  # its checks' CUDA events, made once (verifier._events)
     nbytes: int = 0  # counted in ReferenceGraphs.bytes from `captured` on (`counted`)
     counted: bool = False
     busy: bool = True
@@ -224,7 +226,7 @@ def capture(graph: Graph, body: Callable[[], Result], cuda: bool) -> None:
         result = body()
         flags = [v for v in result[2] if v is not None]
         if len(flags) == len(result[2]):
-            graph.agreed = agreed
+            graph.agreed = agreed.numpy()
             agreed.copy_(torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool), non_blocking=True)
         return result
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -45,11 +46,12 @@ from replay import recorder, settings
 from replay import metrics
 from replay.compare import agreement, compare, row_ranges
 from replay.errors import ReplayError
+from replay.recorder import cuda_streams
 from replay.recorder.staging import CallSpec
 from replay.context import recorder_work, returned_values, tag
 from replay.registry import Op
 from replay.snapshot.files import safe_component
-from replay.verify import reference_graphs
+from replay.verify import binding, gate, reference_graphs
 from replay.verify.gate import StatsFeed
 from replay.verify.reference_graphs import Graph, ReferenceGraphs, copy_into, kind_of
 
@@ -75,6 +77,7 @@ class Settings:
     # the calling thread); past it a call is not checked (dropped): a large op's checks, sixteen in a
     # window, would otherwise take the program's device memory
     max_pending_bytes: int = 1 << 30
+    gate_budget: float = gate.BUDGET  # the program's time that gates of outliers=True may take (gate.budgeted_share)
 
 
 @dataclass
@@ -110,6 +113,7 @@ class _Check:
     result: Any
     device: int | None  # the CUDA device of its tensors; None on the host
     copied: Any  # the event after which its copies are in place (a GPU)
+    finished: Any  # the event its reference's work records once issued (a GPU)
     launched: "_Launched | None" = None  # its reference's work, once launched (_launch)
     failure: Exception | None = None  # launching it on the calling thread raised: the worker reports it
     nbytes: int = 0  # what it holds until the worker is done with it (Settings.max_pending_bytes)
@@ -125,7 +129,7 @@ class _Launched:
     compared: list[tuple[str, torch.Tensor, torch.Tensor]]
     verdicts: list[torch.Tensor | None]
     done: Any
-    agreed: torch.Tensor | None = None  # a graph's verdict on every output, in host memory (reference_graphs.py)
+    agreed: np.ndarray | None = None  # a graph's verdict on every output, in host memory (reference_graphs.py)
 
 
 class Policy:
@@ -140,6 +144,8 @@ class Policy:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"replay.verify: outliers={outliers!r}: True, False, or the share of calls the gate "
                              "reads, 0 to 1")
+        # True: the share follows the gates' time budget (Verifier._rebudget), from every call read
+        self.budgeted = outliers is True
         if "reference" not in op.variants:
             raise ValueError(f"replay.verify: op '{op.name}' has no reference variant to check against")
         self.op, self.on_mismatch = op, on_mismatch
@@ -286,7 +292,18 @@ class Verifier:
         result = self._route(policy, number, spec, call, signature, args, kwargs)
         if feed is not None and batch_due:
             feed.close()  # after the call: what it wrote is read as written
+            if policy.budgeted:
+                self._rebudget()
         return result
+
+    def _rebudget(self) -> None:
+        """Set the share of calls the budgeted gates read from what each measured it costs
+        (gate.budgeted_share); each draws its next read with it (schedule_note, at its next read)."""
+        budgeted = [policy for policy in list(self._policies) if policy.budgeted and policy.feed is not None]
+        share = gate.budgeted_share((policy.feed.rate for policy in budgeted if policy.feed is not None),
+                                    self.settings.gate_budget)
+        for policy in budgeted:
+            policy.gate_share = share
 
     def _route(self, policy: Policy, number: int, spec: CallSpec, call: Callable[..., Any],
                signature: inspect.Signature, args: tuple, kwargs: dict) -> Any:
@@ -310,9 +327,7 @@ class Verifier:
         own stream (the program would wait for copies made elsewhere anyway: the call may write
         its inputs, and the program what the call returned), never waiting for a reference; the
         check queued."""
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        arguments, mutates = bound.arguments, policy.op.mutates
+        arguments, mutates = binding.arguments(signature, args, kwargs), policy.op.mutates
         in_place = {name for name, value in arguments.items() if _read_in_place(name, value, mutates)}
         device = _cuda_device(arguments.values())
         graph = self._graph_for(policy, arguments, device, in_place)
@@ -326,13 +341,13 @@ class Verifier:
             outputs = returned_values(result, policy.op.outputs)
             outputs.update((name, arguments[name]) for name in mutates if name in arguments)
             after = _copies(outputs, graph, "after")
-            copied = None
+            copied, finished = None, None
             if device is not None:
-                copied = torch.cuda.Event()
-                copied.record(torch.cuda.current_stream(device))
+                copied, finished = _events(graph)
+                copied.record(cuda_streams.current(device))
             # the result's shape holding the copies: a check never keeps the program's outputs alive
             check = _Check(policy, spec, number, signature, inputs, kept, after,
-                           _as_returned(result, after, policy.op.outputs), device, copied, graph=graph)
+                           _as_returned(result, after, policy.op.outputs), device, copied, finished, graph=graph)
             if _device_type(device) in CALLER_LAUNCHES:
                 try:
                     self._launch_eagerly(check)
@@ -436,7 +451,7 @@ class Verifier:
         handed = False
         try:
             assert check.launched is not None and check.launched.agreed is not None
-            if not check.launched.agreed.numpy():
+            if not check.launched.agreed:
                 self._submit(check)
                 handed = True
             else:
@@ -476,7 +491,7 @@ class Verifier:
             if stream is not None:
                 stream.wait_event(check.copied)
             graph = check.graph
-            with _on(stream):
+            with _issuing_on(stream):
                 if graph is None or graph.unfit:
                     result = self._reference(check)
                 else:
@@ -490,7 +505,10 @@ class Verifier:
                         self._uncapturable(check)
                         return self._launch(check)
                     result = graph.result
-                done = stream.record_event() if stream is not None else None
+                done = None
+                if stream is not None:
+                    done = check.finished
+                    done.record(stream)
         check.launched = _Launched(*result, done, graph.agreed if graph is not None and not graph.unfit else None)
 
     def _uncapturable(self, check: _Check) -> None:
@@ -610,9 +628,20 @@ def _as_returned(result: Any, after: dict[str, Any], outputs: tuple[str, ...]) -
     return after.get(names[0], result) if names else result
 
 
-def _on(stream: Any) -> Any:
+def _issuing_on(stream: Any) -> Any:
     """Work issued inside goes to `stream` (a CUDA stream), or where it would anyway (None)."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+    return cuda_streams.issuing_on(stream) if stream is not None else contextlib.nullcontext()
+
+
+def _events(graph: Graph | None) -> tuple[Any, Any]:
+    """A check's two CUDA events (its copies in place; its reference done): its graph's, made once
+    (a graph serves one check at a time, and is given back only once both have passed), or new
+    ones. Making an event costs its first record a driver call."""
+    if graph is None:
+        return torch.cuda.Event(), torch.cuda.Event()
+    if graph.events is None:
+        graph.events = (torch.cuda.Event(), torch.cuda.Event())
+    return graph.events
 
 
 def _device_type(device: int | None) -> str:

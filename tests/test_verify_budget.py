@@ -1,0 +1,139 @@
+"""The outlier gate's time budget: each gate measures what reading a call costs against the
+program's time a call, and gates of outliers=True read the share of calls the budget allows
+(replay/verify/gate.py, Verifier._rebudget). Time is a fake clock here: what the gate measures
+is what the test makes it take."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator
+
+import pytest
+import torch
+
+import replay
+from replay.verify import gate as gate_module
+from replay.verify.gate import BATCH, MIN_SHARE, StatsFeed, budgeted_share
+from replay.verify.verifier import VERIFIER
+
+NOTING = 0.001  # what noting a call costs, on the fake clock
+BETWEEN = 0.003  # the program's own time between two calls
+
+
+OP = "verify_budget_doubled"
+twice = replay.op(OP)
+
+
+@twice.reference
+def doubled_reference(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.batched
+def doubled(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The gate's perf_counter, moved by the test; noting a call takes NOTING on it."""
+    now = [100.0]
+    monkeypatch.setattr(gate_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    observe = StatsFeed._observe
+
+    def slow(self: StatsFeed, *args: object) -> bool:
+        now[0] += NOTING
+        return observe(self, *args)
+    monkeypatch.setattr(StatsFeed, "_observe", slow)
+    return now
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The numbers of the calls the gate notes."""
+    noted: list[int] = []
+    observe = StatsFeed.observe
+    monkeypatch.setattr(StatsFeed, "observe", lambda self, number, *rest: (noted.append(number),
+                                                                           observe(self, number, *rest))[1])
+    return noted
+
+
+@pytest.fixture
+def budgeted(tmp_path: Path) -> Iterator[None]:
+    replay.verify.configure(directory=tmp_path, seed=0, enabled=True)
+    yield
+    replay.verify.configure(gate_budget=gate_module.BUDGET)
+    replay.verify.stop(OP)
+    replay.verify.drain()
+
+
+def test_the_share_is_the_budget_over_the_gates_rates() -> None:
+    assert budgeted_share([0.005, 0.01], 0.02) == 1.0  # together under the budget: every call
+    assert budgeted_share([0.1, 0.15], 0.02) == pytest.approx(0.08)
+    assert budgeted_share([50.0], 0.02) == MIN_SHARE  # never none
+    assert budgeted_share([], 0.02) == 1.0
+
+
+def feed_calls(feed: StatsFeed, numbers: range, clock: list[float], between: float) -> None:
+    x = torch.ones(4, 8)
+    for number in numbers:
+        clock[0] += between
+        if feed.observe(number, (x,), {}):
+            feed.close()
+
+
+def test_a_gate_measures_its_time_a_call_read_over_the_programs_time_a_call(clock: list[float]) -> None:
+    feed = StatsFeed(lambda number: None, lambda name, n: None)
+    feed_calls(feed, range(BATCH), clock, BETWEEN)
+    assert feed.rate == pytest.approx(NOTING / (NOTING + BETWEEN))
+    # reading 1 call in 4: a gap between reads spans four calls of the program
+    feed_calls(feed, range(BATCH, 5 * BATCH, 4), clock, BETWEEN)
+    assert feed.rate == pytest.approx(NOTING / ((NOTING + BETWEEN) / 4))
+
+
+def test_the_programs_idle_spells_are_not_its_time_a_call(clock: list[float]) -> None:
+    feed = StatsFeed(lambda number: None, lambda name, n: None)
+    x = torch.ones(4, 8)
+    for number in range(BATCH):
+        clock[0] += BETWEEN + (30.0 if number % 10 == 5 else 0.0)  # a pause every tenth call
+        if feed.observe(number, (x,), {}):
+            feed.close()
+    assert feed.rate == pytest.approx(NOTING / (NOTING + BETWEEN))
+
+
+def run(calls: int, clock: list[float]) -> None:
+    x = torch.ones(4, 8)
+    for _ in range(calls):
+        clock[0] += BETWEEN
+        doubled(x)
+
+
+def test_a_gate_over_its_budget_reads_the_share_the_budget_allows(clock: list[float], reads: list[int],
+                                                                  budgeted: None) -> None:
+    replay.verify(OP, sample=0.0)
+    run(BATCH, clock)  # every call read until the first batch says what reading costs
+    assert reads == list(range(BATCH))
+    share = 0.02 / (NOTING / (NOTING + BETWEEN))
+    policy = next(p for p in VERIFIER._policies if p.op.name == OP)
+    assert policy.gate_share == pytest.approx(share)
+    reads.clear()
+    run(4000, clock)
+    assert 0.6 * share * 4000 < len(reads) < 1.4 * share * 4000  # chosen at random, about that share
+
+
+def test_a_share_given_is_read_whatever_it_costs_and_a_larger_budget_reads_every_call(
+        clock: list[float], reads: list[int], budgeted: None) -> None:
+    replay.verify(OP, sample=0.0, outliers=1.0)
+    run(3 * BATCH, clock)
+    assert len(reads) == 3 * BATCH
+    replay.verify.configure(gate_budget=0.5)  # over the gate's rate, 0.25
+    replay.verify(OP, sample=0.0)
+    reads.clear()
+    run(3 * BATCH, clock)
+    assert len(reads) == 3 * BATCH
+
+
+@pytest.mark.parametrize("budget", [0, -0.1, 1.5, True, "half"])
+def test_the_budget_must_be_a_share_of_the_programs_time(budget: object) -> None:
+    with pytest.raises(ValueError, match="gate_budget="):
+        replay.verify.configure(gate_budget=budget)  # type: ignore[arg-type]
