@@ -75,6 +75,7 @@ def test_the_share_is_the_budget_over_the_gates_rates() -> None:
 
 
 def feed_calls(feed: StatsFeed, numbers: range, clock: list[float], between: float) -> None:
+    """The calls `numbers` read, the program's own time `between` before each."""
     x = torch.ones(4, 8)
     for number in numbers:
         clock[0] += between
@@ -85,10 +86,10 @@ def feed_calls(feed: StatsFeed, numbers: range, clock: list[float], between: flo
 def test_a_gate_measures_its_time_a_call_read_over_the_programs_time_a_call(clock: list[float]) -> None:
     feed = StatsFeed(lambda number: None, lambda name, n: None)
     feed_calls(feed, range(BATCH), clock, BETWEEN)
-    assert feed.rate == pytest.approx(NOTING / (NOTING + BETWEEN))
+    assert feed.rate == pytest.approx(NOTING / BETWEEN)
     # reading 1 call in 4: a gap between reads spans four calls of the program
-    feed_calls(feed, range(BATCH, 5 * BATCH, 4), clock, BETWEEN)
-    assert feed.rate == pytest.approx(NOTING / ((NOTING + BETWEEN) / 4))
+    feed_calls(feed, range(BATCH, 5 * BATCH, 4), clock, 4 * BETWEEN)
+    assert feed.rate == pytest.approx(NOTING / BETWEEN)  # the same cost: its time a call of the program's own
 
 
 def test_the_programs_idle_spells_are_not_its_time_a_call(clock: list[float]) -> None:
@@ -98,7 +99,7 @@ def test_the_programs_idle_spells_are_not_its_time_a_call(clock: list[float]) ->
         clock[0] += BETWEEN + (30.0 if number % 10 == 5 else 0.0)  # a pause every tenth call
         if feed.observe(number, (x,), {}):
             feed.close()
-    assert feed.rate == pytest.approx(NOTING / (NOTING + BETWEEN))
+    assert feed.rate == pytest.approx(NOTING / BETWEEN)
 
 
 def run(calls: int, clock: list[float]) -> None:
@@ -113,7 +114,7 @@ def test_a_gate_over_its_budget_reads_the_share_the_budget_allows(clock: list[fl
     replay.verify(OP, sample=0.0)
     run(BATCH, clock)  # every call read until the first batch says what reading costs
     assert reads == list(range(BATCH))
-    share = 0.02 / (NOTING / (NOTING + BETWEEN))
+    share = 0.02 / (NOTING / BETWEEN)
     policy = next(p for p in VERIFIER._policies if p.op.name == OP)
     assert policy.gate_share == pytest.approx(share)
     reads.clear()
@@ -126,7 +127,7 @@ def test_a_share_given_is_read_whatever_it_costs_and_a_larger_budget_reads_every
     replay.verify(OP, sample=0.0, outliers=1.0)
     run(3 * BATCH, clock)
     assert len(reads) == 3 * BATCH
-    replay.verify.configure(gate_budget=0.5)  # over the gate's rate, 0.25
+    replay.verify.configure(gate_budget=0.5)  # over the gate's rate, 1/3
     replay.verify(OP, sample=0.0)
     reads.clear()
     run(3 * BATCH, clock)
@@ -137,3 +138,31 @@ def test_a_share_given_is_read_whatever_it_costs_and_a_larger_budget_reads_every
 def test_the_budget_must_be_a_share_of_the_programs_time(budget: object) -> None:
     with pytest.raises(ValueError, match="gate_budget="):
         replay.verify.configure(gate_budget=budget)  # type: ignore[arg-type]
+
+
+def test_a_program_that_drains_often_is_measured_too(clock: list[float], reads: list[int], budgeted: None) -> None:
+    """Every few calls a drain closes the gate's batch before it is full (and waits for the
+    device): what the reads cost is measured there, the wait left out."""
+    replay.verify(OP, sample=0.0)
+    for _ in range(8):
+        run(BATCH // 4, clock)
+        replay.verify.drain()
+    policy = next(p for p in VERIFIER._policies if p.op.name == OP)
+    assert policy.gate_share == pytest.approx(0.02 / (NOTING / BETWEEN))
+
+
+def test_a_drains_wait_for_the_device_is_not_the_gates_cost(clock: list[float], reads: list[int], budgeted: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    score = StatsFeed._score
+
+    def waiting(self: StatsFeed, wait: bool) -> float:
+        waited = 5.0 if wait else 0.0  # as if the device took 5 s to finish the batch
+        clock[0] += waited
+        return score(self, wait) + waited
+    monkeypatch.setattr(StatsFeed, "_score", waiting)
+    replay.verify(OP, sample=0.0)
+    for _ in range(4):
+        run(BATCH // 4, clock)
+        replay.verify.drain()
+    policy = next(p for p in VERIFIER._policies if p.op.name == OP)
+    assert policy.gate_share == pytest.approx(0.02 / (NOTING / BETWEEN))

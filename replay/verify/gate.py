@@ -153,10 +153,11 @@ class StatsFeed:
     whose statistics are in. `on_flag(number)` is called for a call found unusual.
 
     It also measures what it costs: `rate` is the gate's seconds on the program's thread a second
-    of the program, were every call of the op read (ReadBudget); from each batch, the gate's
-    time a call read (noting it, and the close that follows) over the program's time a call of
-    the op, the median of the gaps between the calls read (a gap spans the calls not read; a
-    median, so that the program's idle spells do not count as its work)."""
+    of the program's own, were every call of the op read (budgeted_share); from each batch, the
+    gate's time a call read (noting it, and the closes that follow) over the program's own time a
+    call of the op: the median of the gaps between the calls read, the gate's time in each left
+    out, each over the calls it spans (a median, so that the program's idle spells do not count
+    as its work)."""
 
     def __init__(self, on_flag: Callable[[int], None], count: Callable[[str, int], None]) -> None:
         self.on_flag, self.count = on_flag, count
@@ -178,6 +179,7 @@ class StatsFeed:
         self.rate = 0.0  # measured at each close: see the class's docstring
         self._spent = 0.0  # the open batch's seconds of noting
         self._last_read: tuple[float, int] | None = None  # when the last call read was noted, and its number
+        self._since_read = 0.0  # the gate's seconds since then (noting it, closing batches)
         self._gaps: list[float] = []  # the program's seconds a call of the op, between the calls read
 
     def observe(self, number: int, args: tuple, kwargs: dict) -> bool:
@@ -191,7 +193,9 @@ class StatsFeed:
             self._failure(exc)
             return False
         finally:  # two threads may add at once: one addition lost only blurs the estimate
-            self._spent += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            self._spent += spent
+            self._since_read += spent
 
     def _failure(self, exc: Exception) -> None:
         """Say once that the gate failed; the program goes on (the calls concerned go unscored)."""
@@ -225,9 +229,9 @@ class StatsFeed:
             self._calls.append((number, row, len(read)))
             self._read += 1
             last = self._last_read
-            if last is not None and number > last[1]:
-                self._gaps.append((started - last[0]) / (number - last[1]))
-            self._last_read = started, number
+            if last is not None and number > last[1]:  # the program's own time since, the gate's left out
+                self._gaps.append((started - last[0] - self._since_read) / (number - last[1]))
+            self._last_read, self._since_read = (started, number), 0.0
             due = len(self._calls) >= BATCH or self._held > HELD_BYTES
             warm = self._read > WARMUP
         if new and warm:  # a kind never seen, after the op's warm-up: known now, no device needed
@@ -251,6 +255,7 @@ class StatsFeed:
     def _measure(self, reads: int, closing: float) -> None:
         """The gate's `rate` from the batch just closed: `reads` calls noted, then `closing`
         seconds of closing it."""
+        self._since_read += closing
         gaps, spent = self._gaps, self._spent + closing
         self._gaps, self._spent = [], 0.0
         if reads and gaps:
@@ -271,11 +276,15 @@ class StatsFeed:
     def flush(self) -> None:
         """Close the open batch, however few calls it holds, and score every batch (a drain: this
         waits for the device)."""
+        started = time.perf_counter()
         try:
             with self._lock:
+                reads = len(self._calls)
                 self._close()
-                self._score(wait=True)
-                self._gaps, self._spent = [], 0.0  # a wait for the device: nothing to measure by
+                waited = self._score(wait=True)
+                # measured as a close is, its wait for the device left out: a program that drains
+                # often closes its batches here
+                self._measure(reads, time.perf_counter() - started - waited)
         except Exception as exc:
             self._failure(exc)
 
@@ -301,20 +310,22 @@ class StatsFeed:
                 call_stats.on_host(tensors, partials)
         self._pending.append((batch, calls, tensors, landed))
 
-    def _score(self, wait: bool) -> None:
+    def _score(self, wait: bool) -> float:
         """Score the closed batches whose statistics are in, oldest first, all at once (under the
         lock). Without `wait` a batch still on the device stops the walk: it is scored at a later
-        close; nothing here waits for the device then."""
-        ready = []
+        close; nothing here waits for the device then. Returns the seconds it waited."""
+        ready, waited = [], 0.0
         while self._pending:
             landed = self._pending[0][3]
             if landed is not None and not landed.query():
                 if not wait:
                     break
+                started = time.perf_counter()
                 landed.synchronize()
+                waited += time.perf_counter() - started
             ready.append(self._pending.popleft())
         if not ready:
-            return
+            return waited
         calls: list[tuple[int, int, int]] = []
         partials, sizes = [np.zeros((0, 3, PROGRAMS), dtype=np.float32)], [np.zeros(0, dtype=np.int64)]
         try:
@@ -338,3 +349,4 @@ class StatsFeed:
         for place in np.flatnonzero(self.gates.flag(ids, x)):
             self.count("flagged", 1)
             self.on_flag(calls[place][0])
+        return waited

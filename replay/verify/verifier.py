@@ -601,6 +601,7 @@ class Verifier:
         for policy in list(self._policies):
             if policy.feed is not None:
                 policy.feed.flush()
+        self._rebudget()  # a program that drains often closes its batches here
         deadline = time.monotonic() + timeout
         self._read_landed_safely(deadline)
         if self._queue is None:
