@@ -140,18 +140,23 @@ def test_the_budget_must_be_a_share_of_the_programs_time(budget: object) -> None
         replay.verify.configure(gate_budget=budget)  # type: ignore[arg-type]
 
 
-def test_a_program_that_drains_often_is_measured_too(clock: list[float], reads: list[int], budgeted: None) -> None:
-    """Every few calls a drain closes the gate's batch before it is full (and waits for the
-    device): what the reads cost is measured there, the wait left out."""
+def share_after_draining(times: int, clock: list[float]) -> float:
+    """The share the op's budgeted gate reads after `times` rounds of a quarter batch of calls and
+    a drain."""
     replay.verify(OP, sample=0.0)
-    for _ in range(8):
+    for _ in range(times):
         run(BATCH // 4, clock)
         replay.verify.drain()
-    policy = next(p for p in VERIFIER._policies if p.op.name == OP)
-    assert policy.gate_share == pytest.approx(0.02 / (NOTING / BETWEEN))
+    return next(p for p in VERIFIER._policies if p.op.name == OP).gate_share
 
 
-def test_a_drains_wait_for_the_device_is_not_the_gates_cost(clock: list[float], reads: list[int], budgeted: None,
+def test_a_program_that_drains_often_is_measured_too(clock: list[float], budgeted: None) -> None:
+    """Every few calls a drain closes the gate's batch before it is full (and waits for the
+    device): what the reads cost is measured there, the wait left out."""
+    assert share_after_draining(8, clock) == pytest.approx(0.02 / (NOTING / BETWEEN))
+
+
+def test_a_drains_wait_for_the_device_is_not_the_gates_cost(clock: list[float], budgeted: None,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     score = StatsFeed._score
 
@@ -160,9 +165,4 @@ def test_a_drains_wait_for_the_device_is_not_the_gates_cost(clock: list[float], 
         clock[0] += waited
         return score(self, wait) + waited
     monkeypatch.setattr(StatsFeed, "_score", waiting)
-    replay.verify(OP, sample=0.0)
-    for _ in range(4):
-        run(BATCH // 4, clock)
-        replay.verify.drain()
-    policy = next(p for p in VERIFIER._policies if p.op.name == OP)
-    assert policy.gate_share == pytest.approx(0.02 / (NOTING / BETWEEN))
+    assert share_after_draining(4, clock) == pytest.approx(0.02 / (NOTING / BETWEEN))
