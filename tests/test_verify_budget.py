@@ -85,17 +85,20 @@ def feed_calls(feed: StatsFeed, numbers: range, clock: list[float], between: flo
 
 def test_a_gate_measures_its_time_a_call_read_over_the_programs_time_a_call(clock: list[float]) -> None:
     feed = StatsFeed(lambda number: None, lambda name, n: None)
-    feed_calls(feed, range(BATCH), clock, BETWEEN)
+    feed_calls(feed, range(BATCH), clock, 5 * BETWEEN)  # the first batch pays the set-up: not measured
+    assert feed.rate == 0.0
+    feed_calls(feed, range(BATCH, 2 * BATCH), clock, BETWEEN)
     assert feed.rate == pytest.approx(NOTING / BETWEEN)
     # reading 1 call in 4: a gap between reads spans four calls of the program
-    feed_calls(feed, range(BATCH, 5 * BATCH, 4), clock, 4 * BETWEEN)
+    feed_calls(feed, range(2 * BATCH, 6 * BATCH, 4), clock, 4 * BETWEEN)
     assert feed.rate == pytest.approx(NOTING / BETWEEN)  # the same cost: its time a call of the program's own
 
 
 def test_the_programs_idle_spells_are_not_its_time_a_call(clock: list[float]) -> None:
     feed = StatsFeed(lambda number: None, lambda name, n: None)
+    feed_calls(feed, range(BATCH), clock, BETWEEN)  # the set-up
     x = torch.ones(4, 8)
-    for number in range(BATCH):
+    for number in range(BATCH, 2 * BATCH):
         clock[0] += BETWEEN + (30.0 if number % 10 == 5 else 0.0)  # a pause every tenth call
         if feed.observe(number, (x,), {}):
             feed.close()
@@ -112,8 +115,8 @@ def run(calls: int, clock: list[float]) -> None:
 def test_a_gate_over_its_budget_reads_the_share_the_budget_allows(clock: list[float], reads: list[int],
                                                                   budgeted: None) -> None:
     replay.verify(OP, sample=0.0)
-    run(BATCH, clock)  # every call read until the first batch says what reading costs
-    assert reads == list(range(BATCH))
+    run(2 * BATCH, clock)  # every call read until a batch after the first says what reading costs
+    assert reads == list(range(2 * BATCH))
     share = 0.02 / (NOTING / BETWEEN)
     policy = next(p for p in VERIFIER._policies if p.op.name == OP)
     assert policy.gate_share == pytest.approx(share)
@@ -166,3 +169,24 @@ def test_a_drains_wait_for_the_device_is_not_the_gates_cost(clock: list[float], 
         return score(self, wait) + waited
     monkeypatch.setattr(StatsFeed, "_score", waiting)
     assert share_after_draining(4, clock) == pytest.approx(0.02 / (NOTING / BETWEEN))
+
+
+def test_batches_a_drain_cuts_short_cost_their_reads_what_a_full_batch_would(
+        clock: list[float], budgeted: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Closing a batch costs the same however few calls it holds (a launch, the scoring). A
+    program that drains every 100 calls has its batches closed there; counted whole against the
+    few reads of a small batch, that cost would lower the share, so the next batches would be
+    smaller still, down to the least share. Each read is charged its part of a full batch's
+    closing instead, and the share settles where the budget puts it."""
+    close = StatsFeed._close
+
+    def costly(self: StatsFeed) -> None:
+        clock[0] += BATCH * NOTING if self._calls else 0.0  # a close costs what noting a full batch does
+        close(self)
+    monkeypatch.setattr(StatsFeed, "_close", costly)
+    replay.verify(OP, sample=0.0)
+    for _ in range(40):
+        run(100, clock)
+        replay.verify.drain()
+    policy = next(p for p in VERIFIER._policies if p.op.name == OP)
+    assert policy.gate_share == pytest.approx(0.02 / (2 * NOTING / BETWEEN), rel=0.1)

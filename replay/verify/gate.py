@@ -65,6 +65,7 @@ WIDTH = 3 * MAX_TENSORS  # numbers a call: three a tensor read, zeros where the 
 NOT_FINITE = 1e30  # what a NaN or an infinity among a call's numbers becomes: far from anything
 BUDGET = 0.02  # the share of the program's time the budgeted gates take together, at most (budgeted_share)
 MIN_SHARE = 1 / 256  # the least share of calls a budgeted gate reads
+MEASURED = 16  # gaps between reads a gate's rate is measured from, at least
 
 
 class KindGates:
@@ -153,11 +154,11 @@ class StatsFeed:
     whose statistics are in. `on_flag(number)` is called for a call found unusual.
 
     It also measures what it costs: `rate` is the gate's seconds on the program's thread a second
-    of the program's own, were every call of the op read (budgeted_share); from each batch, the
-    gate's time a call read (noting it, and the closes that follow) over the program's own time a
-    call of the op: the median of the gaps between the calls read, the gate's time in each left
-    out, each over the calls it spans (a median, so that the program's idle spells do not count
-    as its work)."""
+    of the program's own, were every call of the op read (budgeted_share). It is the gate's time
+    a call read (noting it, and closing batches) over the program's own time a call of the op:
+    the median of the gaps between the calls read, the gate's time in each left out, each over
+    the calls it spans (a median, so that the program's idle spells do not count as its work).
+    Measured as batches close, from MEASURED gaps or more, the first batch left out (_measure)."""
 
     def __init__(self, on_flag: Callable[[int], None], count: Callable[[str, int], None]) -> None:
         self.on_flag, self.count = on_flag, count
@@ -176,8 +177,10 @@ class StatsFeed:
         self._held = 0
         self._read = 0  # calls noted: the op's warm-up is counted in these (WARMUP)
         self._failed = False  # the gate's failure was said (_failure)
-        self.rate = 0.0  # measured at each close: see the class's docstring
-        self._spent = 0.0  # the open batch's seconds of noting
+        self.rate = 0.0  # measured at each close but the first: see the class's docstring
+        self._set_up = False  # a batch has closed: the gate's one-time costs are paid
+        self._spent = 0.0  # the gate's seconds (noting, closing) since `rate` was measured
+        self._reads = 0  # the calls read in the batches closed since then
         self._last_read: tuple[float, int] | None = None  # when the last call read was noted, and its number
         self._since_read = 0.0  # the gate's seconds since then (noting it, closing batches)
         self._gaps: list[float] = []  # the program's seconds a call of the op, between the calls read
@@ -253,15 +256,23 @@ class StatsFeed:
             self._failure(exc)
 
     def _measure(self, reads: int, closing: float) -> None:
-        """The gate's `rate` from the batch just closed: `reads` calls noted, then `closing`
-        seconds of closing it."""
+        """The gate's `rate` from the batches closed since it was last measured: `reads` calls
+        noted in the one just closed, then `closing` seconds of closing it. Measured once MEASURED
+        gaps are in (batches a drain cut short add up), but for the first batch, which made the
+        buffers and compiled the kernel: costs paid once."""
         self._since_read += closing
-        gaps, spent = self._gaps, self._spent + closing
-        self._gaps, self._spent = [], 0.0
-        if reads and gaps:
-            gap = statistics.median(gaps)
-            if gap > 0:
-                self.rate = spent / reads / gap
+        self._spent += closing
+        self._reads += reads
+        if reads and not self._set_up:
+            self._set_up = True
+            self._gaps, self._spent, self._reads = [], 0.0, 0
+            return
+        if len(self._gaps) < MEASURED:
+            return
+        gap = statistics.median(self._gaps)
+        if gap > 0 and self._reads:
+            self.rate = self._spent / self._reads / gap
+        self._gaps, self._spent, self._reads = [], 0.0, 0
 
     def _adopt(self, tensor: torch.Tensor) -> int:
         """The first tensor to read decides where the gate reads (its CUDA device, or the host):
@@ -282,9 +293,11 @@ class StatsFeed:
                 reads = len(self._calls)
                 self._close()
                 waited = self._score(wait=True)
-                # measured as a close is, its wait for the device left out: a program that drains
-                # often closes its batches here
-                self._measure(reads, time.perf_counter() - started - waited)
+                # a program that drains often closes its batches here: measured as a close is, its
+                # wait for the device left out, and each read charged its part of a full batch's
+                # closing (a close costs the same however few calls it holds: charged whole to a
+                # few reads, it would lower the share, and the next batches would be smaller still)
+                self._measure(reads, (time.perf_counter() - started - waited) * min(reads, BATCH) / BATCH)
         except Exception as exc:
             self._failure(exc)
 
