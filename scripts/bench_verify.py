@@ -2,7 +2,7 @@
 MLP forward, with verification off and at sample 0.01, 0.1 and 1.0, in one process.
 
     PYTHONPATH=. python3 scripts/bench_verify.py [--device cuda|cpu] [--runs 5]
-    PYTHONPATH=. python3 scripts/bench_verify.py --workloads tiny --modes "1 call in 8,gate on" --no-rare-bug
+    PYTHONPATH=. python3 scripts/bench_verify.py --workloads tiny --modes "gate off,within its budget" --no-rare-bug
 
 Each run of a mode is paired with a run of the workload unverified just before or after it
 (the order alternating), and a mode's ratio is the median over --runs pairs of its run's wall
@@ -25,8 +25,10 @@ op (what any per-call check must pay to run at all); the same hook waiting for t
 each call (what a gate reading the call's tensors on the host would pay); the hook running the
 op's reference after every call, from which the least that checking 1% of calls can cost
 follows (1% of what the reference adds: the reference shares the GPU). Prints a Markdown table,
-one row per mode, the calls the gate flagged on the clean runs, and how soon a planted rare
-bug (wrong only where a row holds a spike) is caught at sample 0.01.
+one row per mode, the calls the gate flagged on the clean runs, the share of calls a gate
+within its time budget (outliers=True) read by the end, and how soon a planted rare bug (wrong
+only where a row holds a spike) is caught at sample 0.01, by a gate reading every call, one
+within its budget and one reading 1 call in 8.
 """
 from __future__ import annotations
 
