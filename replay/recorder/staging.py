@@ -16,6 +16,7 @@ from typing import Any, Mapping, Protocol
 
 import torch
 
+from replay import binding
 from replay.context import CallSink, current_scope, returned_values
 from replay.errors import CaptureError
 from replay.snapshot import jsonargs
@@ -60,9 +61,7 @@ def bind(signature: inspect.Signature | None, args: tuple, kwargs: dict[str, Any
     call), its values named already in `kwargs` (binding them again cost a launch ~25 us)."""
     if signature is None:
         return kwargs
-    bound = signature.bind(*args, **kwargs)
-    bound.apply_defaults()
-    return bound.arguments
+    return binding.arguments(signature, args, kwargs)
 
 
 def arguments(spec: CallSpec, bound: Mapping[str, Any], stage: Stage) -> list[dict[str, Any]]:

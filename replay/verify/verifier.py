@@ -47,11 +47,11 @@ from replay import metrics
 from replay.compare import agreement, compare, row_ranges
 from replay.errors import ReplayError
 from replay.recorder import cuda_streams
-from replay.recorder.staging import CallSpec
+from replay.recorder.staging import CallSpec, bind
 from replay.context import recorder_work, returned_values, tag
 from replay.registry import Op
 from replay.snapshot.files import safe_component
-from replay.verify import binding, gate, reference_graphs
+from replay.verify import gate, reference_graphs
 from replay.verify.gate import StatsFeed
 from replay.verify.reference_graphs import Graph, ReferenceGraphs, copy_into, kind_of
 
@@ -299,10 +299,10 @@ class Verifier:
     def _rebudget(self) -> None:
         """Set the share of calls the budgeted gates read from what each measured it costs
         (gate.budgeted_share); each draws its next read with it (schedule_note, at its next read)."""
-        budgeted = [policy for policy in list(self._policies) if policy.budgeted and policy.feed is not None]
-        share = gate.budgeted_share((policy.feed.rate for policy in budgeted if policy.feed is not None),
-                                    self.settings.gate_budget)
-        for policy in budgeted:
+        budgeted = [(policy, policy.feed) for policy in list(self._policies)
+                    if policy.budgeted and policy.feed is not None]
+        share = gate.budgeted_share((feed.rate for _, feed in budgeted), self.settings.gate_budget)
+        for policy, _ in budgeted:
             policy.gate_share = share
 
     def _route(self, policy: Policy, number: int, spec: CallSpec, call: Callable[..., Any],
@@ -327,7 +327,7 @@ class Verifier:
         own stream (the program would wait for copies made elsewhere anyway: the call may write
         its inputs, and the program what the call returned), never waiting for a reference; the
         check queued."""
-        arguments, mutates = binding.arguments(signature, args, kwargs), policy.op.mutates
+        arguments, mutates = bind(signature, args, kwargs), policy.op.mutates
         in_place = {name for name, value in arguments.items() if _read_in_place(name, value, mutates)}
         device = _cuda_device(arguments.values())
         graph = self._graph_for(policy, arguments, device, in_place)

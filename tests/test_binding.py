@@ -1,4 +1,5 @@
-"""The verifier's binding of a checked call (replay/verify/binding.py) against Signature.bind."""
+"""A call's binding (replay/binding.py, what the recorder and the verifier bind calls with) against
+Signature.bind."""
 from __future__ import annotations
 
 import inspect
@@ -6,7 +7,7 @@ import inspect
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from replay.verify import binding
+from replay import binding
 
 
 def plain(x, w, bias=None, scale=1.0, *, eps=1e-5, mode="a"):
