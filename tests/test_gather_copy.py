@@ -52,3 +52,17 @@ def test_the_host_copy_does_what_the_kernel_does() -> None:
         launch(table, counter, 3, True)
     assert torch.equal(kernel[1], host[1]) and torch.equal(kernel[2], host[2])
     assert int(kernel[2][2].count_nonzero()) == 0  # two turns: slots 0 and 1
+
+
+def test_fixed_copies_read_each_launchs_own_sources(device: str) -> None:
+    """A table made once for fixed destinations (one empty, one past a row, odd lengths) copies
+    from wherever the sources are at each launch."""
+    sizes = [64, 0, 20001, 13]
+    destinations = [torch.zeros(n, dtype=torch.uint8, device=device) for n in sizes]
+    copies = gather_copy.FixedCopies([(d.data_ptr(), d.numel()) for d in destinations], torch.device(device))
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):  # new tensors each time: new addresses
+        sources = [torch.randint(0, 256, (n + 3,), generator=gen, dtype=torch.uint8).to(device)[3:] for n in sizes]
+        copies.launch([s.data_ptr() for s in sources])
+        for source, destination in zip(sources, destinations):
+            assert torch.equal(source, destination)

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 import replay
 from replay.cli import main
+from replay.recorder import gather_copy
 from replay.verify import Mismatch, reference_graphs, verifier
 from replay.verify.reference_graphs import Graph, ReferenceGraphs, kind_of
 from replay.verify.verifier import VERIFIER
@@ -412,3 +413,26 @@ def test_a_call_that_raises_while_its_kind_has_a_graph_leaves_the_graph_free(dev
         assert replay.verify.drain() == 0 and VERIFIER.graphs.captures == 1
     finally:
         replay.verify.stop("verify_graph_touchy")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_checks_copies_go_through_the_graphs_table_where_they_are_contiguous_and_torchs_copy_elsewhere(
+        device: str, graphed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copies into a graph's statics: one launch of byte runs where every tensor is contiguous,
+    torch's multi-tensor copy where one is not (a transposed view); a mismatch is found either way."""
+    launched: list[int] = []
+    launch = gather_copy.FixedCopies.launch
+    monkeypatch.setattr(gather_copy.FixedCopies, "launch",
+                        lambda self, sources: (launched.append(len(sources)), launch(self, sources)))
+    found: list[Mismatch] = []
+    replay.verify("verify_graph_scaled", sample=1.0, outliers=False, on_mismatch=found.append)
+    gen = torch.Generator().manual_seed(0)
+    for layout, transposed in (("contiguous", False), ("transposed", True)):
+        inputs = [torch.randn(64, 8, generator=gen) for _ in range(4)]
+        inputs[3][9, 5] = 99.0  # the fourth call is wrong in row 5 (of the [8, 64] argument)
+        launched.clear()
+        checked_one_by_one(device, [x.t() if transposed else x.t().contiguous() for x in inputs])
+        # the third and fourth checks replay: their input and output copies, one source each
+        assert launched == ([] if transposed else [1, 1, 1, 1]), layout
+        assert [m.rows for m in found] == [[5]], layout
+        found.clear()

@@ -21,12 +21,15 @@ rows read by Python.
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
 
 from replay.context import recorder_kernel
+from replay.direct_launch import DirectLauncher
 
 COLUMNS = 5  # source, destination, bytes, ring address, ring stride
 BLOCK_BYTES = 8192  # bytes a row (a program) copies at most
@@ -115,3 +118,40 @@ def copy_rows_on_host(table: torch.Tensor, counter: torch.Tensor, slots: int, ad
                 ctypes.memmove(target, source, nbytes)
     if advance:
         counter[0] = turn + 1
+
+
+_DIRECT = DirectLauncher(_gather_copy_kernel, {"BLOCK": BLOCK_BYTES, "ADVANCE": False}, num_warps=WARPS)
+
+
+class FixedCopies:
+    """Copies into fixed destinations from sources that move from one launch to the next (a
+    verifier check's tensors into its CUDA graph's statics), one launch for them all: the table is
+    made once, in pinned host memory the kernel reads, and a launch writes only its sources' rows.
+    Through DirectLauncher, past Triton's launch path: five tensors cost the program's thread 21 us,
+    where torch's multi-tensor copy cost 32 us (an H200 host, docs/PERFORMANCE.md). The caller
+    keeps the table from being written again before the launch that reads it has run (a graph's
+    next check comes after its verdict, which comes after its copies)."""
+
+    def __init__(self, destinations: Sequence[tuple[int, int]], device: torch.device) -> None:
+        """`destinations`: each copy's destination address and bytes, in the order of the sources."""
+        table = [(copy, row) for copy, (address, nbytes) in enumerate(destinations)
+                 for row in rows(0, address, nbytes)]
+        self.device = device
+        self.table = torch.tensor([row for _, row in table] or [[0] * COLUMNS], dtype=torch.int64)
+        if device.type == "cuda":
+            self.table = self.table.pin_memory()
+        self._rows = self.table.numpy()
+        self._copy_of_row = np.array([copy for copy, _ in table], dtype=np.int64)  # which source a row reads
+        self._offsets = self._rows[:len(table), 0].copy()  # a row's offset into its source
+        self._count = len(table)
+        self._counter = new_counter(device)  # no ring: read, its value unused
+
+    def launch(self, sources: Sequence[int]) -> None:
+        """Copy from `sources` (addresses, as the destinations go) on the current stream."""
+        if not self._count:
+            return
+        self._rows[:self._count, 0] = np.asarray(sources, dtype=np.int64)[self._copy_of_row] + self._offsets
+        if self.device.type == "cuda":
+            _DIRECT.launch(self.device, (self._count, 1, 1), self.table, self._counter, 1)
+        else:
+            launch(self.table, self._counter, 1, advance=False)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Collection
 import numpy as np
 import torch
 
-from replay.recorder import lifecycle
+from replay.recorder import gather_copy, lifecycle
 
 GRAPH_DEVICES = ("cuda",)  # tests add "cpu": the same bookkeeping, a host twin of each graph
 KINDS = 64  # kinds remembered an op (graphs or first sightings); the least recently met forgotten past it
@@ -86,15 +86,19 @@ class Graph:
     counted: bool = False
     busy: bool = True
     unfit: bool = False  # a check's tensor did not fit a static: that check ran eagerly, and the graph goes
+    copy_plans: dict[tuple[str, ...], gather_copy.FixedCopies | None] = field(default_factory=dict)  # copy_into
 
 
 def copy_into(graph: Graph, part: str, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Each of `values` copied into the graph's static tensor of that name in `part` ("inputs" or
     "after": the outputs), on the current stream, in one launch for them all; a static is made
     like a clone the first time. Where one does not fit (an output of another shape for the same
-    inputs), that value is cloned and the graph is unfit for this check."""
+    inputs), that value is cloned and the graph is unfit for this check. Where every value and
+    static is contiguous, the launch is a copy of bytes through the part's table of rows
+    (gather_copy.FixedCopies), else torch's multi-tensor copy."""
     statics = graph.inputs if part == "inputs" else graph.after
     copies, targets, sources = {}, [], []
+    contiguous = True
     for name, value in values.items():
         held = statics.get(name)
         if held is None:
@@ -105,10 +109,28 @@ def copy_into(graph: Graph, part: str, values: dict[str, torch.Tensor]) -> dict[
         else:
             targets.append(held)
             sources.append(value.detach() if value.requires_grad else value)
+            contiguous = contiguous and value.is_contiguous()
         copies[name] = held
-    if targets:
+    if not targets:
+        return copies
+    plan = _copy_plan(graph, (part, *values), targets) if contiguous and len(targets) == len(values) else None
+    if plan is not None:
+        plan.launch([source.data_ptr() for source in sources])
+    else:
         torch._foreach_copy_(targets, sources)
     return copies
+
+
+def _copy_plan(graph: Graph, names: tuple[str, ...], targets: list[torch.Tensor]) -> gather_copy.FixedCopies | None:
+    """The table of copies into `targets`, the statics `names` (a part, then its tensors' names)
+    holds (a static, once made, is the graph's for good), made at first use; None where a static
+    is not contiguous (its bytes are not one run)."""
+    if names not in graph.copy_plans:
+        dense = all(target.is_contiguous() for target in targets)
+        graph.copy_plans[names] = gather_copy.FixedCopies(
+            [(target.data_ptr(), target.numel() * target.element_size()) for target in targets],
+            targets[0].device) if dense else None
+    return graph.copy_plans[names]
 
 
 class ReferenceGraphs:
