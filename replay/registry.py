@@ -79,6 +79,10 @@ class Op:
     rerun_tolerance: Tolerance | None = None
     # how its comparisons pass (None: element-wise within `tolerance`); replay run --metric overrides
     metric: Metric | None = None
+    # a plain function given a reference by replay.verify, where both can be imported: their
+    # 'module:qualname', tolerance and metric, written with each call so that a replay declares
+    # the op again from trusted code that does not declare it (op_of_function)
+    declared: dict[str, Any] | None = None
 
     def variant(self, name: str, *, backends: Iterable[str] = BACKENDS) -> Callable[[F], F]:
         """Decorator registering `fn` as variant `name`, runnable on `backends`.
@@ -94,7 +98,8 @@ class Op:
             raise RegistryError(f"op '{self.name}' variant '{name}': unknown backend(s) {unknown}; known: {list(BACKENDS)}")
 
         def register(fn: F) -> F:
-            spec = CallSpec(self.name, name, self.provider, self.state, self.mutates, self.outputs)
+            spec = CallSpec(self.name, name, self.provider, self.state, self.mutates, self.outputs,
+                            header_extra={"declared": self.declared} if self.declared else None)
             # Any: fn wrapped, its parameters its own (an F), with its Variant as an attribute
             captured: Any = intercept.wrap(spec, fn, self._row_limit(fn) if name == SINGLE else None)
             captured.variant = self.variants[name] = Variant(self, name, fn, backends, captured)
@@ -260,6 +265,18 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
                   dict(tolerance or {}), serial_rows, split_row, doc, kernel_rules, metric=chosen)
     _OPS[name] = declared
     return declared
+
+
+def op_of_function(name: str, provider: str, fn: Callable[..., Any], reference: Callable[..., Any],
+                   tolerance: Tolerance | None, metric: str | None,
+                   declared: dict[str, Any] | None = None) -> Op:
+    """Op `name` of a plain function and the reference it must agree with, its one variant
+    'default' (replay.verify's decorator; a replay declaring it again from a call's `declared`)."""
+    made = op(name, tolerance=tolerance, provider=provider, metric=metric)
+    made.declared = declared
+    made.variant("default")(fn)
+    made.reference(reference)
+    return made
 
 
 def capture(op_name: str, variant: str = "default", *, state: Iterable[str] = (),

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from replay.compare import bit_pattern
-from replay.engine import checks
+from replay.engine import checks, declared
 from replay.engine.provenance import golden_warning
 from replay.engine import evidence
 from replay.engine.evidence import Evidence
@@ -293,6 +293,11 @@ def op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: Re
     try:
         return get_op(record.op)
     except RegistryError as exc:
+        if record.provider and record.declared is not None:  # a function replay.verify checked: declared here
+            try:
+                return declared.declare_again(code, record, where)
+            except declared.NotInCode as missing:
+                raise CannotMake(str(missing)) from None
         if record.provider:
             raise CannotMake(f"op '{record.op}' is not declared by provider '{record.provider}' in this code") from None
         raise RegistryError(f"{where}: {exc} (no provider recorded)") from None

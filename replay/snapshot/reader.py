@@ -67,6 +67,7 @@ class CallRecord:
     triton: dict[str, Any] | None = None  # a recorded Triton launch: grid, options, config (docs/FORMAT.md)
     torch_op: dict[str, Any] | None = None  # a recorded PyTorch operator call: its typed and list arguments
     collective: dict[str, Any] | None = None  # a recorded torch.distributed collective: kind, group, rank
+    declared: dict[str, Any] | None = None  # a function replay.verify gave a reference: how to declare its op
 
     def role(self, role: str) -> dict[str, torch.Tensor]:
         """Tensors of one role ('in', 'out', 'state', 'tag'), by name, in recorded order."""
@@ -87,7 +88,8 @@ class CallRecord:
                 "launch": self.launch, "meta": self.meta, "returns_json": self.returns_json,
                 **({"triton": self.triton} if self.triton is not None else {}),
                 **({"torch_op": self.torch_op} if self.torch_op is not None else {}),
-                **({"collective": self.collective} if self.collective is not None else {})}
+                **({"collective": self.collective} if self.collective is not None else {}),
+                **({"declared": self.declared} if self.declared is not None else {})}
 
     def arguments(self) -> dict[str, Any]:
         """Arguments by name in call order: tensors (inputs and state) and decoded JSON."""
@@ -393,7 +395,7 @@ class Snapshot:
                           chunked=frozenset(k for k, g in described.items() if "chunks" in g),
                           recorded_offsets={k: g["storage_offset"] for k, g in described.items()},
                           triton=header.get("triton"), torch_op=header.get("torch_op"),
-                          collective=header.get("collective"))
+                          collective=header.get("collective"), declared=header.get("declared"))
 
 
 def rank_snapshots(path: Path) -> dict[int, Path]:

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from replay import metrics, recorder, settings
 from replay.errors import ReplayError
-from replay.registry import Op, all_ops, get_op, op as declare_op
+from replay.registry import Op, all_ops, get_op, op_of_function
 from replay.tolerance import Tolerance
 from replay.verify.verifier import COMPILE_MODES, VERIFIER, Mismatch, Policy
 
@@ -82,19 +82,30 @@ def verify(target: Callable[..., Any] | str | None = None, /, reference: Callabl
 
 def _declare(fn: Callable[..., Any], reference: Callable[..., Any], rtol: float | None,
              atol: float | None, metric: str | None) -> Op:
-    """An op of its own for a plain function and its reference, so that a mismatch replays."""
+    """An op of its own for a plain function and its reference, so that a mismatch replays: from
+    the function's module where that declares it (the decorator written there), else from what
+    its calls record (`declared`: where the function and the reference can be imported)."""
     name = fn.__qualname__ if fn.__qualname__ not in all_ops() else f"{fn.__module__}.{fn.__qualname__}"
     tolerance = None if rtol is None and atol is None else Tolerance(rtol=rtol or 0.0, atol=atol or 0.0)
     if metric is not None and metrics.parse(metric).needs_float64_run:
         raise ValueError(f"replay.verify: metric {metric!r} cannot be decided from the two outputs (it needs a "
                          "float64 run of the reference): use it with replay run")
-    declared = declare_op(name, tolerance=tolerance, provider=fn.__module__, metric=metric)
     if fn.__module__ == "__main__":  # `replay run` imports an op's module: a script's is no module to import
         log.warning(f"replay.verify: {fn.__qualname__} is defined in the script being run (__main__): its mismatch "
                     "snapshots replay once it lives in a module that `replay run --provider MODULE` can import")
-    declared.variant("default")(fn)
-    declared.reference(reference)
-    return declared
+    paths = _import_path(fn), _import_path(reference)
+    declared = None if None in paths else {
+        "function": paths[0], "reference": paths[1], "metric": metric,
+        "tolerance": None if tolerance is None else {"rtol": tolerance.rtol, "atol": tolerance.atol}}
+    return op_of_function(name, fn.__module__, fn, reference, tolerance, metric, declared)
+
+
+def _import_path(fn: Callable[..., Any]) -> str | None:
+    """'module:qualname', where a replay can import `fn` by it (no script's, local or lambda)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<" in qualname:
+        return None
+    return f"{module}:{qualname}"
 
 
 def _enable(op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None,

@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from replay import recorder, settings
 from replay import metrics
-from replay.compare import agreement, compare, row_ranges
+from replay.compare import Comparison, agreement, compare, row_ranges
 from replay.errors import ReplayError
 from replay.recorder import cuda_streams
 from replay.recorder.staging import CallSpec, bind
@@ -88,17 +88,22 @@ class Mismatch:
     call: int
     output: str
     rows: list[int]
-    max_abs: float
+    max_abs: float  # over the elements where both sides are finite
     snapshot: Path | None
     unwritten: str | None = None  # why the snapshot could not be written
+    mismatches: int = 0  # elements outside the tolerance (NaN or infinity against a number among them)
+    numel: int = 0
+    first: str = ""  # 'first at [1, 3]: nan vs 1.0'
 
     def line(self) -> str:
         what = f"rows {row_ranges(self.rows)} of '{self.output}' differ" if self.rows else f"'{self.output}' differs"
+        elements = f" in {self.mismatches}/{self.numel} elements" if self.numel else ""
+        first = f"{self.first}; " if self.first else ""
         saved = f"; snapshot {self.snapshot}" if self.snapshot else \
             f"; the snapshot could not be written: {self.unwritten}" if self.unwritten else \
             "; no snapshot (the limit per op is reached)"
-        return (f"replay.verify: {self.op} ({self.variant}) call {self.call}: {what} from the reference "
-                f"(max error {self.max_abs:.3g}){saved}")
+        return (f"replay.verify: {self.op} ({self.variant}) call {self.call}: {what} from the reference{elements} "
+                f"({first}max error {self.max_abs:.3g}){saved}")
 
 
 @dataclass
@@ -570,10 +575,10 @@ class Verifier:
                 comparison.judged_by(op.metric)
             if not comparison.passed:
                 self.count("failed")
-                self._report(check, name, comparison.bad_rows, comparison.max_abs, expected)
+                self._report(check, name, comparison, expected)
                 return
 
-    def _report(self, check: _Check, output: str, rows: list[int], max_abs: float, expected: dict[str, Any]) -> None:
+    def _report(self, check: _Check, output: str, comparison: Comparison, expected: dict[str, Any]) -> None:
         policy = check.policy
         path, unwritten = None, None
         if policy.snapshots < self.settings.max_snapshots:  # only the worker reports: no race
@@ -588,7 +593,9 @@ class Verifier:
             except (OSError, ReplayError, TypeError, ValueError, RuntimeError) as exc:  # the mismatch still counts
                 shutil.rmtree(path, ignore_errors=True)  # a snapshot without its call is no use
                 path, unwritten = None, f"{type(exc).__name__}: {exc}"
-        mismatch = Mismatch(policy.op.name, check.spec.variant, check.number, output, rows, max_abs, path, unwritten)
+        mismatch = Mismatch(policy.op.name, check.spec.variant, check.number, output, comparison.bad_rows,
+                            comparison.max_abs, path, unwritten, comparison.mismatches, comparison.numel,
+                            comparison.first_difference())
         if policy.on_mismatch is not None:
             policy.on_mismatch(mismatch)
         else:

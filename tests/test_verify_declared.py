@@ -1,0 +1,103 @@
+"""replay.verify on a library's plain function, given its reference in the program (not in the
+library's own module): a mismatch's snapshot records where the function and the reference live
+(the call's `declared`), so `replay run --code DIR` declares the op again from the trusted tree,
+in a process that never saw the program; untrusted, it is refused (exit 2), and a tree whose
+function is fixed passes against the reference (exit 0)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+
+import replay
+from replay.snapshot import Snapshot
+from replay.verify import Mismatch
+
+WRONG = '''import torch
+
+
+def doubled_reference(x):
+    return x.double().mul(2).float()
+
+
+def doubled(x):
+    """Wrong where an element passes 50: it comes out NaN."""
+    out = x * 2
+    {mask}
+    return out
+'''
+
+
+def write_library(root: Path, fixed: bool) -> Path:
+    (root / "rowlib").mkdir(parents=True)
+    (root / "rowlib" / "__init__.py").write_text("")
+    (root / "rowlib" / "ops.py").write_text(WRONG.format(mask="pass" if fixed else 'out[x > 50] = float("nan")'))
+    return root
+
+
+@pytest.fixture
+def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """rowlib imported from a tree of its own (no `import replay` in it), and forgotten after."""
+    monkeypatch.syspath_prepend(str(write_library(tmp_path / "tree", fixed=False)))
+    replay.verify.configure(directory=tmp_path / "mismatches", seed=0, enabled=True)
+    import rowlib.ops
+    yield rowlib.ops
+    for name in [m for m in sys.modules if m == "rowlib" or m.startswith("rowlib.")]:
+        del sys.modules[name]
+
+
+def replay_run(snapshot: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """`replay run` in a process of its own: no op of the program declared there."""
+    return subprocess.run([sys.executable, "-m", "replay", "run", str(snapshot), *options],
+                          capture_output=True, text=True, cwd=snapshot.parent, timeout=300)
+
+
+def test_a_function_verified_outside_its_module_replays_from_the_trusted_tree(
+        library: object, tmp_path: Path) -> None:
+    found: list[Mismatch] = []
+    verified = replay.verify(reference=library.doubled_reference, sample=1.0, outliers=False,  # type: ignore[attr-defined]
+                             rtol=1e-6, on_mismatch=found.append)(library.doubled)  # type: ignore[attr-defined]
+    try:
+        verified(torch.ones(4, 8))
+        x = torch.ones(4, 8)
+        x[2, 5] = 60.0
+        verified(x)
+        assert replay.verify.drain() == 0
+    finally:
+        replay.verify.stop("doubled")
+    assert len(found) == 1 and found[0].call == 1
+    line = found[0].line()
+    assert "in 1/32 elements (first at [2, 5]: nan vs 120.0;" in line, line
+    assert found[0].snapshot is not None, found[0].unwritten
+    declared = Snapshot(found[0].snapshot).load(0).declared
+    assert declared == {"function": "rowlib.ops:doubled", "reference": "rowlib.ops:doubled_reference",
+                        "metric": None, "tolerance": {"rtol": 1e-6, "atol": 0.0}}
+
+    untrusted = replay_run(found[0].snapshot)
+    assert untrusted.returncode == 2 and "--code" in untrusted.stderr, untrusted.stderr
+    wrong = replay_run(found[0].snapshot, "--code", str(tmp_path / "tree"))
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+    assert "first at [2, 5]: nan vs 120.0" in " ".join(wrong.stdout.split()), wrong.stdout
+    # the recorded output is the wrong one: a tree fixed since answers to the reference, as a bisect's probes do
+    fixed = replay_run(found[0].snapshot, "--code", str(write_library(tmp_path / "fixed", fixed=True)),
+                       "--oracle", "reference")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+
+
+def test_a_reference_that_cannot_be_imported_records_nothing_to_declare_from(library: object) -> None:
+    found: list[Mismatch] = []
+    verified = replay.verify(reference=lambda x: x.double().mul(2).float(), sample=1.0,  # type: ignore[attr-defined]
+                             outliers=False, on_mismatch=found.append)(library.doubled)  # type: ignore[attr-defined]
+    try:
+        x = torch.ones(2, 2)
+        x[0, 0] = 60.0
+        verified(x)
+        assert replay.verify.drain() == 0
+    finally:
+        replay.verify.stop("doubled")
+    assert len(found) == 1 and found[0].snapshot is not None
+    assert Snapshot(found[0].snapshot).load(0).declared is None
