@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
@@ -56,11 +56,12 @@ def replay_run(snapshot: Path, *options: str) -> subprocess.CompletedProcess[str
                           capture_output=True, text=True, cwd=snapshot.parent, timeout=300)
 
 
-def test_a_function_verified_outside_its_module_replays_from_the_trusted_tree(
-        library: object, tmp_path: Path) -> None:
+def mismatches(library: object, reference: Callable[..., Any], **options: Any) -> list[Mismatch]:
+    """The library's `doubled` verified in the test (not in its module) on every call: one right
+    call, then one with an element of 60 (wrong)."""
     found: list[Mismatch] = []
-    verified = replay.verify(reference=library.doubled_reference, sample=1.0, outliers=False,  # type: ignore[attr-defined]
-                             rtol=1e-6, on_mismatch=found.append)(library.doubled)  # type: ignore[attr-defined]
+    verified = replay.verify(reference=reference, sample=1.0, outliers=False, on_mismatch=found.append,
+                             **options)(library.doubled)  # type: ignore[attr-defined]
     try:
         verified(torch.ones(4, 8))
         x = torch.ones(4, 8)
@@ -69,6 +70,12 @@ def test_a_function_verified_outside_its_module_replays_from_the_trusted_tree(
         assert replay.verify.drain() == 0
     finally:
         replay.verify.stop("doubled")
+    return found
+
+
+def test_a_function_verified_outside_its_module_replays_from_the_trusted_tree(
+        library: object, tmp_path: Path) -> None:
+    found = mismatches(library, library.doubled_reference, rtol=1e-6)  # type: ignore[attr-defined]
     assert len(found) == 1 and found[0].call == 1
     line = found[0].line()
     assert "in 1/32 elements (first at [2, 5]: nan vs 120.0;" in line, line
@@ -89,15 +96,6 @@ def test_a_function_verified_outside_its_module_replays_from_the_trusted_tree(
 
 
 def test_a_reference_that_cannot_be_imported_records_nothing_to_declare_from(library: object) -> None:
-    found: list[Mismatch] = []
-    verified = replay.verify(reference=lambda x: x.double().mul(2).float(), sample=1.0,  # type: ignore[attr-defined]
-                             outliers=False, on_mismatch=found.append)(library.doubled)  # type: ignore[attr-defined]
-    try:
-        x = torch.ones(2, 2)
-        x[0, 0] = 60.0
-        verified(x)
-        assert replay.verify.drain() == 0
-    finally:
-        replay.verify.stop("doubled")
+    found = mismatches(library, lambda x: x.double().mul(2).float())
     assert len(found) == 1 and found[0].snapshot is not None
     assert Snapshot(found[0].snapshot).load(0).declared is None
