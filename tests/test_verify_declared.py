@@ -99,3 +99,17 @@ def test_a_reference_that_cannot_be_imported_records_nothing_to_declare_from(lib
     found = mismatches(library, lambda x: x.double().mul(2).float())
     assert len(found) == 1 and found[0].snapshot is not None
     assert Snapshot(found[0].snapshot).load(0).declared is None
+
+
+@pytest.mark.parametrize("path", ["rowlib.ops:torch.exp", "rowlib.ops:doubled.__call__", "rowlib.ops:absent"])
+def test_a_recorded_path_names_only_a_function_defined_in_its_trusted_module(
+        library: object, tmp_path: Path, path: str) -> None:
+    """A snapshot naming `module:qualname` reaches no further than the functions that module
+    defines: not what it imported, nor an attribute of one."""
+    from replay.code import KernelCode
+    from replay.engine import declared
+    from replay.snapshot import CallRecord
+    record = CallRecord(index=0, op="doubled_elsewhere", variant="default", provider="rowlib.ops", args=[],
+                        tensors={}, declared={"function": path, "reference": "rowlib.ops:doubled_reference"})
+    with pytest.raises(declared.NotInCode, match="is in this code"):
+        declared.declare_again(KernelCode(tmp_path / "tree"), record, "snap: call 0")

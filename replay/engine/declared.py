@@ -32,12 +32,16 @@ def declare_again(code: KernelCode, record: CallRecord, where: str) -> Op:
 
 
 def _resolve(code: KernelCode, path: str, where: str) -> Callable[..., Any]:
-    """The callable at 'module:qualname', its module imported if trusted (UntrustedProviderError if not)."""
+    """The function at 'module:qualname', its module imported if trusted (UntrustedProviderError if
+    not), and defined there under that name: a path through the module's imports or attributes
+    (`pkg.mod:os.system`) names nothing the user trusted."""
     module, _, qualname = path.partition(":")
     code.import_provider(module, where)
     found: Any = sys.modules.get(module)
     for part in qualname.split("."):
-        found = getattr(found, part, None)
-    if not callable(found):
-        raise NotInCode(f"{where}: '{path}', which replay.verify checked this call of, is not in this code")
+        found = getattr(found, part, None) if not part.startswith("__") else None
+    if not (callable(found) and getattr(found, "__module__", None) == module
+            and getattr(found, "__qualname__", None) == qualname):
+        raise NotInCode(f"{where}: no function '{path}' (defined in that module), which replay.verify checked "
+                        "this call of, is in this code")
     return found
