@@ -79,9 +79,10 @@ class Op:
     rerun_tolerance: Tolerance | None = None
     # how its comparisons pass (None: element-wise within `tolerance`); replay run --metric overrides
     metric: Metric | None = None
-    # a plain function given a reference by replay.verify, where both can be imported: their
-    # 'module:qualname', tolerance and metric, written with each call so that a replay declares
-    # the op again from trusted code that does not declare it (op_of_function)
+    # an op declared where a function was decorated (replay.capture, replay.verify's reference),
+    # perhaps outside the function's module: its variants' 'module:qualname' (those importable),
+    # state, mutates, outputs, tolerance and metric, written with each call so that a replay
+    # declares the op again from trusted code that does not declare it (declared_op)
     declared: dict[str, Any] | None = None
 
     def variant(self, name: str, *, backends: Iterable[str] = BACKENDS) -> Callable[[F], F]:
@@ -267,15 +268,33 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
     return declared
 
 
-def op_of_function(name: str, provider: str, fn: Callable[..., Any], reference: Callable[..., Any],
-                   tolerance: Tolerance | None, metric: str | None,
-                   declared: dict[str, Any] | None = None) -> Op:
-    """Op `name` of a plain function and the reference it must agree with, its one variant
-    'default' (replay.verify's decorator; a replay declaring it again from a call's `declared`)."""
-    made = op(name, tolerance=tolerance, provider=provider, metric=metric)
-    made.declared = declared
-    made.variant("default")(fn)
-    made.reference(reference)
+def import_path(fn: Callable[..., Any]) -> str | None:
+    """'module:qualname', where a replay can import `fn` by it (no script's, local or lambda)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "<" in qualname:
+        return None
+    return f"{module}:{qualname}"
+
+
+def declaration(state: Iterable[str] = (), mutates: Iterable[str] = (), outputs: Iterable[str] = (),
+                tolerance: Tolerance | None = None, metric: str | None = None) -> dict[str, Any]:
+    """An Op's `declared`, its variants still to be added."""
+    return {"variants": {}, "state": list(state), "mutates": list(mutates), "outputs": list(outputs),
+            "tolerance": None if tolerance is None else {"rtol": tolerance.rtol, "atol": tolerance.atol},
+            "metric": metric}
+
+
+def declared_op(name: str, provider: str, declared: Mapping[str, Any],
+                functions: Mapping[str, Callable[..., Any]]) -> Op:
+    """Op `name` declared again from what its calls recorded (`declared`), each variant's function
+    in `functions` (a replay, where trusted code does not declare it)."""
+    tolerance = declared.get("tolerance")
+    made = op(name, state=declared.get("state", ()), mutates=declared.get("mutates", ()),
+              outputs=declared.get("outputs", ()), metric=declared.get("metric"), provider=provider,
+              tolerance=Tolerance(rtol=tolerance["rtol"], atol=tolerance["atol"]) if tolerance else None)
+    made.declared = dict(declared)
+    for variant, fn in functions.items():
+        made.variant(variant)(fn)
     return made
 
 
@@ -306,12 +325,16 @@ def capture(op_name: str, variant: str = "default", *, state: Iterable[str] = ()
 
     def register(fn: F) -> F:
         found = _OPS.get(op_name)
-        if found is None:
+        if found is None:  # declared here, perhaps outside fn's module: its calls say where fn lives
             found = op(op_name, state=state, mutates=mutates, outputs=outputs, provider=fn.__module__)
+            found.declared = declaration(state, mutates, outputs)
         elif (state, mutates, outputs) != (found.state, found.mutates, found.outputs) and (state or mutates or outputs):
             raise RegistryError(f"op '{op_name}' is declared with state={found.state}, mutates={found.mutates}, "
                                 f"outputs={found.outputs}; capture of '{fn.__qualname__}' asks for "
                                 f"state={state}, mutates={mutates}, outputs={outputs}")
+        path = import_path(fn)
+        if found.declared is not None and path is not None:
+            found.declared["variants"][variant] = path
         return found.variant(variant, backends=backends)(fn)
     return register
 

@@ -1,8 +1,8 @@
-"""replay.verify on a library's plain function, given its reference in the program (not in the
-library's own module): a mismatch's snapshot records where the function and the reference live
-(the call's `declared`), so `replay run --code DIR` declares the op again from the trusted tree,
-in a process that never saw the program; untrusted, it is refused (exit 2), and a tree whose
-function is fixed passes against the reference (exit 0)."""
+"""A library's plain function decorated in the program, not in its own module (replay.verify with
+a reference, replay.capture): each call records where its functions live (the call's `declared`),
+so `replay run --code DIR` declares the op again from the trusted tree, in a process that never
+saw the program; untrusted, it is refused (exit 2); a verify mismatch's tree whose function is
+fixed passes against the reference (exit 0)."""
 from __future__ import annotations
 
 import subprocess
@@ -81,8 +81,9 @@ def test_a_function_verified_outside_its_module_replays_from_the_trusted_tree(
     assert "in 1/32 elements (first at [2, 5]: nan vs 120.0;" in line, line
     assert found[0].snapshot is not None, found[0].unwritten
     declared = Snapshot(found[0].snapshot).load(0).declared
-    assert declared == {"function": "rowlib.ops:doubled", "reference": "rowlib.ops:doubled_reference",
-                        "metric": None, "tolerance": {"rtol": 1e-6, "atol": 0.0}}
+    assert declared == {"variants": {"default": "rowlib.ops:doubled", "reference": "rowlib.ops:doubled_reference"},
+                        "state": [], "mutates": [], "outputs": [], "metric": None,
+                        "tolerance": {"rtol": 1e-6, "atol": 0.0}}
 
     untrusted = replay_run(found[0].snapshot)
     assert untrusted.returncode == 2 and "--code" in untrusted.stderr, untrusted.stderr
@@ -110,6 +111,23 @@ def test_a_recorded_path_names_only_a_function_defined_in_its_trusted_module(
     from replay.engine import declared
     from replay.snapshot import CallRecord
     record = CallRecord(index=0, op="doubled_elsewhere", variant="default", provider="rowlib.ops", args=[],
-                        tensors={}, declared={"function": path, "reference": "rowlib.ops:doubled_reference"})
+                        tensors={}, declared={"variants": {"default": path, "reference": "rowlib.ops:doubled_reference"}})
     with pytest.raises(declared.NotInCode, match="is in this code"):
         declared.declare_again(KernelCode(tmp_path / "tree"), record, "snap: call 0")
+
+
+def test_a_library_function_captured_in_the_program_replays_from_the_trusted_tree(
+        library: object, tmp_path: Path) -> None:
+    """replay.capture applied in the program (not in the library's module) to a plain function:
+    its recording replays from the trusted tree, passes there, and an edited tree is named."""
+    captured = replay.capture("doubled_captured", variant="batched")(library.doubled)  # type: ignore[attr-defined]
+    snapshot = tmp_path / "recorded"
+    with replay.recording(snapshot):
+        captured(torch.ones(4, 8))
+        captured(torch.full((4, 8), 60.0))
+    header = Snapshot(snapshot).load(1)
+    assert header.declared is not None and header.declared["variants"] == {"batched": "rowlib.ops:doubled"}
+    same = replay_run(snapshot, "--code", str(tmp_path / "tree"))
+    assert same.returncode == 0, same.stdout + same.stderr
+    edited = replay_run(snapshot, "--code", str(write_library(tmp_path / "fixed", fixed=True)))
+    assert edited.returncode == 1 and "call 1" in edited.stdout, edited.stdout + edited.stderr

@@ -1,9 +1,9 @@
-"""A recorded call of a plain function that `replay.verify` gave a reference, replayed where the
-trusted code does not declare its op (the function was decorated in a script, not in its own
-module): the op is declared again from what the call recorded, its header's `declared` (the
-function's and the reference's 'module:qualname', the tolerance and the metric). Each module is
-imported under the provider trust rule (replay/code.py): a snapshot names the code, the user
-trusts it."""
+"""A recorded call of an op declared where a function was decorated (`replay.capture`, or
+`replay.verify` given a reference), replayed where the trusted code does not declare it (the
+decorator ran in a script, not in the function's module): the op is declared again from what the
+call recorded, its header's `declared` (each variant's 'module:qualname', state, mutates,
+outputs, tolerance and metric). Each module is imported under the provider trust rule
+(replay/code.py): a snapshot names the code, the user trusts it."""
 from __future__ import annotations
 
 import sys
@@ -11,9 +11,8 @@ from typing import Any, Callable
 
 from replay.code import KernelCode
 from replay.errors import ReplayError
-from replay.registry import Op, op_of_function
+from replay.registry import Op, declared_op
 from replay.snapshot import CallRecord
-from replay.tolerance import Tolerance
 
 
 class NotInCode(ReplayError):
@@ -21,14 +20,10 @@ class NotInCode(ReplayError):
 
 
 def declare_again(code: KernelCode, record: CallRecord, where: str) -> Op:
-    """The op of `record` (which has `declared`), declared from the function and reference it names."""
+    """The op of `record` (which has `declared`), declared from the functions it names."""
     assert record.declared is not None and record.provider is not None
-    declared = record.declared
-    tolerance = declared.get("tolerance")
-    return op_of_function(record.op, record.provider, _resolve(code, declared["function"], where),
-                          _resolve(code, declared["reference"], where),
-                          Tolerance(rtol=tolerance["rtol"], atol=tolerance["atol"]) if tolerance else None,
-                          declared.get("metric"), dict(declared))
+    functions = {variant: _resolve(code, path, where) for variant, path in record.declared["variants"].items()}
+    return declared_op(record.op, record.provider, record.declared, functions)
 
 
 def _resolve(code: KernelCode, path: str, where: str) -> Callable[..., Any]:
@@ -42,6 +37,6 @@ def _resolve(code: KernelCode, path: str, where: str) -> Callable[..., Any]:
         found = getattr(found, part, None) if not part.startswith("__") else None
     if not (callable(found) and getattr(found, "__module__", None) == module
             and getattr(found, "__qualname__", None) == qualname):
-        raise NotInCode(f"{where}: no function '{path}' (defined in that module), which replay.verify checked "
-                        "this call of, is in this code")
+        raise NotInCode(f"{where}: no function '{path}' (defined in that module), which the call's op was "
+                        "declared with, is in this code")
     return found

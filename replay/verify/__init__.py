@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from replay import metrics, recorder, settings
 from replay.errors import ReplayError
-from replay.registry import Op, all_ops, get_op, op_of_function
+from replay.registry import REFERENCE, Op, all_ops, declaration, get_op, import_path, op as declare_op
 from replay.tolerance import Tolerance
 from replay.verify.verifier import COMPILE_MODES, VERIFIER, Mismatch, Policy
 
@@ -93,19 +93,14 @@ def _declare(fn: Callable[..., Any], reference: Callable[..., Any], rtol: float 
     if fn.__module__ == "__main__":  # `replay run` imports an op's module: a script's is no module to import
         log.warning(f"replay.verify: {fn.__qualname__} is defined in the script being run (__main__): its mismatch "
                     "snapshots replay once it lives in a module that `replay run --provider MODULE` can import")
-    paths = _import_path(fn), _import_path(reference)
-    declared = None if None in paths else {
-        "function": paths[0], "reference": paths[1], "metric": metric,
-        "tolerance": None if tolerance is None else {"rtol": tolerance.rtol, "atol": tolerance.atol}}
-    return op_of_function(name, fn.__module__, fn, reference, tolerance, metric, declared)
-
-
-def _import_path(fn: Callable[..., Any]) -> str | None:
-    """'module:qualname', where a replay can import `fn` by it (no script's, local or lambda)."""
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not module or module == "__main__" or "<" in qualname:
-        return None
-    return f"{module}:{qualname}"
+    declared = declare_op(name, tolerance=tolerance, provider=fn.__module__, metric=metric)
+    paths = import_path(fn), import_path(reference)
+    if None not in paths:  # a replay can declare it again, reference included (_declare's docstring)
+        declared.declared = declaration(tolerance=tolerance, metric=metric)
+        declared.declared["variants"].update({"default": paths[0], REFERENCE: paths[1]})
+    declared.variant("default")(fn)
+    declared.reference(reference)
+    return declared
 
 
 def _enable(op: Op, sample: float, on_mismatch: Callable[[Mismatch], None] | None,
