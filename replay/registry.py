@@ -325,9 +325,10 @@ def capture(op_name: str, variant: str = "default", *, state: Iterable[str] = ()
 
     def register(fn: F) -> F:
         found = _OPS.get(op_name)
-        if found is None:  # declared here, perhaps outside fn's module: its calls say where fn lives
+        if found is None:
             found = op(op_name, state=state, mutates=mutates, outputs=outputs, provider=fn.__module__)
-            found.declared = declaration(state, mutates, outputs)
+            if _caller_module(1) != fn.__module__:  # decorated elsewhere: its calls say where fn lives
+                found.declared = declaration(state, mutates, outputs)
         elif (state, mutates, outputs) != (found.state, found.mutates, found.outputs) and (state or mutates or outputs):
             raise RegistryError(f"op '{op_name}' is declared with state={found.state}, mutates={found.mutates}, "
                                 f"outputs={found.outputs}; capture of '{fn.__qualname__}' asks for "

@@ -131,3 +131,12 @@ def test_a_library_function_captured_in_the_program_replays_from_the_trusted_tre
     assert same.returncode == 0, same.stdout + same.stderr
     edited = replay_run(snapshot, "--code", str(write_library(tmp_path / "fixed", fixed=True)))
     assert edited.returncode == 1 and "call 1" in edited.stdout, edited.stdout + edited.stderr
+
+
+def test_a_function_captured_in_its_own_module_records_no_declaration() -> None:
+    """Its module declares the op when a replay imports it: nothing more goes into each call."""
+    @replay.capture("declared_here_doubled")
+    def doubled_here(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    assert replay.registry.get_op("declared_here_doubled").declared is None
