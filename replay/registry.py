@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
@@ -268,12 +269,16 @@ def op(name: str, *, batch_axes: Mapping[str, int] | None = None, state: Iterabl
     return declared
 
 
+_IMPORT_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
+
+
 def import_path(fn: Callable[..., Any]) -> str | None:
-    """'module:qualname', where a replay can import `fn` by it (no script's, local or lambda)."""
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if not module or module == "__main__" or "<" in qualname:
+    """'module:qualname', where a replay can import `fn` by it: a plain function (no method bound to
+    an object, partial or callable object), not the script's (`__main__`), local or a lambda."""
+    if not inspect.isfunction(fn) or fn.__module__ == "__main__":
         return None
-    return f"{module}:{qualname}"
+    path = f"{fn.__module__}:{fn.__qualname__}"
+    return path if _IMPORT_PATH.fullmatch(path) else None
 
 
 def declaration(state: Iterable[str] = (), mutates: Iterable[str] = (), outputs: Iterable[str] = (),

@@ -5,8 +5,10 @@ saw the program; untrusted, it is refused (exit 2); a verify mismatch's tree who
 fixed passes against the reference (exit 0)."""
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
+import types
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -14,7 +16,11 @@ import pytest
 import torch
 
 import replay
-from replay.snapshot import Snapshot
+from replay.code import KernelCode
+from replay.engine import declared
+from replay.engine.session import CannotMake, ReplayOptions, op_for
+from replay.registry import import_path
+from replay.snapshot import CallRecord, Snapshot
 from replay.verify import Mismatch
 
 WRONG = '''import torch
@@ -32,9 +38,21 @@ def doubled(x):
 '''
 
 
+LAZY = '''import os
+
+looked_up = []
+
+
+def __getattr__(name):  # a lazy loader: a path walked through getattr would run it
+    looked_up.append(name)
+    raise AttributeError(name)
+'''
+
+
 def write_library(root: Path, fixed: bool) -> Path:
     (root / "rowlib").mkdir(parents=True)
     (root / "rowlib" / "__init__.py").write_text("")
+    (root / "rowlib" / "lazy.py").write_text(LAZY)
     (root / "rowlib" / "ops.py").write_text(WRONG.format(mask="pass" if fixed else 'out[x > 50] = float("nan")'))
     return root
 
@@ -102,18 +120,44 @@ def test_a_reference_that_cannot_be_imported_records_nothing_to_declare_from(lib
     assert Snapshot(found[0].snapshot).load(0).declared is None
 
 
-@pytest.mark.parametrize("path", ["rowlib.ops:torch.exp", "rowlib.ops:doubled.__call__", "rowlib.ops:absent"])
+@pytest.mark.parametrize("path", ["rowlib.ops:torch.exp", "rowlib.ops:doubled.__call__", "rowlib.ops:absent",
+                                  "rowlib.lazy:os.system", "rowlib.lazy:missing.name"])
 def test_a_recorded_path_names_only_a_function_defined_in_its_trusted_module(
         library: object, tmp_path: Path, path: str) -> None:
     """A snapshot naming `module:qualname` reaches no further than the functions that module
-    defines: not what it imported, nor an attribute of one."""
-    from replay.code import KernelCode
-    from replay.engine import declared
-    from replay.snapshot import CallRecord
+    defines: not what it imported, nor an attribute of one, and never through a lazy loader."""
     record = CallRecord(index=0, op="doubled_elsewhere", variant="default", provider="rowlib.ops", args=[],
                         tensors={}, declared={"variants": {"default": path, "reference": "rowlib.ops:doubled_reference"}})
     with pytest.raises(declared.NotInCode, match="is in this code"):
         declared.declare_again(KernelCode(tmp_path / "tree"), record, "snap: call 0")
+    assert sys.modules["rowlib.lazy"].looked_up == [] if "rowlib.lazy" in sys.modules else True
+
+
+def test_only_a_plain_function_of_a_module_has_an_import_path(library: object) -> None:
+    module = library  # rowlib.ops
+    assert import_path(module.doubled) == "rowlib.ops:doubled"  # type: ignore[attr-defined]
+    assert import_path(functools.partial(module.doubled)) is None  # type: ignore[attr-defined]
+    assert import_path(torch.nn.Linear(2, 2)) is None  # a callable object
+    assert import_path(torch.nn.Linear(2, 2).forward) is None  # a method bound to an object
+    assert import_path(torch.exp) is None  # a builtin
+
+
+def test_a_namesake_declared_by_another_module_is_not_the_calls_op(library: object, tmp_path: Path) -> None:
+    """A call whose op was declared where it was decorated is made only by that op: one of the
+    same name from another module is no stand-in for it."""
+    replay.op("doubled_namesake")  # declared by this test module
+    record = CallRecord(index=0, op="doubled_namesake", variant="default", provider="rowlib.ops", args=[],
+                        tensors={}, declared={"variants": {"default": "rowlib.ops:doubled"}})
+    with pytest.raises(CannotMake, match="declared here by 'test_verify_declared'"):
+        op_for(KernelCode(tmp_path / "tree"), record, types.SimpleNamespace(path="snap"), ReplayOptions())
+
+
+def test_a_mismatch_says_why_an_output_cannot_be_compared_and_how_many_elements_differ() -> None:
+    incomparable = Mismatch("op", "batched", 3, "out", [], 0.0, None, mismatches=36, numel=36,
+                            problem="shape (6, 6) vs (6, 5)")
+    assert "differs from the reference (shape (6, 6) vs (6, 5)); no snapshot" in incomparable.line()
+    by_metric = Mismatch("op", "batched", 3, "out", [], 0.01, None, numel=32, metric="nmse 0.002 (bound 1e-06)")
+    assert "from the reference (nmse 0.002 (bound 1e-06); max error 0.01)" in by_metric.line()
 
 
 def test_a_library_function_captured_in_the_program_replays_from_the_trusted_tree(

@@ -436,3 +436,22 @@ def test_a_checks_copies_go_through_the_graphs_table_where_they_are_contiguous_a
         assert launched == ([] if transposed else [1, 1, 1, 1]), layout
         assert [m.rows for m in found] == [[5]], layout
         found.clear()
+
+
+def test_a_value_whose_bytes_are_not_its_values_is_copied_by_torch_into_its_static() -> None:
+    """A conjugate view holds its values' bytes unconjugated, a negative view negated, and a
+    wrapper subclass's address is none of its data: torch copies them; a plain tensor's bytes go
+    through the table."""
+    class Wrapped(torch.Tensor):
+        pass
+
+    base = torch.tensor([1 + 2j, 3 - 4j])
+    assert not reference_graphs._bytes_as_they_read(base.conj())
+    assert not reference_graphs._bytes_as_they_read(base.conj().imag)  # a negative view
+    assert not reference_graphs._bytes_as_they_read(torch.ones(3).as_subclass(Wrapped))
+    assert reference_graphs._bytes_as_they_read(torch.ones(3))
+    graph = Graph(("op",))
+    for n in range(3):  # made, then copied into twice
+        value = (base + n).conj()
+        held = reference_graphs.copy_into(graph, "inputs", {"x": value})["x"]
+        assert torch.equal(held.resolve_conj(), value.resolve_conj()), n

@@ -6,6 +6,7 @@ outputs, tolerance and metric). Each module is imported under the provider trust
 (replay/code.py): a snapshot names the code, the user trusts it."""
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any, Callable
 
@@ -28,15 +29,22 @@ def declare_again(code: KernelCode, record: CallRecord, where: str) -> Op:
 
 def _resolve(code: KernelCode, path: str, where: str) -> Callable[..., Any]:
     """The function at 'module:qualname', its module imported if trusted (UntrustedProviderError if
-    not), and defined there under that name: a path through the module's imports or attributes
-    (`pkg.mod:os.system`) names nothing the user trusted."""
+    not), and defined there under that name. The path is walked through the module's and its
+    classes' own dictionaries, never through getattr (a module's `__getattr__` could import what
+    nobody trusted), and reaches no further: not a module it imported, nor a class or function
+    defined elsewhere (`pkg.mod:os.system`, `pkg.mod:numpy.f2py.x` name nothing)."""
     module, _, qualname = path.partition(":")
     code.import_provider(module, where)
     found: Any = sys.modules.get(module)
     for part in qualname.split("."):
-        found = getattr(found, part, None) if not part.startswith("__") else None
-    if not (callable(found) and getattr(found, "__module__", None) == module
-            and getattr(found, "__qualname__", None) == qualname):
+        scope = found
+        found = vars(scope).get(part) if (scope is sys.modules.get(module) or inspect.isclass(scope)) \
+            and not part.startswith("__") else None
+        if isinstance(found, staticmethod):
+            found = found.__func__
+        if found is None or getattr(found, "__module__", None) != module:
+            break
+    if not (inspect.isfunction(found) and found.__module__ == module and found.__qualname__ == qualname):
         raise NotInCode(f"{where}: no function '{path}' (defined in that module), which the call's op was "
                         "declared with, is in this code")
     return found

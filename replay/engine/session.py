@@ -291,7 +291,7 @@ def op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: Re
     if record.provider:
         code.import_provider(record.provider, where)
     try:
-        return get_op(record.op)
+        found = get_op(record.op)
     except RegistryError as exc:
         if record.provider and record.declared is not None:  # a function replay.verify checked: declared here
             try:
@@ -301,6 +301,10 @@ def op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: Re
         if record.provider:
             raise CannotMake(f"op '{record.op}' is not declared by provider '{record.provider}' in this code") from None
         raise RegistryError(f"{where}: {exc} (no provider recorded)") from None
+    if record.declared is not None and found.provider != record.provider:  # a namesake, not the call's op
+        raise CannotMake(f"op '{record.op}' is declared here by '{found.provider}', the call's by "
+                         f"'{record.provider}'")
+    return found
 
 
 def _golden_record(golden: Snapshot, index: int, record: CallRecord) -> CallRecord:

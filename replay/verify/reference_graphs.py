@@ -98,7 +98,7 @@ def copy_into(graph: Graph, part: str, values: dict[str, torch.Tensor]) -> dict[
     (gather_copy.FixedCopies), else torch's multi-tensor copy."""
     statics = graph.inputs if part == "inputs" else graph.after
     copies, targets, sources = {}, [], []
-    contiguous = True
+    contiguous = True  # every value's bytes in one run, as its static holds them (_bytes_as_they_read)
     for name, value in values.items():
         held = statics.get(name)
         if held is None:
@@ -109,7 +109,7 @@ def copy_into(graph: Graph, part: str, values: dict[str, torch.Tensor]) -> dict[
         else:
             targets.append(held)
             sources.append(value.detach() if value.requires_grad else value)
-            contiguous = contiguous and value.is_contiguous()
+            contiguous = contiguous and _bytes_as_they_read(value)
         copies[name] = held
     if not targets:
         return copies
@@ -124,13 +124,20 @@ def copy_into(graph: Graph, part: str, values: dict[str, torch.Tensor]) -> dict[
 def _copy_plan(graph: Graph, names: tuple[str, ...], targets: list[torch.Tensor]) -> gather_copy.FixedCopies | None:
     """The table of copies into `targets`, the statics `names` (a part, then its tensors' names)
     holds (a static, once made, is the graph's for good), made at first use; None where a static
-    is not contiguous (its bytes are not one run)."""
+    is not one run of bytes as read, or they are not all on one device."""
     if names not in graph.copy_plans:
-        dense = all(target.is_contiguous() for target in targets)
+        device = targets[0].device
+        dense = all(_bytes_as_they_read(target) and target.device == device for target in targets)
         graph.copy_plans[names] = gather_copy.FixedCopies(
             [(target.data_ptr(), target.numel() * target.element_size()) for target in targets],
-            targets[0].device) if dense else None
+            device) if dense else None
     return graph.copy_plans[names]
+
+
+def _bytes_as_they_read(t: torch.Tensor) -> bool:
+    """Whether `t`'s values are its bytes, in one run from its address: a plain tensor (a wrapper
+    subclass's address is none of its data), contiguous, with no lazy conjugation or negation."""
+    return type(t) is torch.Tensor and t.is_contiguous() and not t.is_conj() and not t.is_neg()
 
 
 class ReferenceGraphs:

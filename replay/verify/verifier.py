@@ -94,16 +94,19 @@ class Mismatch:
     mismatches: int = 0  # elements outside the tolerance (NaN or infinity against a number among them)
     numel: int = 0
     first: str = ""  # 'first at [1, 3]: nan vs 1.0'
+    problem: str = ""  # what makes the output incomparable (its shape, its type)
+    metric: str = ""  # 'nmse 3.2e-05 (bound 1e-06)', where the op's metric decided
 
     def line(self) -> str:
         what = f"rows {row_ranges(self.rows)} of '{self.output}' differ" if self.rows else f"'{self.output}' differs"
-        elements = f" in {self.mismatches}/{self.numel} elements" if self.numel else ""
-        first = f"{self.first}; " if self.first else ""
+        elements = f" in {self.mismatches}/{self.numel} elements" if self.mismatches and not self.problem else ""
+        details = [self.problem] if self.problem else \
+            [text for text in (self.first, self.metric) if text] + [f"max error {self.max_abs:.3g}"]
         saved = f"; snapshot {self.snapshot}" if self.snapshot else \
             f"; the snapshot could not be written: {self.unwritten}" if self.unwritten else \
             "; no snapshot (the limit per op is reached)"
         return (f"replay.verify: {self.op} ({self.variant}) call {self.call}: {what} from the reference{elements} "
-                f"({first}max error {self.max_abs:.3g}){saved}")
+                f"({'; '.join(details)}){saved}")
 
 
 @dataclass
@@ -188,6 +191,8 @@ class Verifier:
         # checks whose graph's verdict lands in host memory: read by the program's thread once their
         # event has passed (asked, never waited for), without a hand-over to the worker (_land)
         self._landed: collections.deque[_Check] = collections.deque()
+        # graphs of calls that raised after their copies were queued: given back once those have run
+        self._held_back: list[Graph] = []
         self._worker: threading.Thread | None = None
         self._cuda_streams: dict[int, Any] = {}  # per CUDA device: see _reference_stream_on
         self._policies: list[Policy] = []
@@ -319,7 +324,7 @@ class Verifier:
             policy.window -= 1  # two threads may take the last one: then it reads as closed
         else:
             return call(*args, **kwargs)
-        if self._landed:
+        if self._landed or self._held_back:
             self._read_landed_safely()
         if self._full():
             self.count("dropped")
@@ -376,9 +381,34 @@ class Verifier:
         except BaseException:  # the call raised (or an interrupt came): no check, and the graph is free again
             held = check.graph if check is not None else graph
             if held is not None:
-                self.graphs.release(held)
+                self._release_after_copies(held, device)
             raise
         return result
+
+    def _release_after_copies(self, graph: Graph, device: int | None) -> None:
+        """Give back the graph of a check that ended at its call: on a GPU once the copies queued
+        into its statics have run (an event, asked at later checks and drains), as the next check
+        of its kind rewrites the table those copies read (gather_copy.FixedCopies)."""
+        if device is None:
+            self.graphs.release(graph)
+            return
+        try:
+            copied, _ = _events(graph)
+            copied.record(cuda_streams.current(device))
+        except Exception:  # no event: the graph is forgotten, never reused (its tensors go with it)
+            graph.unfit = True
+            self.graphs.release(graph)
+            return
+        with self._lock:
+            self._held_back.append(graph)
+
+    def _give_back_held(self) -> None:
+        """Give back the held-back graphs whose copies have run (asked, never waited for)."""
+        with self._lock:
+            done = [graph for graph in self._held_back if graph.events is None or graph.events[0].query()]
+            self._held_back = [graph for graph in self._held_back if graph not in done]
+        for graph in done:
+            self.graphs.release(graph)
 
     def _graph_for(self, policy: Policy, arguments: dict[str, Any], device: int | None,
                    in_place: set[str]) -> Graph | None:
@@ -431,7 +461,14 @@ class Verifier:
     def _read_landed(self, deadline: float | None = None) -> None:
         """Finish the landed checks whose reference is done; with a `deadline` (a drain), wait for
         the others until then, else leave them (nothing here waits for the device). A verdict
-        that some output disagrees goes to the worker, which compares in full and reports."""
+        that some output disagrees goes to the worker, which compares in full and reports. Graphs
+        held back (_release_after_copies) whose copies have run are given back first (a drain
+        waits for them too)."""
+        while self._held_back:
+            self._give_back_held()
+            if not self._held_back or deadline is None or time.monotonic() >= deadline:
+                break
+            time.sleep(0.001)
         while self._landed:
             with self._lock:
                 ready = [check for check in self._landed if _reference_done(check)]
@@ -595,7 +632,7 @@ class Verifier:
                 path, unwritten = None, f"{type(exc).__name__}: {exc}"
         mismatch = Mismatch(policy.op.name, check.spec.variant, check.number, output, comparison.bad_rows,
                             comparison.max_abs, path, unwritten, comparison.mismatches, comparison.numel,
-                            comparison.first_difference())
+                            comparison.first_difference(), comparison.problem or "", comparison.metric_value())
         if policy.on_mismatch is not None:
             policy.on_mismatch(mismatch)
         else:
