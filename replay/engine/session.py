@@ -293,7 +293,7 @@ def op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: Re
     try:
         found = get_op(record.op)
     except RegistryError as exc:
-        if record.provider and record.declared is not None:  # a function replay.verify checked: declared here
+        if record.provider and record.declared is not None:  # declared where it was decorated: again, here
             try:
                 return declared.declare_again(code, record, where)
             except declared.NotInCode as missing:
