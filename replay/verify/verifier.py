@@ -378,7 +378,7 @@ class Verifier:
                 self._land(check)  # queued last: from here its reader gives the graph back
             else:
                 self._submit(check)
-        except BaseException:  # the call raised (or an interrupt came): no check, and the graph is free again
+        except BaseException:  # the call raised (or an interrupt came): no check, and the graph goes back
             held = check.graph if check is not None else graph
             if held is not None:
                 self._release_after_copies(held, device)
