@@ -339,8 +339,8 @@ def capture(op_name: str, variant: str = "default", *, state: Iterable[str] = ()
                                 f"outputs={found.outputs}; capture of '{fn.__qualname__}' asks for "
                                 f"state={state}, mutates={mutates}, outputs={outputs}")
         path = import_path(fn)
-        if found.declared is not None and path is not None:
-            found.declared["variants"][variant] = path
+        if found.declared is not None and path is not None:  # a new dict: a writer may be reading the last
+            found.declared = {**found.declared, "variants": {**found.declared["variants"], variant: path}}
         return found.variant(variant, backends=backends)(fn)
     return register
 
