@@ -14,8 +14,10 @@ from typing import Any, Callable, Iterator
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 import replay
+from replay.cli import main
 from replay.code import KernelCode
 from replay.engine import declared
 from replay.engine.session import CannotMake, ReplayOptions, op_for
@@ -184,3 +186,18 @@ def test_a_function_captured_in_its_own_module_records_no_declaration() -> None:
         return x * 2
 
     assert replay.registry.get_op("declared_here_doubled").declared is None
+
+
+def test_an_op_of_the_recording_script_is_named_as_such_not_as_an_untrusted_module(tmp_path: Path) -> None:
+    """`__main__` at replay is replay's own: trusting it could never make the call, so the answer
+    says where the op must live instead (exit 2)."""
+    def tripled(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    tripled.__module__ = "__main__"  # as a function of `python prog.py` is
+    captured = replay.capture("declared_in_script_tripled")(tripled)
+    with replay.recording(tmp_path / "s"):
+        captured(torch.ones(3))
+    result = CliRunner().invoke(main, ["run", str(tmp_path / "s"), "--code", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert "declared in the script that recorded it (__main__), which no replay can import" in result.output
