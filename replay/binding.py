@@ -1,9 +1,9 @@
 """A call's arguments by name, as `Signature.bind` and `apply_defaults` give them, at what a
 recorded or checked call can afford: those two cost ~10-14 us a call on an H200 host, a
-verifier's check's largest step after its copies. A signature whose parameters are all named (no `*args`, `**kwargs` or
-positional-only ones) binds a call that passes them positionally and by name here, with a dict
-and a loop; any other signature or call (a missing argument, a name it does not take: an error
-to say) goes to `Signature.bind`.
+verifier's check's largest step after its copies. A signature whose parameters are all named
+(no `*args`, `**kwargs` or positional-only ones) binds a call that passes them positionally and
+by name here, with a dict and a loop; any other signature or call (a missing argument, a name it
+does not take: an error to say) goes to `Signature.bind`.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Iterable
 
-from replay.errors import ProviderImportError, RegistryError, UntrustedProviderError
+from replay.errors import ProviderImportError, RegistryError
 from replay.registry import Op, all_ops, get_op
 from replay.trust import ProviderTrust
 
@@ -47,11 +47,6 @@ class KernelCode:
         unless it is trusted, ProviderImportError (exit 125: this code cannot be tested) if it fails."""
         if module in self.loaded:
             return
-        if module == "__main__":  # the recording program's own script: importing it here would find replay's
-            raise UntrustedProviderError(
-                f"{where}: its op was declared in the script that recorded it (__main__), which no replay can "
-                "import: declare it in a module of its own, whose recordings replay with --code DIR or --provider "
-                "MODULE")
         self.trust.check(module, where)
         self._import(module)
 

@@ -281,10 +281,11 @@ def import_path(fn: Callable[..., Any]) -> str | None:
     return path if _IMPORT_PATH.fullmatch(path) else None
 
 
-def declaration(state: Iterable[str] = (), mutates: Iterable[str] = (), outputs: Iterable[str] = (),
-                tolerance: Tolerance | None = None, metric: str | None = None) -> dict[str, Any]:
-    """An Op's `declared`, its variants still to be added."""
-    return {"variants": {}, "state": list(state), "mutates": list(mutates), "outputs": list(outputs),
+def declaration(variants: Mapping[str, str], state: Iterable[str] = (), mutates: Iterable[str] = (),
+                outputs: Iterable[str] = (), tolerance: Tolerance | None = None,
+                metric: str | None = None) -> dict[str, Any]:
+    """An Op's `declared`: `variants` by name to their import_path, and what the op declares."""
+    return {"variants": dict(variants), "state": list(state), "mutates": list(mutates), "outputs": list(outputs),
             "tolerance": None if tolerance is None else {"rtol": tolerance.rtol, "atol": tolerance.atol},
             "metric": metric}
 
@@ -333,7 +334,7 @@ def capture(op_name: str, variant: str = "default", *, state: Iterable[str] = ()
         if found is None:
             found = op(op_name, state=state, mutates=mutates, outputs=outputs, provider=fn.__module__)
             if _caller_module(1) != fn.__module__:  # decorated elsewhere: its calls say where fn lives
-                found.declared = declaration(state, mutates, outputs)
+                found.declared = declaration({}, state, mutates, outputs)
         elif (state, mutates, outputs) != (found.state, found.mutates, found.outputs) and (state or mutates or outputs):
             raise RegistryError(f"op '{op_name}' is declared with state={found.state}, mutates={found.mutates}, "
                                 f"outputs={found.outputs}; capture of '{fn.__qualname__}' asks for "

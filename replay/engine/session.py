@@ -280,6 +280,10 @@ def op_for(code: KernelCode, record: CallRecord, snapshot: Snapshot, options: Re
     """The op of a recorded call, its provider imported first (a recorded Triton launch: the op
     that launches its kernel again); CannotMake where this code cannot make the call."""
     where = f"{snapshot.path}: call {record.index}"
+    if record.provider == "__main__":  # importing it here would find replay's own script, never the program's
+        raise CannotMake(f"{'kernel' if record.triton is not None else 'op'} {record.op}: defined in the recorded "
+                         "program's own script, which replay does not run; move it into a module the script "
+                         "imports, and record again")
     if record.triton is not None or record.torch_op is not None:
         try:
             if record.triton is not None:

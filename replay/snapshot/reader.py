@@ -67,7 +67,7 @@ class CallRecord:
     triton: dict[str, Any] | None = None  # a recorded Triton launch: grid, options, config (docs/FORMAT.md)
     torch_op: dict[str, Any] | None = None  # a recorded PyTorch operator call: its typed and list arguments
     collective: dict[str, Any] | None = None  # a recorded torch.distributed collective: kind, group, rank
-    declared: dict[str, Any] | None = None  # a function replay.verify gave a reference: how to declare its op
+    declared: dict[str, Any] | None = None  # an op declared where it was decorated: how to declare it again
 
     def role(self, role: str) -> dict[str, torch.Tensor]:
         """Tensors of one role ('in', 'out', 'state', 'tag'), by name, in recorded order."""

@@ -56,9 +56,6 @@ def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Toleranc
     `recorded_source` (given only when the user trusts it: --trust-recorded-source)."""
     launch = record.triton or {}
     module, qualname = record.provider or "", str(launch.get("qualname", ""))
-    if module == "__main__":
-        raise KernelNotFound(f"kernel {record.op}: defined in the recorded program's own script, which replay does "
-                             "not run; move the kernel into a module the script imports, and record again")
     options = _checked_options(launch.get("options", {}), where)
     if launch.get("generated"):
         found = _recorded_module(module, launch, where, recorded_source)

@@ -94,10 +94,10 @@ def _declare(fn: Callable[..., Any], reference: Callable[..., Any], rtol: float 
         log.warning(f"replay.verify: {fn.__qualname__} is defined in the script being run (__main__): its mismatch "
                     "snapshots replay once it lives in a module that `replay run --provider MODULE` can import")
     declared = declare_op(name, tolerance=tolerance, provider=fn.__module__, metric=metric)
-    paths = import_path(fn), import_path(reference)
-    if None not in paths:  # a replay can declare it again, reference included (_declare's docstring)
-        declared.declared = declaration(tolerance=tolerance, metric=metric)
-        declared.declared["variants"].update({"default": paths[0], REFERENCE: paths[1]})
+    function, reference_path = import_path(fn), import_path(reference)
+    if function is not None and reference_path is not None:  # a replay can declare it again, reference included
+        declared.declared = declaration({"default": function, REFERENCE: reference_path}, tolerance=tolerance,
+                                        metric=metric)
     declared.variant("default")(fn)
     declared.reference(reference)
     return declared

@@ -93,9 +93,10 @@ def copy_into(graph: Graph, part: str, values: dict[str, torch.Tensor]) -> dict[
     """Each of `values` copied into the graph's static tensor of that name in `part` ("inputs" or
     "after": the outputs), on the current stream, in one launch for them all; a static is made
     like a clone the first time. Where one does not fit (an output of another shape for the same
-    inputs), that value is cloned and the graph is unfit for this check. Where every value and
-    static is contiguous, the launch is a copy of bytes through the part's table of rows
-    (gather_copy.FixedCopies), else torch's multi-tensor copy."""
+    inputs), that value is cloned and the graph is unfit for this check. Where every value's and
+    static's bytes are its values in one run (_bytes_as_they_read), on one device, the launch is a
+    copy of bytes through the part's table of rows (gather_copy.FixedCopies), else torch's
+    multi-tensor copy."""
     statics = graph.inputs if part == "inputs" else graph.after
     copies, targets, sources = {}, [], []
     contiguous = True  # every value's bytes in one run, as its static holds them (_bytes_as_they_read)
