@@ -53,9 +53,9 @@ from replay.verify import reference_graphs
 from replay.verify.verifier import VERIFIER, WINDOW, Policy
 
 # (label, how verification is set for an op): None off; a float the sampling rate (gate on, within
-# its time budget: outliers=True); (rate, gate on or off, or the share of calls it reads[, "eager": each check's reference run
-# operator by operator, as the verifier did until 2026-11-27, not replayed as its kind's CUDA
-# graph]); a str a floor hook
+# its time budget: outliers=True); (rate, gate on or off, or the share of calls it reads[, "eager":
+# each check's reference run operator by operator, as the verifier did until 2026-11-27, not
+# replayed as its kind's CUDA graph]); a str a floor hook
 MODES: tuple[tuple[str, object], ...] = (
     ("off", None), ("floor: every call through a hook", "hook"),
     ("floor: the hook waits for the GPU", "sync"), ("the hook runs the reference after every call", "reference"),
