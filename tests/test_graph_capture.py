@@ -506,3 +506,59 @@ def test_a_host_tensor_of_a_captured_call_is_copied_at_the_capture_not_by_the_gr
         assert torch.equal(record.tensors["in/factor"], factor)
         assert torch.equal(record.tensors["out/out"], (values * 3).cpu())
     assert torch.equal(out, fed[-1] * 3)
+
+
+def _two_layers_twin(rec: Recording, cache: torch.Tensor, nodes: list[int | None], rows: tuple[int, int],
+                     monkeypatch: pytest.MonkeyPatch) -> graphs.Tape:
+    """The CPU twin of capturing two layers that each write a row of a cache the graph found
+    (`scale_(cache[rows[0]], 2.0)`, then `scale_(cache[rows[1]], 3.0)`), with work the recording
+    does not see between them where the graph's node count (`nodes[0]`, None: unknown) moves."""
+    monkeypatch.setattr(graphs, "_default_pool_ranges", lambda: [(cache.data_ptr(), cache.data_ptr() + cache.nbytes)])
+    capture = graphs.Capture(nodes=lambda: nodes[0])
+    monkeypatch.setattr(graphs._local, "capture", capture, raising=False)
+    scale_(cache[rows[0]], 2.0)
+    if nodes[0] is not None and len(nodes) > 1:
+        nodes[0] += 1  # an unrecorded kernel
+    scale_(cache[rows[1]], 3.0)
+    monkeypatch.setattr(graphs._local, "capture", None)
+    capture.finish()
+    capture.filled()
+    return capture.tape
+
+
+@pytest.mark.parametrize("case, rows, nodes, launches", [
+    ("the second layer's copy joins the first's launch", (0, 1), [0], 2),
+    ("an unrecorded kernel between them: a launch each", (0, 1), [0, "moves"], 3),
+    ("the same row written twice: a launch each", (0, 0), [0], 3),
+    ("nodes not counted: a launch each", (0, 1), [None], 3),
+])
+def test_a_copy_before_a_write_joins_the_last_launch_only_where_its_bytes_are_the_same_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, rows: tuple[int, int], nodes: list,
+        launches: int) -> None:
+    """Copies before writes of memory the graph found: the second layer's joins the first layer's
+    launch (one launch fewer a replay) where nothing but recorded calls went into the graph since
+    and none wrote its bytes; and each call records its row as it was at the call either way."""
+    cache = torch.zeros(2, 8)
+    with replay.recording(tmp_path / "snap") as rec:
+        tape = _two_layers_twin(rec, cache, nodes, rows, monkeypatch)
+        assert len(tape.copies) == launches, case
+        fed = [torch.randn(2, 8, generator=torch.Generator().manual_seed(n)) for n in range(2)]
+        for values in fed:  # a replay: the copies where the graph holds them, the calls' writes between
+            cache.copy_(values)
+            graphs.run_copy(tape, tape.copies[0])
+            cache[rows[0]].mul_(2.0)
+            if launches == 3:
+                graphs.run_copy(tape, tape.copies[1])
+            cache[rows[1]].mul_(3.0)
+            graphs.run_copy(tape, tape.copies[-1])
+            rec.record_replay(tape)
+    records = list(Snapshot(tmp_path / "snap"))
+    assert [r.op for r in records] == ["graph_scale_"] * 4
+    for replayed, values in enumerate(fed):
+        first, second = records[2 * replayed:2 * replayed + 2]
+        before = values.clone()
+        assert torch.equal(first.tensors["in/y"], before[rows[0]]), case
+        before[rows[0]] *= 2.0
+        assert torch.equal(first.tensors["out/y"], before[rows[0]]), case
+        assert torch.equal(second.tensors["in/y"], before[rows[1]]), case
+        assert torch.equal(second.tensors["out/y"], 3.0 * before[rows[1]]), case

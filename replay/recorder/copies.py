@@ -183,6 +183,10 @@ def _no_bytes(dtype: torch.dtype) -> torch.Tensor:
     return empty
 
 
+def _nothing_to_wait_for() -> None:
+    """What a copier that made no copy waits for."""
+
+
 def piece_batch(device: torch.device, pool: PinnedPool, buffers: DeviceBuffers = UNKEPT) -> PieceBatch:
     """A batch of tracked stores on `device`, its table and checksums in host memory the device
     reaches in place (the pool's pinned buffers on a GPU, plain tensors for Triton's interpreter),
@@ -396,6 +400,8 @@ class Copier:
     def mark(self) -> Callable[[], None]:
         """After the last copy of a call, as it goes to the writers (or is dropped): a function that
         waits until every copy has landed."""
+        if not (self._batches or self._devices or self._staged or self._before):
+            return _nothing_to_wait_for  # no copy made (a flight recording's replay held on the device)
         try:
             with contextlib.suppress(Exception):  # never the program's error: the stores' checksums carry it
                 self.flush()

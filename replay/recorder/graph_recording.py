@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 import torch
 
-from replay.recorder import graphs, staging
+from replay.recorder import cuda_streams, graphs, staging
 from replay.recorder.footprint import Footprint, StorageIds
 from replay.recorder.copies import BlobRef, Copier, HostCopy
 from replay.recorder.pipeline import PendingBatch, PendingCall
@@ -100,6 +100,7 @@ class GraphRecording:
             self.report(str(exc), stop=False)
             capture.before_write(mutated)
             result = fn(*args, **kwargs)
+            capture.call_ended(mutated + _returned_tensors(result))
             staging.mark_written(spec, arguments)
             return result
         capture.before_write(mutated)
@@ -107,6 +108,7 @@ class GraphRecording:
         with collecting(self.tag_level, arguments, copy_tags=False,
                         written=frozenset(t.untyped_storage().data_ptr() for t in mutated)) as sink:
             result = fn(*args, **kwargs)
+        capture.call_ended(mutated + _returned_tensors(result))
         moved = sink.tags_moved()
         if moved:
             self.report(f"op '{spec.op}' (in CUDA graph {capture.tape.graph_id}): tag(s) {', '.join(moved)} "
@@ -143,7 +145,7 @@ class GraphRecording:
         host: list[HostCopy] = []
         on_device = self._device_ring(tape)  # the replay's bytes stay in its graph's device ring
         if on_device is not None and on_device.memory.is_cuda:
-            tape.stream = torch.cuda.current_stream(on_device.memory.device)  # where a dump reads the ring
+            tape.stream = cuda_streams.current(on_device.memory.device)  # where a dump reads the ring
         try:
             for slab, used in zip(tape.slabs, tape.used) if on_device is None else ():
                 host.append(copier.copy(slab[:used]))
@@ -202,7 +204,7 @@ class GraphRecording:
         """The blobs of the tape's weights, in tape order: a weight whose version has not moved
         since the last replay keeps its blob (a check, not a lookup); inference tensors have no
         version: taken at every replay, stored once by content."""
-        versions = [None if s.tensor.is_inference() else s.tensor._version for s in tape.weights]
+        versions = tape.weight_versions()
         # before the first replay every weight is taken (its last version None: none matches, and an
         # inference tensor's None is taken anyway), so the list returned holds no None
         unset = cast("list[BlobRef]", [None] * len(versions))
@@ -236,6 +238,12 @@ class GraphRecording:
                     copy.chunked = s.persistent and copy.nbytes >= max(self.options.chunk_threshold, 1)
             calls.append(call)
         return calls
+
+
+def _returned_tensors(result: Any) -> list[torch.Tensor]:
+    """The tensors a call returned (itself, or in a tuple, list or dict)."""
+    values = result.values() if isinstance(result, dict) else result if isinstance(result, (tuple, list)) else (result,)
+    return [value for value in values if isinstance(value, torch.Tensor)]
 
 
 def _note_weights_written(spec: staging.CallSpec, capture: graphs.Capture, bound: dict[str, Any]) -> None:
