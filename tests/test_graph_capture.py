@@ -562,3 +562,46 @@ def test_a_copy_before_a_write_joins_the_last_launch_only_where_its_bytes_are_th
         assert torch.equal(first.tensors["out/y"], before[rows[0]]), case
         assert torch.equal(second.tensors["in/y"], before[rows[1]]), case
         assert torch.equal(second.tensors["out/y"], 3.0 * before[rows[1]]), case
+
+
+@replay.capture("graph_add_into_", mutates=("a", "b"))
+def add_into_(a: torch.Tensor, b: torch.Tensor) -> None:
+    a.add_(1.0)
+    b.add_(a)
+
+
+def test_a_call_whose_writes_only_partly_may_join_gets_a_launch_for_the_rest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second call writes the row the first wrote (its copy cannot join the first launch) and
+    another (whose copy can): one launch each call, the second holding only what could not join,
+    and every call records its rows as they were at the call."""
+    cache = torch.zeros(2, 8)
+    monkeypatch.setattr(graphs, "_default_pool_ranges", lambda: [(cache.data_ptr(), cache.data_ptr() + cache.nbytes)])
+    with replay.recording(tmp_path / "snap") as rec:
+        capture = graphs.Capture(nodes=lambda: 0)
+        monkeypatch.setattr(graphs._local, "capture", capture, raising=False)
+        scale_(cache[0], 2.0)
+        add_into_(cache[1], cache[0])
+        monkeypatch.setattr(graphs._local, "capture", None)
+        capture.finish()
+        capture.filled()
+        tape = capture.tape
+        assert len(tape.copies) == 3 and [len(launch.rows) for launch in tape.copies[:2]] == [2, 1]
+        fed = [torch.randn(2, 8, generator=torch.Generator().manual_seed(n)) for n in range(2)]
+        for values in fed:
+            cache.copy_(values)
+            graphs.run_copy(tape, tape.copies[0])
+            cache[0].mul_(2.0)
+            graphs.run_copy(tape, tape.copies[1])
+            cache[1].add_(1.0)
+            cache[0].add_(cache[1])
+            graphs.run_copy(tape, tape.copies[2])
+            rec.record_replay(tape)
+    records = list(Snapshot(tmp_path / "snap"))
+    for replayed, values in enumerate(fed):
+        scaled, added = records[2 * replayed:2 * replayed + 2]
+        assert (scaled.op, added.op) == ("graph_scale_", "graph_add_into_")
+        assert torch.equal(added.tensors["in/a"], values[1]) and torch.equal(added.tensors["in/b"], 2.0 * values[0])
+        assert torch.equal(added.tensors["out/a"], values[1] + 1.0)
+        assert torch.equal(added.tensors["out/b"], 2.0 * values[0] + (values[1] + 1.0))
+        assert torch.equal(scaled.tensors["out/y"], 2.0 * values[0])
