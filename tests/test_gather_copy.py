@@ -4,7 +4,6 @@ and a launch that turns the ring moves the counter on once however many programs
 on the device; here in Triton's interpreter."""
 from __future__ import annotations
 
-import pytest
 import torch
 
 from replay.recorder import gather_copy
@@ -67,28 +66,3 @@ def test_fixed_copies_read_each_launchs_own_sources(device: str) -> None:
         copies.launch([s.data_ptr() for s in sources])
         for source, destination in zip(sources, destinations):
             assert torch.equal(source, destination)
-
-
-def test_a_launch_finds_its_table_through_table_at_and_loops_over_more_rows_than_programs(
-        device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a graph's joinable copy launch does: its grid is fixed when it is captured, its table
-    is set (and grows) after; two programs copy every row, into the destination and the ring slot
-    the counter names, without turning it."""
-    for interpreted in ((True, False) if device == "cpu" else (True,)):
-        if not interpreted:
-            monkeypatch.setenv("TRITON_INTERPRET", "0")  # the host twin of the kernel (a GPU machine's CPU tests)
-        source, into, ring, copies = _copies(device)
-        table = _table(source, into, ring, copies)
-        counter = gather_copy.new_counter(torch.device(device))
-        counter[0] = 4  # turn 4 of a 3-slot ring: slot 1
-        table_at = gather_copy.new_table_at(torch.device(device))
-        gather_copy.set_table_at(table_at, table[:1])  # the rows known at the capture: the first copy's
-        gather_copy.launch_table_at(table_at, counter, 3, 2)
-        assert torch.equal(into[:64], source[:64]) and int(into[64:].count_nonzero()) == 0
-        gather_copy.set_table_at(table_at, table)  # the rows joined after it
-        gather_copy.launch_table_at(table_at, counter, 3, 2)
-        for at, to, n in copies:
-            assert torch.equal(into[to:to + n], source[at:at + n]), (interpreted, at)
-            assert torch.equal(ring[1, to:to + n], source[at:at + n]), (interpreted, at)
-        assert counter.tolist() == [4, 0] and int(ring[0].count_nonzero()) == int(ring[2].count_nonzero()) == 0
-        monkeypatch.undo()

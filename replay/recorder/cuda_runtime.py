@@ -22,8 +22,6 @@ import torch
 _DEVICE_TO_HOST, _DEVICE_TO_DEVICE = 2, 3  # cudaMemcpyKind
 HOST_TWINS: tuple[str, ...] = ()  # device types served by HostRuntime (tests add "cpu")
 _DISABLE_TIMING = 2  # cudaEventDisableTiming: an event only waited for records no time
-_CAPTURE_ACTIVE = 1  # cudaStreamCaptureStatusActive
-_CAPTURE_INFO = ("cudaStreamGetCaptureInfo_v3", "cudaStreamGetCaptureInfo_v2", "cudaStreamGetCaptureInfo")
 
 
 class Runtime:
@@ -76,25 +74,6 @@ class Runtime:
     def event(self, stream: int) -> Event:
         """An event recorded on `stream` now."""
         return Event(self, stream)
-
-    def captured_nodes(self, stream: int) -> int | None:
-        """How many nodes the graph being captured on `stream` holds so far (None: no capture
-        under way there, or this runtime cannot say)."""
-        # The call's parameters after the graph's changed between versions (12: dependencies and
-        # their count; 12.3's _v3 and 13's plain name: edge data between them): all three are
-        # passed as NULL, which each version takes as "not asked", and a version with one fewer
-        # ignores the last. 11's plain call has no graph out-parameter: it reads as unset (None).
-        info = next((getattr(self.keeping, name) for name in _CAPTURE_INFO if hasattr(self.keeping, name)), None)
-        if info is None:
-            return None
-        status, graph, nodes = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_size_t()
-        code = info(ctypes.c_void_p(stream), ctypes.byref(status), None, ctypes.byref(graph), None, None, None)
-        if code == 0 and status.value == _CAPTURE_ACTIVE and graph.value:
-            code = self.keeping.cudaGraphGetNodes(graph, None, ctypes.byref(nodes))
-            if code == 0:
-                return nodes.value
-        self.keeping.cudaGetLastError()  # nothing to blame a later torch operator for
-        return None
 
 
 class Event:

@@ -14,9 +14,7 @@ replay: the graph alone keeps the ring turning.
 
 Tables are filled before a launch reads them; inside a capture the launch reads the table only at
 replay, so a capture fills them once it has ended (a copy into them made while capturing would
-be captured too). A launch that later copies may join (graphs.py) cannot know its rows when it
-is captured, where its grid is fixed: it reads [rows, the table's address] from a small tensor
-set after the capture, and each program copies every num_programs-th row. On the CPU (tests) the kernel runs in Triton's interpreter; tensors on the CPU
+be captured too). On the CPU (tests) the kernel runs in Triton's interpreter; tensors on the CPU
 with the interpreter off (a GPU machine's CPU twins) are copied by `copy_rows_on_host`, the same
 rows read by Python.
 """
@@ -77,17 +75,6 @@ def _gather_copy_kernel(rows_ptr, counter_ptr, slots, BLOCK: tl.constexpr, ADVAN
             tl.store(counter_ptr + 1, 0)
 
 
-@triton.jit
-def _gather_copy_rows_at_kernel(table_at_ptr, counter_ptr, slots, BLOCK: tl.constexpr):
-    """The rows of a table the launch finds through `table_at_ptr` ([rows, table address]): a grid
-    fixed at the capture, each program copying every num_programs-th row."""
-    turn = tl.load(counter_ptr)
-    count = tl.load(table_at_ptr)
-    table = tl.load(table_at_ptr + 1).to(tl.pointer_type(tl.int64))
-    for row in range(tl.program_id(0), count, tl.num_programs(0)):
-        _copy_row(table + row * 5, turn, slots, BLOCK)
-
-
 def rows(source: int, destination: int, nbytes: int, ring: int = 0, stride: int = 0) -> list[list[int]]:
     """The table rows of one copy of `nbytes` (addresses as integers; 0: no such destination)."""
     return [[source + at, destination + at if destination else 0, min(BLOCK_BYTES, nbytes - at),
@@ -107,9 +94,6 @@ def warm(device: torch.device) -> None:
     table = torch.tensor([[counter.data_ptr(), 0, 0, 0, 0]], dtype=torch.int64, device=device)
     for advance in (False, True):
         launch(table, counter, 1, advance)
-    table_at = new_table_at(device)
-    set_table_at(table_at, table)
-    launch_table_at(table_at, counter, 1, 1)
 
 
 def launch(table: torch.Tensor, counter: torch.Tensor, slots: int, advance: bool) -> None:
@@ -121,35 +105,6 @@ def launch(table: torch.Tensor, counter: torch.Tensor, slots: int, advance: bool
     with recorder_kernel():  # the recorder's own launch: no call of the program
         _gather_copy_kernel[(table.shape[0],)](table, counter, slots, BLOCK=BLOCK_BYTES, ADVANCE=advance,
                                                num_warps=WARPS)
-
-
-def new_table_at(device: torch.device) -> torch.Tensor:
-    """Where a launch of `launch_table_at` finds its table: [rows, the table's address], int64,
-    both 0 (no rows) until `set_table_at` gives it one; made without a kernel (inside a capture,
-    not a node of the graph)."""
-    return torch.empty(2, dtype=torch.int64, device=device)
-
-
-def set_table_at(table_at: torch.Tensor, table: torch.Tensor) -> None:
-    """Point `table_at` at `table` ([n, COLUMNS] int64 on its device, kept alive by the caller)."""
-    table_at.copy_(torch.tensor([table.shape[0], table.data_ptr()], dtype=torch.int64))
-
-
-def launch_table_at(table_at: torch.Tensor, counter: torch.Tensor, slots: int, programs: int) -> None:
-    """Copy the rows of the table `table_at` points to, on the current stream, in `programs`
-    programs whatever the rows: a graph fixes a launch's grid when it is captured, and its table
-    may be filled (and grow) after."""
-    if table_at.device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        count, address = (int(v) for v in table_at.tolist())
-        if count:
-            import ctypes
-
-            words = (ctypes.c_int64 * (count * COLUMNS)).from_address(address)
-            table = torch.frombuffer(words, dtype=torch.int64).view(count, COLUMNS)
-            copy_rows_on_host(table, counter, slots, advance=False)
-        return
-    with recorder_kernel():  # the recorder's own launch: no call of the program
-        _gather_copy_rows_at_kernel[(programs,)](table_at, counter, slots, BLOCK=BLOCK_BYTES, num_warps=WARPS)
 
 
 def copy_rows_on_host(table: torch.Tensor, counter: torch.Tensor, slots: int, advance: bool) -> None:

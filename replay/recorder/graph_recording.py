@@ -100,7 +100,6 @@ class GraphRecording:
             self.report(str(exc), stop=False)
             capture.before_write(mutated)
             result = fn(*args, **kwargs)
-            capture.call_ended(mutated + _returned_tensors(result))
             staging.mark_written(spec, arguments)
             return result
         capture.before_write(mutated)
@@ -108,7 +107,6 @@ class GraphRecording:
         with collecting(self.tag_level, arguments, copy_tags=False,
                         written=frozenset(t.untyped_storage().data_ptr() for t in mutated)) as sink:
             result = fn(*args, **kwargs)
-        capture.call_ended(mutated + _returned_tensors(result))
         moved = sink.tags_moved()
         if moved:
             self.report(f"op '{spec.op}' (in CUDA graph {capture.tape.graph_id}): tag(s) {', '.join(moved)} "
@@ -238,12 +236,6 @@ class GraphRecording:
                     copy.chunked = s.persistent and copy.nbytes >= max(self.options.chunk_threshold, 1)
             calls.append(call)
         return calls
-
-
-def _returned_tensors(result: Any) -> list[torch.Tensor]:
-    """The tensors a call returned (itself, or in a tuple, list or dict)."""
-    values = result.values() if isinstance(result, dict) else result if isinstance(result, (tuple, list)) else (result,)
-    return [value for value in values if isinstance(value, torch.Tensor)]
 
 
 def _note_weights_written(spec: staging.CallSpec, capture: graphs.Capture, bound: dict[str, Any]) -> None:

@@ -32,11 +32,11 @@ import itertools
 import operator
 import threading
 import weakref
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from replay.recorder import cuda_runtime, gather_copy, staging
+from replay.recorder import gather_copy, staging
 from replay.snapshot.tensors import Geometry, storage_span
 
 _tapes: "weakref.WeakKeyDictionary[Any, Tape]" = weakref.WeakKeyDictionary()
@@ -73,9 +73,6 @@ class CapturedCall:
 SLAB_BYTES = 1 << 20  # the first slab of a device; a span this large has one of its own
 MAX_SLAB_BYTES = 64 << 20
 _VERSION = operator.attrgetter("_version")
-# programs of a launch that later copies join (gather_copy.launch_table_at), fixed at its capture:
-# each copies every JOINABLE_PROGRAMS-th row (8 KiB), a pass over 2 MiB
-JOINABLE_PROGRAMS = 256
 _ALIGN = 16  # staging spans start on this many bytes, so any dtype can view them
 
 
@@ -160,14 +157,9 @@ class Tape:
 
 @dataclasses.dataclass
 class CopyLaunch:
-    """One of a graph's copy launches: its table of rows, and whether it turns the ring; or, for a
-    launch other copies may join after it is captured, where it finds its table (`table_at`,
-    gather_copy.launch_table_at), the rows that will fill it, and its fixed grid."""
+    """One of a graph's copy launches: its table of rows, and whether it turns the ring."""
     table: torch.Tensor
     advance: bool = False
-    table_at: torch.Tensor | None = None
-    rows: list[list[int]] = dataclasses.field(default_factory=list)
-    programs: int = 0
 
 
 @dataclasses.dataclass
@@ -217,7 +209,7 @@ class DeviceRing:
         return (turns - 1 - behind) % self.slots if 0 <= behind < min(turns, self.slots) else None
 
 
-@dataclasses.dataclass(eq=False)  # one copy is not another whose fields are equal (and tensors have no truth)
+@dataclasses.dataclass
 class _Deferred:
     """A staging copy not yet made: `span` of `tensor` (at `version`) into `staging`."""
     staging: torch.Tensor
@@ -225,17 +217,6 @@ class _Deferred:
     tensor: torch.Tensor  # whose storage a write names, and whose version is read at the end
     version: int
     what: str
-    # the joinable launch open when it was staged, where its tensor is memory the graph found
-    after: _Joinable | None = None
-
-
-@dataclasses.dataclass
-class _Joinable:
-    """The capture's last copy launch before a write, which later copies of memory the graph found
-    may join (they then run there, not in a launch of their own), while everything put into the
-    graph since is a recorded call whose writes are known: `written`, their byte ranges."""
-    launch: CopyLaunch
-    written: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
 
 class Capture:
@@ -243,7 +224,7 @@ class Capture:
     and the staging copies it has put off.
 
     A staged tensor keeps its value until something writes it, so its staging copy is put off:
-    made just before a captured call that declares it writes its bytes (`before_write`), or
+    made just before a captured call that declares it writes that storage (`before_write`), or
     with every other one left, in one batched copy at the end of the graph (`finish`). The graph
     then holds a few copies, not one a tensor. The same view of the same storage at the same
     version is staged once (an output read by the next call). What a capture stages is held until
@@ -251,24 +232,12 @@ class Capture:
     version, and one found at the end is reported (its calls hold the value at the end of the
     graph). A kernel writing a tensor its op does not declare in `mutates` goes unseen, as it does
     for weights. Inference tensors have no version: they are copied at once; so are tensors on
-    another device than the graph's (at the capture: the graph does not refresh them).
-
-    A copy before a write of memory the graph found (made before the capture: a KV cache that
-    each layer's call writes) joins the last such launch instead of making its own, when nothing
-    but recorded calls went into the graph since that launch (the graph's nodes counted, `nodes`)
-    and none of them wrote its bytes (byte ranges, not storages: one layer's slice of a cache is
-    not another's): its bytes are then at that launch what they are at its call. Each launch is
-    a node of the graph and costs a replay 1-2 us whatever it copies (docs/PERFORMANCE.md); a
-    model's layers each writing a cache made a launch a layer. Where the nodes cannot be counted,
-    no copy joins."""
+    another device than the graph's (at the capture: the graph does not refresh them)."""
 
     _ids = itertools.count(1)
 
-    def __init__(self, device: torch.device = torch.device("cpu"), ring: RingPlan | None = None,
-                 nodes: Callable[[], int | None] | None = None) -> None:
-        """Made before the capture begins (what it allocates and launches here is not captured).
-        `nodes`: how many nodes the graph holds so far (None: unknown), the capture's own count
-        where not given."""
+    def __init__(self, device: torch.device = torch.device("cpu"), ring: RingPlan | None = None) -> None:
+        """Made before the capture begins (what it allocates and launches here is not captured)."""
         self.tape = Tape(next(Capture._ids))
         self.written: set[int] = set()  # storage addresses a captured call of this graph writes
         self._outside = _default_pool_ranges()
@@ -280,9 +249,6 @@ class Capture:
         self._device = device
         self._counter = self.tape.counter = gather_copy.new_counter(device)
         self._unfilled: list[tuple[torch.Tensor, torch.Tensor]] = []  # (table, its rows): filled at the end
-        self._nodes = nodes if nodes is not None else functools.partial(_captured_nodes, device)
-        self._joinable: _Joinable | None = None
-        self._known_nodes: int | None = None  # the graph's nodes after the recording's last own work in it
         if device.type == "cuda":
             gather_copy.warm(device)  # compiled now: a capture that compiles it would capture the loading
 
@@ -301,8 +267,7 @@ class Capture:
         staged, span = self.tape.reserve(tensor)
         self._staged[ident] = self._rooms[(staged.slab, staged.offset)] = staged
         self._held.append(t)
-        self._deferred.append(_Deferred(staged.tensor, span, t, t._version, f"op '{op}' {tensor.what}",
-                                        self._joinable if self._joinable is not None and self.outside(t) else None))
+        self._deferred.append(_Deferred(staged.tensor, span, t, t._version, f"op '{op}' {tensor.what}"))
         return staged
 
     def outside(self, t: torch.Tensor) -> bool:
@@ -312,36 +277,15 @@ class Capture:
         return i >= 0 and self._outside[i][0] <= address < self._outside[i][1]
 
     def before_write(self, tensors: list[torch.Tensor]) -> None:
-        """A captured call is about to write `tensors`: make the copies put off of the bytes they span,
-        in the joinable launch where they may (the class docstring), else in one launch now,
-        which later copies may join. The call runs next; call_ended() follows it."""
-        if self._joinable is not None and self._nodes() != self._known_nodes:
-            self._joinable = None  # something the recording did not see went into the graph since
-        writes = [_tensor_range(t) for t in tensors]
+        """A captured call is about to write `tensors`: make the copies put off of their storage."""
+        addresses = {t.untyped_storage().data_ptr() for t in tensors}
         now: list[_Deferred] = []
         later: list[_Deferred] = []
         for deferred in self._deferred:
-            (now if _overlaps(_span_range(deferred.span), writes) else later).append(deferred)
+            (now if deferred.tensor.untyped_storage().data_ptr() in addresses else later).append(deferred)
         self._deferred = later
-        joinable = self._joinable
-        joining = [d for d in now if joinable is not None and d.after is joinable
-                   and not _overlaps(_span_range(d.span), joinable.written)]
-        if joinable is not None:
-            joinable.launch.rows += [row for d in joining for row in _rows(d.span, d.staging)]
-        alone = [d for d in now if d not in joining]  # by identity (eq=False)
-        if alone:
-            rows = [row for d in alone for row in _rows(d.span, d.staging)]
-            launch = self._launch_joinable(rows)
-            if launch is None:
-                self._launch(rows, advance=False)
-        self._known_nodes = self._nodes()
-
-    def call_ended(self, written: list[torch.Tensor]) -> None:
-        """The captured call announced by before_write() has been issued; it wrote `written` (the
-        tensors it mutates and those it returned)."""
-        if self._joinable is not None:
-            self._joinable.written += [_tensor_range(t) for t in written]
-        self._known_nodes = self._nodes()
+        if now:
+            self._launch([row for d in now for row in _rows(d.span, d.staging)], advance=False)
 
     def finish(self) -> None:
         """At the end of the graph (still capturing): make every copy left, in one launch; in a
@@ -375,11 +319,6 @@ class Capture:
         for table, rows in self._unfilled:
             table.copy_(rows)
         self._unfilled = []
-        self._joinable = None
-        for launch in self.tape.copies:
-            if launch.table_at is not None:  # its rows are all known now
-                launch.table = torch.tensor(launch.rows, dtype=torch.int64).to(self._device)
-                gather_copy.set_table_at(launch.table_at, launch.table)
         if self._device.type != "cuda":  # a capture runs nothing; here the launches ran and turned it
             self._counter.zero_()
 
@@ -407,55 +346,10 @@ class Capture:
         self.tape.copies.append(launch)
 
 
-    def _launch_joinable(self, rows: list[list[int]]) -> CopyLaunch | None:
-        """A launch of `rows` that later copies may join (None: the graph's nodes cannot be
-        counted, so none may): its grid fixed now, its table set once the capture has ended."""
-        if self._nodes() is None:
-            return None
-        table_at = gather_copy.new_table_at(self._device)  # no kernel: not a node of the graph
-        launch = CopyLaunch(torch.tensor(rows, dtype=torch.int64), table_at=table_at, rows=rows,
-                            programs=max(len(rows), JOINABLE_PROGRAMS if self._device.type == "cuda" else 1))
-        if self._device.type != "cuda":  # the host twin runs it now, on the rows known so far
-            gather_copy.set_table_at(table_at, launch.table)
-        run_copy(self.tape, launch)
-        self.tape.copies.append(launch)
-        self._joinable = _Joinable(launch)
-        return launch
-
-
 def run_copy(tape: Tape, launch: CopyLaunch) -> None:
     """One of the tape's copy launches, as the graph makes it at each replay."""
     assert tape.counter is not None
-    slots = tape.ring.slots if tape.ring is not None else 1
-    if launch.table_at is not None:
-        gather_copy.launch_table_at(launch.table_at, tape.counter, slots, launch.programs)
-    else:
-        gather_copy.launch(launch.table, tape.counter, slots, launch.advance)
-
-
-def _captured_nodes(device: torch.device) -> int | None:
-    """The nodes of the graph being captured on `device`'s current stream (None: unknown)."""
-    runtime = cuda_runtime.on_current_device(device) if device.type == "cuda" else None
-    if not isinstance(runtime, cuda_runtime.Runtime):
-        return None
-    return runtime.captured_nodes(runtime.current_stream(device.index))
-
-
-def _tensor_range(t: torch.Tensor) -> tuple[int, int]:
-    """The bytes `t`'s elements span (its first to its last, whatever lies between)."""
-    if t.numel() == 0:
-        return 0, 0
-    extent = 1 + sum((n - 1) * stride for n, stride in zip(t.shape, t.stride()))
-    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
-
-
-def _span_range(span: torch.Tensor) -> tuple[int, int]:
-    return span.data_ptr(), span.data_ptr() + span.numel() * span.element_size()
-
-
-def _overlaps(bytes_range: tuple[int, int], ranges: list[tuple[int, int]]) -> bool:
-    start, end = bytes_range
-    return start < end and any(start < other_end and other_start < end for other_start, other_end in ranges)
+    gather_copy.launch(launch.table, tape.counter, tape.ring.slots if tape.ring is not None else 1, launch.advance)
 
 
 def _rows(source: torch.Tensor, staging: torch.Tensor | None, ring: int = 0, stride: int = 0) -> list[list[int]]:
