@@ -29,7 +29,6 @@ import bisect
 import dataclasses
 import functools
 import itertools
-import operator
 import threading
 import weakref
 from typing import Any
@@ -72,7 +71,6 @@ class CapturedCall:
 
 SLAB_BYTES = 1 << 20  # the first slab of a device; a span this large has one of its own
 MAX_SLAB_BYTES = 64 << 20
-_VERSION = operator.attrgetter("_version")
 _ALIGN = 16  # staging spans start on this many bytes, so any dtype can view them
 
 
@@ -106,8 +104,6 @@ class Tape:
     def weight_versions(self) -> list[int | None]:
         """Each weight's version now, in tape order (None: an inference tensor's, which has none)."""
         tensors, inference = self._weight_tensors
-        if not any(inference):
-            return list(map(_VERSION, tensors))
         return [None if is_inference else t._version for t, is_inference in zip(tensors, inference)]
 
     @functools.cached_property
