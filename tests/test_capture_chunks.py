@@ -50,7 +50,7 @@ def test_written_state_reads_back_exactly_from_chunks_in_packs(tmp_path: Path) -
         total = update(view, 2.0)
         flip(flags)
     first, second = Snapshot(tmp_path / "snap")
-    assert version(tmp_path / "snap") == 5 and len(list((tmp_path / "snap" / "packs").iterdir())) == 4
+    assert version(tmp_path / "snap") == 6 and len(list((tmp_path / "snap" / "packs").iterdir())) == 4
     before, after = first.tensors["in/state"], first.tensors["out/state"]
     assert (before.shape, before.stride(), before.storage_offset(), before.dtype) == \
         (view.shape, view.stride(), view.storage_offset(), torch.bfloat16)
@@ -91,6 +91,7 @@ def test_a_decode_loop_over_a_64_mib_cache_writes_the_pages_it_changed(tmp_path:
 def hostile_chunked_call(path: Path, pieces: int, piece_bytes: int) -> Path:
     """A snapshot whose one call lists the same piece `pieces` times."""
     from replay.snapshot import SnapshotWriter
+    from replay.snapshot.chunk_lists import ChunkList
     from replay.snapshot.tensors import Geometry
 
     writer = SnapshotWriter(path)
@@ -101,7 +102,7 @@ def hostile_chunked_call(path: Path, pieces: int, piece_bytes: int) -> Path:
     writer.write_call(writer.reserve_index(), {"op": "x", "variant": "v", "provider": None,
                                                "args": [{"name": "x", "tensor": "in/x"}], "returns_json": {},
                                                "launch": [], "meta": {}},
-                      {}, {"in/x": Geometry("uint8", (numel,), (1,), 0)}, {}, {"in/x": listed})
+                      {}, {"in/x": Geometry("uint8", (numel,), (1,), 0)}, {}, {"in/x": ChunkList(listed)})
     writer.close()
     return path
 

@@ -47,7 +47,7 @@ def test_a_tensors_new_pieces_are_one_file_and_read_back_exactly(tmp_path: Path)
     calls = list(Snapshot(snap))
     for call, before, after in zip(calls, seen, seen[1:]):
         assert torch.equal(call.tensors["in/state"], before) and torch.equal(call.tensors["out/state"], after)
-    assert json.loads((snap / "manifest.json").read_text())["format_version"] == 5
+    assert json.loads((snap / "manifest.json").read_text())["format_version"] == 6
 
 
 def test_pieces_another_call_stored_are_not_packed_again(tmp_path: Path) -> None:

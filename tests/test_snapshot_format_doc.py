@@ -19,10 +19,11 @@ FORMAT_MD = (Path(__file__).parents[1] / "docs" / "FORMAT.md").read_text()
 
 def example_producer() -> dict:
     """Run the worked example's code blocks (version 1, the chunked call of version 2, the segment
-    of version 4, the output buffer of version 5) and return their namespace."""
+    of version 4, the output buffer of version 5, the edited chunk list of version 6) and return
+    their namespace."""
     namespace: dict = {}
     for defines in ("def write_minimal_snapshot", "def add_chunked_call", "def write_segment_snapshot",
-                    "def write_output_buffer_snapshot"):
+                    "def write_output_buffer_snapshot", "def write_edited_list_snapshot"):
         (code,) = [block for block in re.findall(r"```python\n(.*?)```", FORMAT_MD, re.S) if defines in block]
         exec(compile(code, "docs/FORMAT.md", "exec"), namespace)
     return namespace
@@ -44,6 +45,16 @@ def test_the_documented_segment_of_version_4_reads_back_and_replays(tmp_path: Pa
     assert snapshot.manifest["format_version"] == 4 and len({e.file for e in snapshot.entries}) == 1
     assert [(r.index, r.tensors["in/x"].tolist(), r.tensors["out/out"].tolist()) for r in snapshot] == \
         [(0, [1.0, 2.0], [2.0, 4.0]), (1, [3.0, 4.0], [6.0, 8.0])]
+    assert CliRunner().invoke(main, ["show", str(tmp_path / "example")]).exit_code == 0
+
+
+def test_the_documented_edited_chunk_list_of_version_6_reads_back(tmp_path: Path) -> None:
+    example_producer()["write_edited_list_snapshot"](tmp_path / "example")
+    snapshot = Snapshot(tmp_path / "example")
+    call = snapshot.load(0)
+    assert snapshot.manifest["format_version"] == 6
+    assert call.tensors["in/cache"].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert call.tensors["out/cache"].tolist() == [1.0, 2.0, 5.0, 6.0]
     assert CliRunner().invoke(main, ["show", str(tmp_path / "example")]).exit_code == 0
 
 

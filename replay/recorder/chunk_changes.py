@@ -49,6 +49,7 @@ from replay.recorder.device_buffers import DeviceBuffers, nothing
 from replay.recorder.latch import Latch
 from replay.recorder.piece_batch import PieceBatch, Place, sums_kernel
 from replay.snapshot import hashing
+from replay.snapshot.chunk_lists import ChunkList
 from replay.snapshot.tensors import Geometry, geometry_of
 from replay.snapshot.writer import CHUNK_BYTES
 
@@ -96,7 +97,7 @@ class KnownContent:
     threads: a store's use takes a lock; the others are one dict operation each."""
     pieces: Checksums = field(default_factory=dict)
     blobs: dict[tuple[bytes, str], str] = field(default_factory=dict)
-    _stores: OrderedDict[bytes, tuple[list[str], str]] = field(default_factory=OrderedDict)
+    _stores: OrderedDict[bytes, tuple[list[str], ChunkList]] = field(default_factory=OrderedDict)
     _store_pieces: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -105,7 +106,7 @@ class KnownContent:
             self.pieces.clear()
         self.pieces.update(named)
 
-    def store(self, key: bytes) -> tuple[list[str], str] | None:
+    def store(self, key: bytes) -> tuple[list[str], ChunkList] | None:
         """The piece digests and chunk list of a store with content key `key`, if one was stored."""
         with self._lock:
             found = self._stores.get(key)
@@ -113,7 +114,7 @@ class KnownContent:
                 self._stores.move_to_end(key)
             return found
 
-    def remember_store(self, key: bytes, digests: list[str], chunk_list: str) -> None:
+    def remember_store(self, key: bytes, digests: list[str], chunk_list: ChunkList) -> None:
         with self._lock:
             if key in self._stores:
                 self._stores.move_to_end(key)
@@ -146,7 +147,7 @@ class PieceHistory:
     nbytes: int = 0  # the tensor's bytes (the last piece of `staged` is padded)
     cloned: bool = False  # `staged` holds every piece, copied before its call: the checksums read that copy
     digests: list[str] | None = None
-    chunk_list: str | None = None  # the digest of the list of `digests`, as stored
+    chunk_list: ChunkList | None = None  # the list of `digests`, as stored
     _done: Latch = field(default_factory=Latch)
     _let_go: Callable[[int], None] = lambda nbytes: None  # gives the staged bytes back to the budget
     # gives the staged buffer back for reuse (DeviceBuffers): held by the _Hold alone, which lets go of it
@@ -179,7 +180,7 @@ class PieceHistory:
             return None
         return [None if changed else digest for digest, changed in zip(before, self.changed.tolist())]
 
-    def stored_before(self) -> tuple[list[str], str] | None:
+    def stored_before(self) -> tuple[list[str], ChunkList] | None:
         """Where no piece changed since the store before, its digests and chunk list (waiting for
         its writer), which are this store's too; else, where the recording stored these very bytes
         before (every checksum alike), that store's. A decode step's cache as the step before left
@@ -294,9 +295,10 @@ class PieceHistory:
         """The writer is done with this store and did not write it (its call failed or was dropped)."""
         return self._done.is_set() and self.digests is None
 
-    def hashed(self, digests: list[str] | None, chunk_list: str | None = None, new: list[int] | None = None) -> None:
+    def hashed(self, digests: list[str] | None, chunk_list: ChunkList | None = None,
+               new: list[int] | None = None) -> None:
         """The writer is done with this store (`digests` None: it failed, or never wrote it; else
-        `chunk_list` is the digest of their list as stored); the pieces it hashed (`new`, by
+        `chunk_list` is their list as stored); the pieces it hashed (`new`, by
         number; None: every changed one) are known by their checksums from now on, and the whole
         store by its content key."""
         self._release_staged()

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from replay.recorder.copies import BlobRef, HostCopy, PinnedPool
 from replay.recorder.repeats import Repeats, Site
 from replay.snapshot import SnapshotWriter
+from replay.snapshot.chunk_lists import ChunkList
 from replay.snapshot.tensors import Geometry
 from replay.snapshot.writer import CallPart, cut_bytes, host_bytes
 
@@ -398,7 +399,7 @@ class CallWriter:
 
     def _call_part(self, call: PendingCall) -> CallPart:
         """A call's blobs and chunks written (its copies have landed), the rest made ready for a segment."""
-        chunks: dict[str, str] = {}
+        chunks: dict[str, ChunkList] = {}
         try:
             blobs = {key: ref.resolve(self.writer, self.release, self.pool) for key, (ref, _) in call.blobs.items()}
             for key, copy in call.copies.items():
@@ -419,17 +420,20 @@ class CallWriter:
                                      {key: c.span for key, c in call.copies.items() if not c.chunked},
                                      geometries, blobs, chunks, {key: made for key, (_, made) in call.befores.items()})
 
-    def _put_chunks(self, copy: HostCopy, site: Site) -> str:
+    def _put_chunks(self, copy: HostCopy, site: Site) -> ChunkList:
         """Store a chunked copy's pieces, hashing only those changed since its memory's last store
         (those alone come over from the device where they wait there), none where the recording
-        stored the same bytes before; the digest of its list. An untracked copy's pieces alike the
-        last untracked store of its `site` are not hashed either (repeats.py)."""
+        stored the same bytes before; its list, as edits of the last whole list of its `site` where
+        few pieces changed. An untracked copy's pieces alike the last untracked store of its
+        `site` are not hashed either (repeats.py)."""
+        # one lineage for the tensor before and after its call: a list it left as it was is the same blob
+        lineage = (site[0], site[1].partition("/")[2])
         history = copy.pieces
         if history is None:
             raw = host_bytes(copy.span)
-            digest, digests = self.writer.put_pieces(cut_bytes(raw), self._repeats.known(site, raw))
+            listed, digests = self.writer.put_pieces(cut_bytes(raw), self._repeats.known(site, raw), lineage)
             self._repeats.keep(site, copy, raw, digests)
-            return digest
+            return listed
         same = history.stored_before()
         if same is not None:
             history.hashed(*same, new=[])  # nothing comes over: its staged pieces are let go
@@ -443,12 +447,12 @@ class CallWriter:
             for n, first in alike.items():
                 pieces[n] = pieces[first]
         try:
-            digest, digests = self.writer.put_pieces(pieces, known)
+            listed, digests = self.writer.put_pieces(pieces, known, lineage)
         finally:
             if buffer is not None:
                 self.pool.give(buffer)
-        history.hashed(digests, digest, new=[n for n, seen in enumerate(known) if seen is None])
-        return digest
+        history.hashed(digests, listed, new=[n for n, seen in enumerate(known) if seen is None])
+        return listed
 
     def discard(self, pending: Pending, landed: bool = False) -> None:
         """Give back the buffers of a call (or replay) written or never to be, once its copies landed."""

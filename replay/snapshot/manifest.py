@@ -7,11 +7,12 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-FORMAT_VERSION = 5  # the newest this tool reads, and what it writes
+FORMAT_VERSION = 6  # the newest this tool reads, and what it writes
 # Version 1: a file a call. Version 2: large tensors in chunks, each chunk a file of its own.
 # Version 3: a tensor's new chunks packed into one file. Version 4: many calls to a file (segments).
 # Version 5: an output buffer before the call as the elements the call left unchanged (unwritten.py).
-PACKED_VERSION, SEGMENTED_VERSION, UNWRITTEN_VERSION = 3, 4, 5
+# Version 6: a chunk list as the edits of an earlier whole list (chunk_lists.py).
+PACKED_VERSION, SEGMENTED_VERSION, UNWRITTEN_VERSION, EDITED_LISTS_VERSION = 3, 4, 5, 6
 
 
 def git_state(directory: Path) -> dict[str, Any] | None:

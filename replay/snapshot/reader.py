@@ -16,12 +16,13 @@ from replay.snapshot import callfile, jsonargs, schema, unwritten
 from replay.snapshot.budget import CallBudget, read_limit_from_env
 from replay.snapshot.confined import ConfinedDir, one_line
 from replay.snapshot.files import sha256_bytes
-from replay.snapshot.manifest import FORMAT_VERSION, PACKED_VERSION, UNWRITTEN_VERSION
+from replay.snapshot.manifest import EDITED_LISTS_VERSION, FORMAT_VERSION, PACKED_VERSION, UNWRITTEN_VERSION
 from replay.snapshot.packs import PackIndex, read_pack_index, read_piece
 from replay.snapshot.segments import SegmentReader
 from replay.snapshot.tensors import DTYPES, Geometry, rebuild
 from replay.snapshot.piece_packs import pack_relpath
-from replay.snapshot.writer import INDEX, MANIFEST, PACKED_ROW, RANK_DIR, blob_relpath, source_relpath
+from replay.snapshot.chunk_lists import ROW as PACKED_ROW, apply_edits
+from replay.snapshot.writer import INDEX, MANIFEST, RANK_DIR, blob_relpath, source_relpath
 
 MAX_MANIFEST_BYTES = 16 << 20
 MAX_INDEX_BYTES = 1 << 30
@@ -247,6 +248,8 @@ class Snapshot:
         if width == PACKED_ROW and self.manifest["format_version"] < PACKED_VERSION:
             raise SnapshotError(f"{path}: tensor {key!r}: its chunk list names packs, which format version "
                                 f"{self.manifest['format_version']} has not")
+        if "chunk_edits" in geo:
+            rows = self._edited(path, key, geo["chunk_edits"], rows, width, budget)
         listed: list[tuple[str, int | None]] = [
             (rows[at:at + 32].hex(), struct.unpack("<I", rows[at + 32:at + width])[0] if width > 32 else None)
             for at in range(0, len(rows), width)]
@@ -270,6 +273,19 @@ class Snapshot:
             raise SnapshotError(f"{path}: tensor {key!r}: its chunks hold {joined.numel()} bytes, not a whole "
                                 f"number of {geo['dtype']} values")
         return joined.view(DTYPES[geo["dtype"]])
+
+    def _edited(self, path: Path, key: str, digest: str, rows: bytes, width: int, budget: CallBudget) -> bytes:
+        """A whole chunk list's `rows` with the edits of blob `digest` applied (format 6)."""
+        if self.manifest["format_version"] < EDITED_LISTS_VERSION:
+            raise SnapshotError(f"{path}: tensor {key!r}: its chunk list is edited (\"chunk_edits\"), which format "
+                                f"version {self.manifest['format_version']} has not")
+        if width != PACKED_ROW:
+            raise SnapshotError(f"{path}: tensor {key!r}: its edited chunk list is not a [pieces, {PACKED_ROW}] table")
+        edits = self._blob(digest, budget)
+        try:
+            return apply_edits(rows, edits.numpy())
+        except ValueError as exc:
+            raise SnapshotError(f"{path}: tensor {key!r}: its chunk edits (blob {digest[:12]}) {exc}") from None
 
     def _before(self, path: Path, key: str, geo: dict[str, Any], stored: dict[str, torch.Tensor],
                 budget: CallBudget) -> torch.Tensor:
@@ -439,6 +455,8 @@ def _check_header(path: Path, header: dict[str, Any]) -> None:
             raise SnapshotError(f"{path}: tensor key {key!r} has no role ({', '.join(callfile.KEY_ROLES)})")
         if "blob" in geo and "chunks" in geo:
             raise SnapshotError(f"{path}: tensor {key!r} names both a blob and chunks")
+        if "chunk_edits" in geo and "chunks" not in geo:
+            raise SnapshotError(f"{path}: tensor {key!r} names chunk edits but no chunk list they edit")
     _check_befores(path, header)
 
 

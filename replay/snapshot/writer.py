@@ -11,12 +11,14 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
+import numpy as np
 import torch
 
 from replay.errors import SnapshotError
-from replay.snapshot import callfile, hashing, schema
+from replay.snapshot import callfile, chunk_lists, hashing, schema
+from replay.snapshot.chunk_lists import ChunkList
 from replay.snapshot.files import create_exclusive, fsync_paths, sha256_parts, write_atomic
 from replay.snapshot.manifest import git_state, new_manifest
 from replay.snapshot.piece_packs import PACKS_DIR, PiecePacks
@@ -31,7 +33,6 @@ BLOBS_DIR = "blobs"
 SOURCES_DIR = "sources"
 DURABILITY = ("close", "call")
 CHUNK_BYTES = 64 * 1024  # a large tensor is stored in pieces of this many bytes (formats 2 and 3)
-PACKED_ROW = 36  # a format-3 chunk list's row: the piece's sha256 and the number of its pack (uint32, LE)
 HASH_WHILE_WRITING_BYTES = 16 << 20  # blobs this large are hashed on a thread of their own as they are written
 SEGMENT_HASH_WHILE_WRITING_BYTES = 1 << 20  # and segments this large (a thread costs more than a smaller hash)
 
@@ -134,6 +135,8 @@ class SnapshotWriter:
         self.unsaved_errors: OSError | None = None  # why, after close(), the manifest still does not
         self._known_blobs: set[str] = set()
         self._packs = PiecePacks(self.path, self._write)
+        # a lineage's last whole chunk list (its digest and rows), which its next stores may edit
+        self._list_bases: dict[Hashable, tuple[str, np.ndarray]] = {}
         self._segments = 0  # segments written
         # the git state is read on a thread of its own and written into the manifest once known:
         # two `git` runs would cost every recording a few milliseconds before its first call
@@ -234,22 +237,34 @@ class SnapshotWriter:
             self._write(target, [data])
         return digest
 
-    def put_chunks(self, span: torch.Tensor) -> tuple[str, list[str]]:
+    def put_chunks(self, span: torch.Tensor) -> tuple[ChunkList, list[str]]:
         """Store a tensor span as CHUNK_BYTES pieces of its bytes, each named by its content: the
         pieces no call stored before go into one pack file (format 3), and the list of every
-        piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return the list's
-        digest and the pieces'. A piece or a list another call already stored costs nothing, nor
-        does hashing a piece of zeros."""
+        piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return how the
+        call names the list, and the pieces' digests. A piece or a list another call already
+        stored costs nothing, nor does hashing a piece of zeros."""
         raw = host_bytes(span)
         return self.put_pieces(cut_bytes(raw), hashing.known_zeros(raw, CHUNK_BYTES))
 
-    def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> tuple[str, list[str]]:
+    def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None,
+                   lineage: Hashable | None = None) -> tuple[ChunkList, list[str]]:
         """put_chunks for a span already cut into pieces (uint8 arrays); a piece whose digest
         `known` gives (the same bytes were stored before) is not hashed again, and may be None: a
-        store of it wrote those bytes already."""
+        store of it wrote those bytes already. Stores of one `lineage` (a tensor of an op) name
+        their list as edits of the lineage's last whole list where few rows changed (format 6,
+        chunk_lists.py)."""
         digests, rows = self._packs.store(pieces, known)
-        table = torch.frombuffer(bytearray(rows), dtype=torch.uint8)
-        return self.put_blob(table.view(len(digests), PACKED_ROW)), digests
+        table = np.frombuffer(bytearray(rows), dtype=np.uint8).reshape(len(digests), chunk_lists.ROW)
+        with self._lock:
+            base = self._list_bases.get(lineage) if lineage is not None else None
+        edits = chunk_lists.edits_between(base[1], table) if base is not None else None
+        if base is not None and edits is not None:
+            return ChunkList(base[0], self.put_blob(torch.from_numpy(edits)) if len(edits) else None), digests
+        whole = self.put_blob(torch.from_numpy(table))
+        if lineage is not None:  # a base once its blob is whole: a call naming it may be indexed before this one
+            with self._lock:
+                self._list_bases[lineage] = (whole, table)
+        return ChunkList(whole), digests
 
     def _write(self, target: Path, data: Sequence[Any]) -> None:
         write_atomic(target, data, sync=self._sync)
@@ -263,7 +278,7 @@ class SnapshotWriter:
 
     def write_call(self, index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
                    geometries: dict[str, Geometry], blobs: dict[str, str],
-                   chunks: dict[str, str] | None = None) -> Path:
+                   chunks: dict[str, ChunkList] | None = None) -> Path:
         """Write call `index` as a segment of its own and index it; the segment's path."""
         (line,) = self.write_segment([self.call_part(index, header, spans, geometries, blobs, chunks)])
         self.add_to_index(line)
@@ -284,20 +299,21 @@ class SnapshotWriter:
     @staticmethod
     def call_part(index: int, header: dict[str, Any], spans: dict[str, torch.Tensor],
                   geometries: dict[str, Geometry], blobs: dict[str, str],
-                  chunks: dict[str, str] | None = None, befores: dict[str, dict[str, str]] | None = None) -> CallPart:
+                  chunks: dict[str, ChunkList] | None = None,
+                  befores: dict[str, dict[str, str]] | None = None) -> CallPart:
         """Call `index` made ready for a segment: `spans` holds the tensors stored in the segment;
-        `blobs` maps keys to blob digests, `chunks` to the digests of their chunk lists (put_chunks),
+        `blobs` maps keys to blob digests, `chunks` to their chunk lists (put_chunks),
         and `befores` an output buffer's key before the call to what it is made from (its key
         after, and its mask of unchanged elements: replay/snapshot/unwritten.py)."""
         chunks, befores = chunks or {}, befores or {}
         header = dict(header, index=index, tensors={
             key: dict(g.to_json(), **({"blob": blobs[key]} if key in blobs else {}),
-                      **({"chunks": chunks[key]} if key in chunks else {}),
+                      **(chunks[key].to_json() if key in chunks else {}),
                       **({"before": befores[key]} if key in befores else {}))
             for key, g in geometries.items()
         })
         return CallPart(index, header["op"], header["variant"], json.dumps(header, allow_nan=False), spans,
-                        sorted({*blobs.values(), *chunks.values()}))
+                        sorted({*blobs.values(), *(digest for listed in chunks.values() for digest in listed.digests())}))
 
     def write_segment(self, parts: Sequence[CallPart]) -> list[dict[str, Any]]:
         """Write one segment holding `parts` and return their index lines, for add_to_index: a call

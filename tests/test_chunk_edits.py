@@ -1,0 +1,180 @@
+"""Format 6: a store of a chunked tensor that changed a few pieces names the last whole list of
+its tensor and the rows that differ, not a whole list (36 bytes a piece) again; the reader puts
+the list back together and refuses edits that are not edits of it."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import replay
+from replay.errors import SnapshotError
+from replay.snapshot import Snapshot, chunk_lists
+from replay.snapshot.writer import CHUNK_BYTES
+
+PIECES = 256  # a 16 MiB cache: whole lists of 9 KB, edits of at most 22 rows
+ROW_FLOATS = CHUNK_BYTES // 4  # a position's row is one piece
+
+
+@replay.capture("edits_write_row", mutates=("cache",))
+def write_row(cache: torch.Tensor, row: torch.Tensor, position: int) -> None:
+    cache[position] = row
+
+
+def decode(path: Path, steps: int) -> list[torch.Tensor]:
+    """A decode loop writing one piece a step into a cache of PIECES pieces; the cache after each step."""
+    cache = torch.zeros(PIECES, ROW_FLOATS)
+    seen = []
+    with replay.recording(path, asynchronous=False):
+        for step in range(steps):
+            write_row(cache, torch.full((ROW_FLOATS,), float(step + 1)), step)
+            seen.append(cache.clone())
+    return seen
+
+
+def descriptions(path: Path) -> list[dict]:
+    """Each call's tensors as its segment describes them."""
+    from replay.snapshot import callfile
+
+    found = {}
+    for segment in sorted((path / "segments").iterdir()):
+        data = segment.read_bytes()
+        for name, text in callfile.read_metadata(data).items():
+            header = json.loads(text)
+            found[header["index"]] = header["tensors"]
+    return [found[index] for index in sorted(found)]
+
+
+def test_a_decode_loop_stores_edits_of_one_list_and_reads_every_step_back(tmp_path: Path) -> None:
+    steps = 30  # past most_edits(256) = 22 changed rows: the lineage takes a new whole list
+    seen = decode(tmp_path / "snap", steps)
+    calls = list(Snapshot(tmp_path / "snap"))
+    assert len(calls) == steps
+    for step, (call, after) in enumerate(zip(calls, seen)):
+        assert torch.equal(call.tensors["out/cache"], after), step
+        before = seen[step - 1] if step else torch.zeros_like(after)
+        assert torch.equal(call.tensors["in/cache"], before), step
+    described = descriptions(tmp_path / "snap")
+    ins, outs = [d["in/cache"] for d in described], [d["out/cache"] for d in described]
+    # the cache of zeros before the first step is the whole list; each step after edits it, until
+    # the 23rd changes 23 rows, past most_edits(256) = 22: a new whole list
+    assert "chunk_edits" not in ins[0]
+    assert all("chunk_edits" in out and out["chunks"] == ins[0]["chunks"] for out in outs[:22])
+    assert "chunk_edits" not in outs[22] and outs[22]["chunks"] != ins[0]["chunks"]
+    assert "chunk_edits" in outs[23] and outs[23]["chunks"] == outs[22]["chunks"]
+    # the cache before a step is the list after the step before: the same blobs, stored once
+    assert all(ins[step] == outs[step - 1] for step in range(1, steps))
+    manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
+    assert manifest["format_version"] == 6
+
+
+def test_the_lists_a_decode_step_stores_are_a_small_part_of_a_whole_list(tmp_path: Path) -> None:
+    steps = 16
+    decode(tmp_path / "snap", steps)
+    outs = [tensors["out/cache"] for tensors in descriptions(tmp_path / "snap")]
+    blobs = tmp_path / "snap" / "blobs"
+    edit_bytes = sum((blobs / f"{out['chunk_edits']}.safetensors").stat().st_size for out in outs)
+    whole = (blobs / f"{outs[0]['chunks']}.safetensors").stat().st_size
+    assert whole > PIECES * chunk_lists.ROW
+    # 16 steps' edits of 1..16 rows (40 bytes each, with a header a file) against 16 whole lists
+    assert edit_bytes < steps * whole / 8
+
+
+def edited(rows: np.ndarray, changes: dict[int, bytes]) -> np.ndarray:
+    out = rows.copy()
+    for number, row in changes.items():
+        out[number] = np.frombuffer(row, dtype=np.uint8)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(pieces=st.integers(1, 300), data=st.data())
+def test_edits_between_two_lists_take_one_to_the_other(pieces: int, data: st.DataObject) -> None:
+    rng = np.random.default_rng(pieces)
+    base = rng.integers(0, 256, size=(pieces, chunk_lists.ROW), dtype=np.uint8)
+    numbers = data.draw(st.sets(st.integers(0, pieces - 1), max_size=min(pieces, 40)))
+    rows = edited(base, {n: bytes(rng.integers(0, 256, chunk_lists.ROW, dtype=np.uint8)) for n in numbers})
+    changed = int((rows != base).any(axis=1).sum())
+    edits = chunk_lists.edits_between(base, rows)
+    if changed > chunk_lists.most_edits(pieces):
+        assert edits is None
+        return
+    assert edits is not None and len(edits) == changed
+    if changed:
+        assert chunk_lists.apply_edits(base.tobytes(), edits) == rows.tobytes()
+
+
+def test_another_length_is_a_whole_list() -> None:
+    base = np.zeros((8, chunk_lists.ROW), dtype=np.uint8)
+    assert chunk_lists.edits_between(base, np.zeros((9, chunk_lists.ROW), dtype=np.uint8)) is None
+
+
+@pytest.mark.parametrize("edits, says", [
+    (np.zeros((1, 36), dtype=np.uint8), "is not a [edits, 40] table"),
+    (np.zeros((0, 40), dtype=np.uint8), "is not a [edits, 40] table"),
+    (np.zeros((1, 40), dtype=np.int16), "is not a [edits, 40] table"),
+    (np.array([[9, 0, 0, 0] + [0] * 36], dtype=np.uint8), "of a list of 4 in increasing order"),
+    (np.array([[2, 0, 0, 0] + [0] * 36, [1, 0, 0, 0] + [0] * 36], dtype=np.uint8), "in increasing order"),
+    (np.array([[1, 0, 0, 0] + [0] * 36, [1, 0, 0, 0] + [0] * 36], dtype=np.uint8), "in increasing order"),
+])
+def test_edits_that_do_not_edit_the_list_are_refused(edits: np.ndarray, says: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        chunk_lists.apply_edits(bytes(4 * chunk_lists.ROW), edits)
+
+
+def written_with_edits(path: Path, edits: np.ndarray | None, *, version: int | None = None) -> Path:
+    """A snapshot of one call whose 4-piece input names a whole list and the edit list `edits`
+    (None: an edit list that changes its second piece), written by hand."""
+    from replay.snapshot import SnapshotWriter
+    from replay.snapshot.chunk_lists import ChunkList
+    from replay.snapshot.tensors import Geometry
+
+    writer = SnapshotWriter(path)
+    span = torch.arange(4 * CHUNK_BYTES, dtype=torch.uint8)
+    listed, _ = writer.put_chunks(span)
+    if edits is None:  # piece 1 as piece 0 is: the list's row 0 in row 1's place
+        edits = np.zeros((1, chunk_lists.EDIT_ROW), dtype=np.uint8)
+        edits[0, :4] = np.array([1], dtype="<u4").view(np.uint8)
+        rows = np.frombuffer((path / "blobs" / f"{listed.whole}.safetensors").read_bytes()[-4 * chunk_lists.ROW:],
+                             dtype=np.uint8).reshape(4, chunk_lists.ROW)
+        edits[0, 4:] = rows[0]
+    named = ChunkList(listed.whole, writer.put_blob(torch.from_numpy(edits)))
+    geometry = Geometry("uint8", (4 * CHUNK_BYTES,), (1,), 0)
+    writer.write_call(writer.reserve_index(), {"op": "x", "variant": "v", "provider": None, "returns_json": {},
+                                               "args": [{"name": "x", "tensor": "in/x"}], "launch": [], "meta": {}},
+                      {}, {"in/x": geometry}, {}, {"in/x": named})
+    writer.close()
+    if version is not None:
+        rewrite = path / "manifest.json"
+        rewrite.write_text(json.dumps(dict(json.loads(rewrite.read_text()), format_version=version)))
+    return path
+
+
+def test_a_list_with_its_edits_reads_back_edited(tmp_path: Path) -> None:
+    call = Snapshot(written_with_edits(tmp_path / "snap", None)).load(0)
+    expected = torch.arange(4 * CHUNK_BYTES, dtype=torch.uint8)
+    expected[CHUNK_BYTES:2 * CHUNK_BYTES] = expected[:CHUNK_BYTES]
+    assert torch.equal(call.tensors["in/x"], expected)
+
+
+def test_edits_in_a_snapshot_older_than_version_6_are_refused(tmp_path: Path) -> None:
+    snap = written_with_edits(tmp_path / "snap", None, version=5)
+    with pytest.raises(SnapshotError, match=r"tensor 'in/x': its chunk list is edited .* format version 5 has not"):
+        Snapshot(snap).load(0)
+
+
+def test_edits_of_another_list_are_named_with_the_tensor(tmp_path: Path) -> None:
+    stray = np.zeros((1, chunk_lists.EDIT_ROW), dtype=np.uint8)
+    stray[0, :4] = np.array([9], dtype="<u4").view(np.uint8)  # piece 9 of a 4-piece list
+    snap = written_with_edits(tmp_path / "snap", stray)
+    with pytest.raises(SnapshotError, match=r"tensor 'in/x': its chunk edits \(blob [0-9a-f]{12}\) do not name "
+                                            r"pieces of a list of 4"):
+        Snapshot(snap).load(0)
+    wide = written_with_edits(tmp_path / "wide", np.zeros((1, 44), dtype=np.uint8))
+    with pytest.raises(SnapshotError, match=r"its chunk edits .* is not a \[edits, 40\] table"):
+        Snapshot(wide).load(0)
