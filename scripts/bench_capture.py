@@ -12,11 +12,13 @@
     weights passed again at every step) and compares the bytes on disk with the bytes
     the recorded tensors would take stored inline in every call.
 (d) Records a decode loop that writes one 64 KiB position per step into a 64 MiB cache (32
-    steps; the cache is stored in 64 KiB content-addressed chunks) and compares the bytes on
+    steps; the cache is stored in 64 KiB content-addressed chunks), alone and with a read of the
+    positions written after each write (as attention reads the cache), and compares the bytes on
     disk with the bytes the steps changed, and the time with the loop alone.
 (c) --gpu: the tiny model (hidden 256 and 2048: a 64-token prefill, a 16-step decode loop),
     a 7B-shaped MLP block (bf16, 64 rows, 8 times) and an eager decode loop writing a 64 KiB
-    position a step into a 64 MiB cache (stored in chunks), each run bare, recorded through the
+    position a step into a 64 MiB cache (stored in chunks), alone and with a read of the positions
+    written after each write, each run bare, recorded through the
     pipeline (the default) and as a flight recording of the last 64 calls; the time until the
     recording is closed against its floor, the largest of the bare run, a pinned
     device-to-host copy of the bytes written and a sequential disk write of them (both rates
@@ -195,6 +197,11 @@ def gpu_workloads() -> dict[str, Workload]:
         cache.zero_()
         return [write_position(cache, row, step) for step, row in enumerate(rows)]
     work["eager decode, 64 MiB cache, 32 steps"] = (cache_decode, None)
+
+    def cache_decode_read() -> object:  # and a read of the positions written after each write, as attention does
+        cache.zero_()
+        return [(write_position(cache, row, step), read_positions(cache, step + 1)) for step, row in enumerate(rows)]
+    work["eager decode and reads, 64 MiB cache, 32 steps"] = (cache_decode_read, None)
     return work
 
 
@@ -343,19 +350,30 @@ def write_position(cache: torch.Tensor, row: torch.Tensor, position: int) -> Non
     cache[position] = row
 
 
-def chunked_decode(steps: int = 32) -> dict[str, float]:
+@replay.capture("bench_read_positions")
+def read_positions(cache: torch.Tensor, positions: int) -> torch.Tensor:
+    return cache[:positions].sum(dim=0)  # as a decode step's attention reads the cache it wrote to
+
+
+def chunked_decode(steps: int = 32, read: bool = False) -> dict[str, float]:
+    """A decode loop writing a 64 KiB position a step into a 64 MiB cache (and, with `read`, reading
+    the positions written so far after each write), bare and recorded."""
     cache = torch.zeros(1024, 16384)  # 64 MiB, a position's 64 KiB contiguous
     rows = [torch.full((16384,), float(step + 1)) for step in range(steps)]
+
+    def loop() -> None:
+        for step, row in enumerate(rows):
+            write_position(cache, row, step)
+            if read:
+                read_positions(cache, step + 1)
     started = time.perf_counter()
-    for step, row in enumerate(rows):
-        write_position(cache, row, step)
+    loop()
     bare = time.perf_counter() - started
     cache.zero_()  # from an empty cache again: every recorded step changes 64 KiB of it
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         with replay.recording(Path(tmp) / "snap"):
-            for step, row in enumerate(rows):
-                write_position(cache, row, step)
+            loop()
         recorded = time.perf_counter() - started
         stored = [f for f in (Path(tmp) / "snap").rglob("*") if f.is_file()]
         written = sum(f.stat().st_size for f in stored)
@@ -404,13 +422,14 @@ def main() -> None:
     print(f"| time: not recording / recording | {plain_seconds:.2f} s / {seconds:.2f} s "
           f"({(seconds - plain_seconds) / f['calls'] * 1e3:.2f} ms of capture per call) |")
 
-    d = chunked_decode()
-    print(f"\n| decode loop, {d['steps']} steps over a 64 MiB cache (64 KiB chunks) | value |")
-    print("| --- | ---: |")
-    print(f"| bytes the steps changed (= the rows passed in) | {d['changed'] / 2**20:.2f} MiB |")
-    print(f"| bytes on disk (files) | {d['written'] / 2**20:.2f} MiB ({d['files']}) "
-          f"({d['written'] / d['changed']:.2f}x the changed bytes; stored whole: {2 * d['steps'] * 64} MiB) |")
-    print(f"| time: not recording / recording, closed | {d['bare'] * 1e3:.0f} ms / {d['recorded'] * 1e3:.0f} ms |")
+    print("\n| decode loop, 32 steps over a 64 MiB cache (64 KiB chunks) | bytes the steps changed (the rows "
+          "passed in) | bytes on disk (files) | x the changed bytes | time: not recording / recording, closed |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for read in (False, True):
+        d = chunked_decode(read=read)
+        print(f"| a write a step{', then a read of the positions written' if read else ''} "
+              f"| {d['changed'] / 2**20:.2f} MiB | {d['written'] / 2**20:.2f} MiB ({d['files']}) "
+              f"| {d['written'] / d['changed']:.2f}x | {d['bare'] * 1e3:.0f} ms / {d['recorded'] * 1e3:.0f} ms |")
 
 
 if __name__ == "__main__":

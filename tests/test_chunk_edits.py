@@ -85,6 +85,29 @@ def test_the_lists_a_decode_step_stores_are_a_small_part_of_a_whole_list(tmp_pat
     assert edit_bytes < steps * whole / 8
 
 
+@replay.capture("edits_row_sums")
+def row_sums(cache: torch.Tensor) -> torch.Tensor:
+    return cache.sum(dim=1)
+
+
+def test_a_read_of_a_cache_stored_in_chunks_is_stored_in_chunks_too(tmp_path: Path) -> None:
+    """A decode step's attention reads the cache the step wrote a row of: stored whole as a blob,
+    that read would cost the whole cache every step."""
+    cache = torch.zeros(PIECES, ROW_FLOATS)
+    with replay.recording(tmp_path / "snap", asynchronous=False):
+        for step in range(4):
+            write_row(cache, torch.full((ROW_FLOATS,), float(step + 1)), step)
+            row_sums(cache)
+    described = descriptions(tmp_path / "snap")
+    reads, writes = described[1::2], described[0::2]
+    assert all("chunks" in read["in/cache"] and "blob" not in read["in/cache"] for read in reads)
+    # one whole list for the writes' cache and one for the reads'; every later read, edits of it
+    assert len({d["chunks"] for d in [*(w["out/cache"] for w in writes), *(r["in/cache"] for r in reads)]}) == 2
+    assert all("chunk_edits" in read["in/cache"] for read in reads[1:])
+    calls = list(Snapshot(tmp_path / "snap"))
+    assert torch.equal(calls[-1].tensors["in/cache"], cache)
+
+
 def edited(rows: np.ndarray, changes: dict[int, bytes]) -> np.ndarray:
     out = rows.copy()
     for number, row in changes.items():

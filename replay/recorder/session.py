@@ -39,6 +39,8 @@ from replay.snapshot import SnapshotWriter
 from replay.snapshot.tensors import Geometry
 from replay.snapshot.writer import MANIFEST
 
+CHUNKED_STORAGES = 4096  # storages remembered as stored in chunks (a model's KV caches, a layer each)
+
 log = logging.getLogger(__name__)
 
 
@@ -110,6 +112,10 @@ class Recording(GraphRecording):
         self.started = time.perf_counter()  # calls record their start from here
         self.stopped = False
         self._blob_ids = _BlobIds()
+        # storages stored in chunks (device, address): a read of one is stored in chunks too, not
+        # whole as a blob (a decode step's attention reads the cache the step wrote a row of)
+        self._chunked_storages: collections.OrderedDict[tuple[torch.device, int], None] = collections.OrderedDict()
+        self._chunked_lock = threading.Lock()
         self.pieces = PieceTracker(wait_for_room=self.options.when_full == "block")
         self.pieces.before_waiting = self.calls.hand_off
         self._reported: set[str] = set()
@@ -220,13 +226,30 @@ class Recording(GraphRecording):
             return
         if tensor.key.startswith("out/"):
             self._store_before(copier, call, tensor)
-        if tensor.reusable and t.numel() * t.element_size() >= self.options.blob_threshold:
+        chunked = tensor.geometry.span * t.element_size() >= max(self.options.chunk_threshold, 1) and (
+            tensor.persistent or self._stored_in_chunks(t))
+        if tensor.reusable and not chunked and t.numel() * t.element_size() >= self.options.blob_threshold:
             call.blobs[tensor.key] = (self.blob(t, copier, tensor.geometry), tensor.geometry)
-        elif tensor.persistent and tensor.geometry.span * t.element_size() >= max(self.options.chunk_threshold, 1):
+        elif chunked:
             # a flight recording holds host copies: its ring may forget the store a later one refers to
             call.copies[tensor.key] = copier.copy_chunked(t, self.pieces, self.ring is None, tensor.geometry)
+            if tensor.persistent:
+                self._note_chunked(t)
         else:
             call.copies[tensor.key] = copier.copy(t, geometry=tensor.geometry)
+
+    def _stored_in_chunks(self, t: torch.Tensor) -> bool:
+        return (t.device, t.untyped_storage().data_ptr()) in self._chunked_storages
+
+    def _note_chunked(self, t: torch.Tensor) -> None:
+        """`t`'s storage is stored in chunks; the storages noted least lately go past CHUNKED_STORAGES
+        (memory freed and reused by another tensor is then stored in chunks too: another form, the same bytes)."""
+        key = (t.device, t.untyped_storage().data_ptr())
+        with self._chunked_lock:
+            self._chunked_storages[key] = None
+            self._chunked_storages.move_to_end(key)
+            if len(self._chunked_storages) > CHUNKED_STORAGES:
+                self._chunked_storages.popitem(last=False)
 
     def _store_before(self, copier: Copier, call: PendingCall, after: staging.Tensor) -> None:
         """The output buffer `after` is as it was before the call, if hold_before() kept it: stored
