@@ -50,6 +50,12 @@ class TensorSummary:
     inf: int
     exported: str | None = None
     exported_dtype: str | None = None
+    chunked: bool = False  # stored in content-addressed pieces (format 2+)
+
+    @property
+    def by_content(self) -> bool:
+        """Stored once by content, whatever calls hold it: a blob, or pieces."""
+        return self.blob is not None or self.chunked
 
 
 @dataclass
@@ -157,7 +163,8 @@ def summarise_call(record: CallRecord, roles: tuple[str, ...] = (), export_dir: 
         row = TensorSummary(role, name, DTYPE_NAMES[tensor.dtype], list(tensor.shape), list(tensor.stride()),
                             # a SymInt (torch's stubs allow one) only under symbolic tracing: a snapshot's are real
                             record.recorded_offsets.get(f"{role}/{name}", cast(int, tensor.storage_offset())),
-                            record.blobs.get(f"{role}/{name}"), **tensor_stats(tensor))
+                            record.blobs.get(f"{role}/{name}"), **tensor_stats(tensor),
+                            chunked=f"{role}/{name}" in record.chunked)
         if export_dir is not None:
             target = export_dir / export_name(record.index, record.op, role, name)
             row.exported_dtype = export_tensor(tensor, target)

@@ -108,6 +108,37 @@ def test_a_read_of_a_cache_stored_in_chunks_is_stored_in_chunks_too(tmp_path: Pa
     assert torch.equal(calls[-1].tensors["in/cache"], cache)
 
 
+def test_a_new_row_and_the_cache_piece_it_becomes_are_stored_once(tmp_path: Path) -> None:
+    steps = 8
+    decode(tmp_path / "snap", steps)
+    described = descriptions(tmp_path / "snap")
+    assert all("chunks" in d["in/row"] and "blob" not in d["in/row"] for d in described)
+    packs = sorted((tmp_path / "snap" / "packs").iterdir())
+    stored = sum(pack.stat().st_size for pack in packs)
+    # the cache of zeros (one piece) and each step's row, which is also the cache's new piece
+    assert (steps + 1) * CHUNK_BYTES <= stored < (steps + 1) * (CHUNK_BYTES + 512)
+    blobs = tmp_path / "snap" / "blobs"
+    assert all(blob.stat().st_size < CHUNK_BYTES for blob in blobs.iterdir())  # lists and edits only
+
+
+@replay.capture("edits_scale")
+def scale(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x * weight
+
+
+def test_a_read_only_tensor_past_a_mebibyte_is_still_one_blob(tmp_path: Path) -> None:
+    from replay.snapshot.writer import PIECED_READ_ONLY_BYTES
+
+    small, large = torch.rand(CHUNK_BYTES // 4), torch.rand(PIECED_READ_ONLY_BYTES // 4)
+    with replay.recording(tmp_path / "snap", asynchronous=False):
+        scale(small, small)
+        scale(large, large)
+    first, second = descriptions(tmp_path / "snap")
+    assert "chunks" in first["in/weight"] and "blob" in second["in/weight"]
+    calls = list(Snapshot(tmp_path / "snap"))
+    assert torch.equal(calls[0].tensors["in/weight"], small) and torch.equal(calls[1].tensors["in/weight"], large)
+
+
 def edited(rows: np.ndarray, changes: dict[int, bytes]) -> np.ndarray:
     out = rows.copy()
     for number, row in changes.items():

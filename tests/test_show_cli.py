@@ -64,7 +64,7 @@ def test_table_lists_every_call_and_tensor(fixture_snapshot: Path) -> None:
     result = invoke(fixture_snapshot)
     assert result.exit_code == 0, result.stderr
     for text in ("fixture_rmsnorm", "fixture_linear", "fixture_kv_append", "position_buf", "weight_t",
-                 "float32*", "stored once in blobs/", "(1, 64)", "(64, 1) +64", "eps=1e-06", "6 of 6 calls", "format 6"):
+                 "float32*", "stored once by content (blobs/, packs/)", "(1, 64)", "(64, 1) +64", "eps=1e-06", "6 of 6 calls", "format 6"):
         assert text in result.stdout, text
 
 

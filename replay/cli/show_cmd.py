@@ -83,9 +83,9 @@ def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path 
     console.print(_describe_manifest(summary), markup=False, highlight=False)
     for error in summary.manifest.get("capture_errors", []):
         console.print(f"[yellow]capture error:[/] {escape(str(error))}")
-    shared = any(t.blob for c in summary.calls for t in c.tensors)
+    shared = any(t.by_content for c in summary.calls for t in c.tensors)
     table = Table(title_justify="left", title=f"{len(summary.calls)} of {summary.calls_in_snapshot} calls",
-                  caption="* stored once in blobs/, shared between calls" if shared else None,
+                  caption="* stored once by content (blobs/, packs/), shared between calls" if shared else None,
                   caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for column in COLUMNS:
         table.add_column(column, overflow="fold",  # a narrow terminal folds cells rather than dropping them
@@ -99,7 +99,7 @@ def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path 
                         + [""] * (len(COLUMNS) - 5))
         for t in call.tensors:
             strides = _tuple(t.stride) + (f" +{t.storage_offset}" if t.storage_offset else "")
-            rows.append([t.role, escape(t.name), t.dtype + ("*" if t.blob else ""), _tuple(t.shape), strides,
+            rows.append([t.role, escape(t.name), t.dtype + ("*" if t.by_content else ""), _tuple(t.shape), strides,
                          _number(t.min), _number(t.max), _number(t.mean), _count(t.nan), _count(t.inf)])
         for n, row in enumerate(rows):
             first = n == 0  # the call's index, op and variant head its group of rows

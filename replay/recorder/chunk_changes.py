@@ -96,7 +96,7 @@ class KnownContent:
     bytes never repeat does not push out a step's activations that do). Shared by the writer
     threads: a store's use takes a lock; the others are one dict operation each."""
     pieces: Checksums = field(default_factory=dict)
-    blobs: dict[tuple[bytes, str], str] = field(default_factory=dict)
+    blobs: dict[tuple[bytes, str], str | ChunkList] = field(default_factory=dict)
     _stores: OrderedDict[bytes, tuple[list[str], ChunkList]] = field(default_factory=OrderedDict)
     _store_pieces: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -125,7 +125,7 @@ class KnownContent:
                 _, (forgotten, _) = self._stores.popitem(last=False)
                 self._store_pieces -= len(forgotten)
 
-    def remember_blob(self, key: tuple[bytes, str], digest: str) -> None:
+    def remember_blob(self, key: tuple[bytes, str], digest: str | ChunkList) -> None:
         if len(self.blobs) > SEEN_PIECES:
             self.blobs.clear()
         self.blobs[key] = digest

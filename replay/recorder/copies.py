@@ -24,6 +24,7 @@ from replay.recorder.chunk_changes import PieceHistory, PieceTracker
 from replay.recorder.device_buffers import UNKEPT, DeviceBuffers, nothing
 from replay.recorder.piece_batch import PieceBatch
 from replay.snapshot import SnapshotWriter, unwritten
+from replay.snapshot.chunk_lists import ChunkList
 from replay.snapshot.tensors import DTYPES, Geometry, geometry_of, storage_span
 
 _MIN_BUFFER = 4096
@@ -120,11 +121,12 @@ class BlobRef:
 
     def __init__(self, copy: HostCopy):
         self.copy: HostCopy | None = copy
-        self.digest: str | None = None
+        self.digest: str | ChunkList | None = None  # a blob's digest, or a small one's chunk list
         self.failure: Exception | None = None  # why writing it failed: every call that refers to it says so
         self._lock = threading.Lock()
 
-    def resolve(self, writer: SnapshotWriter, release: Callable[[HostCopy], None], pool: PinnedPool) -> str:
+    def resolve(self, writer: SnapshotWriter, release: Callable[[HostCopy], None],
+                pool: PinnedPool) -> str | ChunkList:
         with self._lock:
             if self.failure is not None:
                 raise self.failure
@@ -134,7 +136,8 @@ class BlobRef:
                 try:
                     if copy.landed is not None:  # another call's copy: its own call's events do not cover it
                         copy.landed.synchronize()
-                    self.digest = _put_from_device(copy, writer, pool) if copy.on_device else writer.put_blob(copy.span)
+                    self.digest = (_put_from_device(copy, writer, pool) if copy.on_device
+                                   else writer.put_read_only(copy.span))
                 except Exception as exc:
                     self.failure = exc
                     raise
@@ -153,7 +156,7 @@ class BlobRef:
             release(copy)
 
 
-def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool) -> str:
+def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool) -> str | ChunkList:
     """The digest of a blob waiting on the device: a blob the recording stored with the same
     checksums, or else the staged bytes brought over and stored."""
     history = copy.pieces
@@ -163,7 +166,7 @@ def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool) -
     if digest is None:
         host, buffer = history.whole(pool.take)
         try:
-            digest = writer.put_blob(torch.from_numpy(host).view(copy.span.dtype))
+            digest = writer.put_read_only(torch.from_numpy(host).view(copy.span.dtype))
         finally:
             if buffer is not None:
                 pool.give(buffer)

@@ -400,8 +400,14 @@ class CallWriter:
     def _call_part(self, call: PendingCall) -> CallPart:
         """A call's blobs and chunks written (its copies have landed), the rest made ready for a segment."""
         chunks: dict[str, ChunkList] = {}
+        blobs: dict[str, str] = {}
         try:
-            blobs = {key: ref.resolve(self.writer, self.release, self.pool) for key, (ref, _) in call.blobs.items()}
+            for key, (ref, _) in call.blobs.items():
+                stored = ref.resolve(self.writer, self.release, self.pool)
+                if isinstance(stored, ChunkList):  # a small read-only tensor, in pieces
+                    chunks[key] = stored
+                else:
+                    blobs[key] = stored
             for key, copy in call.copies.items():
                 if copy.chunked:
                     chunks[key] = self._put_chunks(copy, (call.header["op"], key))
