@@ -75,7 +75,7 @@ def test_a_tape_is_written_at_each_replay_from_its_staging_tensors(tmp_path: Pat
     """The CPU twin of a graph replay: the staging spans hold what the last replay left, the
     views keep their geometry, a weight is one blob, and every call says which replay it came from."""
     gen = torch.Generator().manual_seed(0)
-    weight = torch.randn(1024, 256, generator=gen)  # 1 MiB: a weight, stored once as a blob
+    weight = torch.randn(128, 256, generator=gen)  # 128 KiB: a weight, stored once
     tape, inputs, out = linear_tape(torch.randn(256, 4, generator=gen).t(), weight)  # x: a transposed view
     assert len(tape.slabs) == 1 and inputs.slab == out.slab == 0 and out.offset >= inputs.nbytes
     seen = []
@@ -101,7 +101,7 @@ def test_a_flight_recording_holds_the_last_calls_of_its_replays_and_a_weight_onc
     """A replay is held whole (its slabs, one host copy each) and cut at the front when the ring
     holds more calls than asked; a weight changed in place between replays is taken again."""
     gen = torch.Generator().manual_seed(1)
-    weight = torch.randn(1024, 256, generator=gen)  # 1 MiB: a blob
+    weight = torch.randn(128, 256, generator=gen)
     tape, inputs, out = linear_tape(torch.randn(256, 4, generator=gen).t(), weight)
     tape.calls.append(tape.calls[0])  # two calls a replay
     seen = []
@@ -146,7 +146,7 @@ def capture_graph(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.cuda.CUD
 def test_a_graph_captured_while_recording_is_recorded_at_every_replay(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
-    weight = torch.randn(512, 512, device="cuda", generator=gen)  # 1 MiB: a weight, a blob
+    weight = torch.randn(256, 512, device="cuda", generator=gen)  # 512 KiB: a weight
     x = torch.zeros(8, 512, device="cuda")  # the graph's input buffer, filled before each replay
     fed = [torch.randn(8, 512, device="cuda", generator=gen) for _ in range(3)]
     call_part = SnapshotWriter.call_part

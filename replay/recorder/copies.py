@@ -125,8 +125,9 @@ class BlobRef:
         self.failure: Exception | None = None  # why writing it failed: every call that refers to it says so
         self._lock = threading.Lock()
 
-    def resolve(self, writer: SnapshotWriter, release: Callable[[HostCopy], None],
-                pool: PinnedPool) -> str | ChunkList:
+    def resolve(self, writer: SnapshotWriter, release: Callable[[HostCopy], None], pool: PinnedPool,
+                pieced: bool = False) -> str | ChunkList:
+        """Its digest (or chunk list: put_read_only's `pieced`), stored by the first call to ask."""
         with self._lock:
             if self.failure is not None:
                 raise self.failure
@@ -136,8 +137,8 @@ class BlobRef:
                 try:
                     if copy.landed is not None:  # another call's copy: its own call's events do not cover it
                         copy.landed.synchronize()
-                    self.digest = (_put_from_device(copy, writer, pool) if copy.on_device
-                                   else writer.put_read_only(copy.span))
+                    self.digest = (_put_from_device(copy, writer, pool, pieced) if copy.on_device
+                                   else writer.put_read_only(copy.span, pieced))
                 except Exception as exc:
                     self.failure = exc
                     raise
@@ -156,7 +157,7 @@ class BlobRef:
             release(copy)
 
 
-def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool) -> str | ChunkList:
+def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool, pieced: bool) -> str | ChunkList:
     """The digest of a blob waiting on the device: a blob the recording stored with the same
     checksums, or else the staged bytes brought over and stored."""
     history = copy.pieces
@@ -166,7 +167,7 @@ def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool) -
     if digest is None:
         host, buffer = history.whole(pool.take)
         try:
-            digest = writer.put_read_only(torch.from_numpy(host).view(copy.span.dtype))
+            digest = writer.put_read_only(torch.from_numpy(host).view(copy.span.dtype), pieced)
         finally:
             if buffer is not None:
                 pool.give(buffer)

@@ -21,9 +21,9 @@ class RecordingOptions:
         strict: raise CaptureError on a capture failure, in the call that met it (strict capture
             writes on the calling thread); default REPLAY_CAPTURE_STRICT.
         blob_threshold: read-only tensors of at least this many bytes (weights) are stored once
-            by content, and shared between calls: below 1 MiB in 64 KiB pieces (a piece is
-            shared with any tensor holding the same bytes: a decode step's new K/V row and the
-            cache it is written into), larger in one blob.
+            by content, in one blob, and shared between calls; below 1 MiB and passed to a call
+            that writes a tensor stored in chunks, in 64 KiB pieces (a decode step's new K/V row
+            is then one piece with the cache it is written into).
         chunk_threshold: state and arguments the op mutates (a KV cache) of at least this many
             bytes are stored as 64 KiB pieces in blobs/, by content: a piece already stored
             (unchanged since the last call, or zeros) costs nothing. Snapshot format 2; a snapshot

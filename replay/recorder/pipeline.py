@@ -61,6 +61,8 @@ class PendingCall:
     # their keys after the call and of the mask (replay/snapshot/unwritten.py)
     befores: dict[str, tuple[Geometry, dict[str, str]]] = field(default_factory=dict)
     ready: Callable[[], None] = lambda: None
+    # it writes a tensor stored in pieces: its read-only inputs may be pieces of it (put_read_only)
+    writes_pieces: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -403,8 +405,8 @@ class CallWriter:
         blobs: dict[str, str] = {}
         try:
             for key, (ref, _) in call.blobs.items():
-                stored = ref.resolve(self.writer, self.release, self.pool)
-                if isinstance(stored, ChunkList):  # a small read-only tensor, in pieces
+                stored = ref.resolve(self.writer, self.release, self.pool, call.writes_pieces)
+                if isinstance(stored, ChunkList):  # a row of what the call writes, in pieces
                     chunks[key] = stored
                 else:
                     blobs[key] = stored

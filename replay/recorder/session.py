@@ -235,6 +235,7 @@ class Recording(GraphRecording):
             call.copies[tensor.key] = copier.copy_chunked(t, self.pieces, self.ring is None, tensor.geometry)
             if tensor.persistent:
                 self._note_chunked(t)
+                call.writes_pieces = True
         else:
             call.copies[tensor.key] = copier.copy(t, geometry=tensor.geometry)
 

@@ -35,10 +35,10 @@ DURABILITY = ("close", "call")
 CHUNK_BYTES = 64 * 1024  # a large tensor is stored in pieces of this many bytes (formats 2 and 3)
 HASH_WHILE_WRITING_BYTES = 16 << 20  # blobs this large are hashed on a thread of their own as they are written
 SEGMENT_HASH_WHILE_WRITING_BYTES = 1 << 20  # and segments this large (a thread costs more than a smaller hash)
-# A read-only tensor of a piece or more and smaller than this is stored in pieces, not as a blob: a
-# decode step's new K/V row is the piece its cache holds after the step, stored once. A larger one
-# stays a blob, hashed as it is written (pieces hashed first and packed after cost the 7B MLP block
-# twice: docs/PERFORMANCE.md); a smaller one shares no whole piece with anything
+# A read-only input of a call that writes a tensor stored in pieces may be stored in pieces itself
+# (put_read_only) when it is a piece or more and smaller than this: a decode step's new K/V row is
+# the piece its cache holds after the step, stored once. A larger one stays a blob, hashed as it is
+# written (pieces hashed first and packed after cost the 7B MLP block twice: docs/PERFORMANCE.md)
 PIECED_READ_ONLY_BYTES = 1 << 20
 
 
@@ -205,11 +205,11 @@ class SnapshotWriter:
             return self._put_hashed_while_written(parts)
         return self._put(sha256_parts(*parts), lambda target: self._write(target, parts))
 
-    def put_read_only(self, span: torch.Tensor) -> str | ChunkList:
-        """Store a read-only tensor span once, by content: the digest of its blob, or, from
-        CHUNK_BYTES up to PIECED_READ_ONLY_BYTES, its chunk list (its pieces shared with any tensor
-        holding the same bytes)."""
-        if CHUNK_BYTES <= span.numel() * span.element_size() < PIECED_READ_ONLY_BYTES:
+    def put_read_only(self, span: torch.Tensor, pieced: bool) -> str | ChunkList:
+        """Store a read-only tensor span once, by content: the digest of its blob, or, `pieced` and
+        from CHUNK_BYTES up to PIECED_READ_ONLY_BYTES, its chunk list (its pieces shared with any
+        tensor holding the same bytes; two files, where a blob is one)."""
+        if pieced and CHUNK_BYTES <= span.numel() * span.element_size() < PIECED_READ_ONLY_BYTES:
             return self.put_chunks(span)[0]
         return self.put_blob(span)
 
