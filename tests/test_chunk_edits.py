@@ -182,6 +182,23 @@ def test_a_new_row_and_the_cache_piece_it_becomes_are_stored_once(tmp_path: Path
     assert all(blob.stat().st_size < CHUNK_BYTES for blob in blobs.iterdir())  # lists and edits only
 
 
+def test_stores_of_two_lengths_in_one_lineage_each_edit_their_own_list(tmp_path: Path) -> None:
+    """An output buffer and its mask of unchanged elements share an op and a name: alternating,
+    neither may push the other's base out (every store would then be a whole list)."""
+    from replay.snapshot import SnapshotWriter
+    from replay.snapshot.writer import cut_bytes
+
+    writer = SnapshotWriter(tmp_path / "snap")
+    buffer, mask = np.zeros(8 * CHUNK_BYTES, dtype=np.uint8), np.zeros(2 * CHUNK_BYTES, dtype=np.uint8)
+    named = []
+    for step in range(3):
+        buffer[step * CHUNK_BYTES] = mask[step % 2 * CHUNK_BYTES] = step + 1
+        named += [writer.put_pieces(cut_bytes(data.copy()), lineage=("op", "x"))[0] for data in (buffer, mask)]
+    writer.close()
+    assert [listed.edits is None for listed in named] == [True, True, False, False, False, False]
+    assert named[2].whole == named[4].whole == named[0].whole and named[3].whole == named[5].whole == named[1].whole
+
+
 def edited(rows: np.ndarray, changes: dict[int, bytes]) -> np.ndarray:
     out = rows.copy()
     for number, row in changes.items():

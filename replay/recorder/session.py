@@ -112,9 +112,10 @@ class Recording(GraphRecording):
         self.started = time.perf_counter()  # calls record their start from here
         self.stopped = False
         self._blob_ids = _BlobIds()
-        # storages stored in chunks (device, address): a read of one is stored in chunks too, not
-        # whole as a blob (a decode step's attention reads the cache the step wrote a row of)
-        self._chunked_storages: collections.OrderedDict[tuple[torch.device, int], None] = collections.OrderedDict()
+        # storages stored in chunks (device, address, bytes): a read of one is stored in chunks too,
+        # not whole as a blob (a decode step's attention reads the cache the step wrote a row of)
+        self._chunked_storages: collections.OrderedDict[tuple[torch.device, int, int], None] = \
+            collections.OrderedDict()
         self._chunked_lock = threading.Lock()
         self.pieces = PieceTracker(wait_for_room=self.options.when_full == "block")
         self.pieces.before_waiting = self.calls.hand_off
@@ -227,7 +228,7 @@ class Recording(GraphRecording):
         if tensor.key.startswith("out/"):
             self._store_before(copier, call, tensor)
         chunked = tensor.geometry.span * t.element_size() >= max(self.options.chunk_threshold, 1) and (
-            tensor.persistent or self._stored_in_chunks(t))
+            tensor.persistent or (tensor.reusable and self._stored_in_chunks(t)))
         if tensor.reusable and not chunked and t.numel() * t.element_size() >= self.options.blob_threshold:
             call.blobs[tensor.key] = (self.blob(t, copier, tensor.geometry), tensor.geometry)
         elif chunked:
@@ -240,12 +241,15 @@ class Recording(GraphRecording):
             call.copies[tensor.key] = copier.copy(t, geometry=tensor.geometry)
 
     def _stored_in_chunks(self, t: torch.Tensor) -> bool:
-        return (t.device, t.untyped_storage().data_ptr()) in self._chunked_storages
+        storage = t.untyped_storage()
+        return (t.device, storage.data_ptr(), storage.nbytes()) in self._chunked_storages
 
     def _note_chunked(self, t: torch.Tensor) -> None:
         """`t`'s storage is stored in chunks; the storages noted least lately go past CHUNKED_STORAGES
-        (memory freed and reused by another tensor is then stored in chunks too: another form, the same bytes)."""
-        key = (t.device, t.untyped_storage().data_ptr())
+        (a block freed and given whole to another tensor is then stored in chunks too: another
+        form, the same bytes)."""
+        storage = t.untyped_storage()
+        key = (t.device, storage.data_ptr(), storage.nbytes())
         with self._chunked_lock:
             self._chunked_storages[key] = None
             self._chunked_storages.move_to_end(key)

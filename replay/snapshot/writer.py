@@ -140,8 +140,8 @@ class SnapshotWriter:
         self.unsaved_errors: OSError | None = None  # why, after close(), the manifest still does not
         self._known_blobs: set[str] = set()
         self._packs = PiecePacks(self.path, self._write)
-        # a lineage's last whole chunk list (its digest and rows), which its next stores may edit
-        self._list_bases: dict[Hashable, tuple[str, np.ndarray]] = {}
+        # a lineage's last whole chunk list of each length (its digest and rows), which its next stores may edit
+        self._list_bases: dict[tuple[Hashable, int], tuple[str, np.ndarray]] = {}
         self._segments = 0  # segments written
         # the git state is read on a thread of its own and written into the manifest once known:
         # two `git` runs would cost every recording a few milliseconds before its first call
@@ -268,15 +268,17 @@ class SnapshotWriter:
         chunk_lists.py)."""
         digests, rows = self._packs.store(pieces, known)
         table = np.frombuffer(bytearray(rows), dtype=np.uint8).reshape(len(digests), chunk_lists.ROW)
+        # a base a lineage and length: a buffer's mask and the buffer may share a lineage
+        key = (lineage, len(digests)) if lineage is not None else None
         with self._lock:
-            base = self._list_bases.get(lineage) if lineage is not None else None
+            base = self._list_bases.get(key) if key is not None else None
         edits = chunk_lists.edits_between(base[1], table) if base is not None else None
         if base is not None and edits is not None:
             return ChunkList(base[0], self.put_blob(torch.from_numpy(edits)) if len(edits) else None), digests
         whole = self.put_blob(torch.from_numpy(table))
-        if lineage is not None:  # a base once its blob is whole: a call naming it may be indexed before this one
+        if key is not None:  # a base once its blob is whole: a call naming it may be indexed before this one
             with self._lock:
-                self._list_bases[lineage] = (whole, table)
+                self._list_bases[key] = (whole, table)
         return ChunkList(whole), digests
 
     def _write(self, target: Path, data: Sequence[Any]) -> None:
