@@ -146,42 +146,6 @@ def test_only_a_call_writing_pieces_stores_its_small_read_only_inputs_in_pieces(
     assert torch.equal(calls[0].tensors["in/weight"], small) and torch.equal(calls[1].tensors["in/delta"], large)
 
 
-@replay.capture("edits_row_sums")
-def row_sums(cache: torch.Tensor) -> torch.Tensor:
-    return cache.sum(dim=1)
-
-
-def test_a_read_of_a_cache_stored_in_chunks_is_stored_in_chunks_too(tmp_path: Path) -> None:
-    """A decode step's attention reads the cache the step wrote a row of: stored whole as a blob,
-    that read would cost the whole cache every step."""
-    cache = torch.zeros(PIECES, ROW_FLOATS)
-    with replay.recording(tmp_path / "snap", asynchronous=False):
-        for step in range(4):
-            write_row(cache, torch.full((ROW_FLOATS,), float(step + 1)), step)
-            row_sums(cache)
-    described = descriptions(tmp_path / "snap")
-    reads, writes = described[1::2], described[0::2]
-    assert all("chunks" in read["in/cache"] and "blob" not in read["in/cache"] for read in reads)
-    # one whole list for the writes' cache and one for the reads'; every later read, edits of it
-    assert len({d["chunks"] for d in [*(w["out/cache"] for w in writes), *(r["in/cache"] for r in reads)]}) == 2
-    assert all("chunk_edits" in read["in/cache"] for read in reads[1:])
-    calls = list(Snapshot(tmp_path / "snap"))
-    assert torch.equal(calls[-1].tensors["in/cache"], cache)
-
-
-def test_a_new_row_and_the_cache_piece_it_becomes_are_stored_once(tmp_path: Path) -> None:
-    steps = 8
-    decode(tmp_path / "snap", steps)
-    described = descriptions(tmp_path / "snap")
-    assert all("chunks" in d["in/row"] and "blob" not in d["in/row"] for d in described)
-    packs = sorted((tmp_path / "snap" / "packs").iterdir())
-    stored = sum(pack.stat().st_size for pack in packs)
-    # the cache of zeros (one piece) and each step's row, which is also the cache's new piece
-    assert (steps + 1) * CHUNK_BYTES <= stored < (steps + 1) * (CHUNK_BYTES + 512)
-    blobs = tmp_path / "snap" / "blobs"
-    assert all(blob.stat().st_size < CHUNK_BYTES for blob in blobs.iterdir())  # lists and edits only
-
-
 def test_stores_of_two_lengths_in_one_lineage_each_edit_their_own_list(tmp_path: Path) -> None:
     """An output buffer and its mask of unchanged elements share an op and a name: alternating,
     neither may push the other's base out (every store would then be a whole list)."""
