@@ -159,21 +159,20 @@ def _rename_blob(path: Path, old: str, data: bytes) -> str:
 
 
 def _width(blob: Path) -> int | None:
-    """A chunk list's row width (32: format 2, 36: format 3, 40: format 6's edits), or None for another blob."""
+    """A chunk list's row width (32: format 2, 36: format 3), or None for another blob."""
     header, _ = _split(blob.read_bytes())
     shape = header.get("data", {}).get("shape", [])
-    return shape[1] if len(shape) == 2 and shape[1] in (32, 36, 40) else None
+    return shape[1] if len(shape) == 2 and shape[1] in (32, 36) else None
 
 
 def _blobs(path: Path, chunk_lists: bool) -> list[Path]:
-    """The blobs that are chunk lists or their edits (their data a [rows, 32], [rows, 36] or [rows, 40]
-    table), or the others."""
+    """The blobs that are chunk lists (their data a [pieces, 32] or [pieces, 36] table), or the others."""
     return [blob for blob in sorted((path / "blobs").iterdir()) if (_width(blob) is not None) == chunk_lists]
 
 
 def _chunk_list(data: bytes, rng: random.Random) -> tuple[bytes, str]:
-    """A chunk list's (or edit list's) entries repeated, dropped, reordered, or one made a digest
-    nothing has (or, in a packed list, a pack that does not exist)."""
+    """A chunk list's entries repeated, dropped, reordered, or one made a digest nothing has (or,
+    in a packed list, a pack that does not exist)."""
     header, body = _split(data)
     width = header["data"]["shape"][1]
     rows = [body[i:i + width] for i in range(0, len(body), width)]
@@ -188,7 +187,7 @@ def _chunk_list(data: bytes, rng: random.Random) -> tuple[bytes, str]:
         rows[rng.randrange(len(rows))] = bytes(width)
     else:
         at = rng.randrange(len(rows))
-        rows[at] = rows[at][:width - 4] + struct.pack("<I", rng.choice([99_999_999, 2**32 - 1]))
+        rows[at] = rows[at][:32] + struct.pack("<I", rng.choice([99_999_999, 2**32 - 1]))
     header["data"]["shape"] = [len(rows), width]
     header["data"]["data_offsets"] = [0, width * len(rows)]
     return _join(header, b"".join(rows)), f"{how} ({len(rows)} entries)"

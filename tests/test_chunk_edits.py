@@ -67,22 +67,26 @@ def test_a_decode_loop_stores_edits_of_one_list_and_reads_every_step_back(tmp_pa
     assert all("chunk_edits" in out and out["chunks"] == ins[0]["chunks"] for out in outs[:22])
     assert "chunk_edits" not in outs[22] and outs[22]["chunks"] != ins[0]["chunks"]
     assert "chunk_edits" in outs[23] and outs[23]["chunks"] == outs[22]["chunks"]
-    # the cache before a step is the list after the step before: the same blobs, stored once
-    assert all(ins[step] == outs[step - 1] for step in range(1, steps))
+    # the cache before a step is the list after the step before: the same whole list, edited alike
+    assert all(ins[step]["chunks"] == outs[step - 1]["chunks"]
+               and ("chunk_edits" in ins[step]) == ("chunk_edits" in outs[step - 1]) for step in range(1, steps))
     manifest = json.loads((tmp_path / "snap" / "manifest.json").read_text())
     assert manifest["format_version"] == 6
 
 
-def test_the_lists_a_decode_step_stores_are_a_small_part_of_a_whole_list(tmp_path: Path) -> None:
+def test_a_decode_step_stores_its_edits_in_its_call_not_a_list_in_a_file(tmp_path: Path) -> None:
     steps = 16
     decode(tmp_path / "snap", steps)
     outs = [tensors["out/cache"] for tensors in descriptions(tmp_path / "snap")]
-    blobs = tmp_path / "snap" / "blobs"
-    edit_bytes = sum((blobs / f"{out['chunk_edits']}.safetensors").stat().st_size for out in outs)
-    whole = (blobs / f"{outs[0]['chunks']}.safetensors").stat().st_size
-    assert whole > PIECES * chunk_lists.ROW
-    # 16 steps' edits of 1..16 rows (40 bytes each, with a header a file) against 16 whole lists
-    assert edit_bytes < steps * whole / 8
+    assert all(out["chunk_edits"] == "edits/out/cache" for out in outs)
+    blobs = sorted((tmp_path / "snap" / "blobs").iterdir())
+    whole = PIECES * chunk_lists.ROW
+    # one whole list of the cache; the rest, each step's row's one-piece list
+    assert sum(blob.stat().st_size >= whole for blob in blobs) == 1
+    assert all(blob.stat().st_size < 256 for blob in blobs if blob.stat().st_size < whole)
+    # 16 steps' edits of 1..16 rows, 40 bytes each, in the segments: not 16 whole lists
+    segments = sum(segment.stat().st_size for segment in (tmp_path / "snap" / "segments").iterdir())
+    assert segments < steps * whole / 3
 
 
 @replay.capture("edits_row_sums")
@@ -221,7 +225,7 @@ def written_with_edits(path: Path, edits: np.ndarray | None, *, version: int | N
         rows = np.frombuffer((path / "blobs" / f"{listed.whole}.safetensors").read_bytes()[-4 * chunk_lists.ROW:],
                              dtype=np.uint8).reshape(4, chunk_lists.ROW)
         edits[0, 4:] = rows[0]
-    named = ChunkList(listed.whole, writer.put_blob(torch.from_numpy(edits)))
+    named = ChunkList(listed.whole, edits)
     geometry = Geometry("uint8", (4 * CHUNK_BYTES,), (1,), 0)
     writer.write_call(writer.reserve_index(), {"op": "x", "variant": "v", "provider": None, "returns_json": {},
                                                "args": [{"name": "x", "tensor": "in/x"}], "launch": [], "meta": {}},
@@ -250,9 +254,8 @@ def test_edits_of_another_list_are_named_with_the_tensor(tmp_path: Path) -> None
     stray = np.zeros((1, chunk_lists.EDIT_ROW), dtype=np.uint8)
     stray[0, :4] = np.array([9], dtype="<u4").view(np.uint8)  # piece 9 of a 4-piece list
     snap = written_with_edits(tmp_path / "snap", stray)
-    with pytest.raises(SnapshotError, match=r"tensor 'in/x': its chunk edits \(blob [0-9a-f]{12}\) do not name "
-                                            r"pieces of a list of 4"):
+    with pytest.raises(SnapshotError, match=r"tensor 'in/x': its chunk edit list does not name pieces of a list of 4"):
         Snapshot(snap).load(0)
     wide = written_with_edits(tmp_path / "wide", np.zeros((1, 44), dtype=np.uint8))
-    with pytest.raises(SnapshotError, match=r"its chunk edits .* is not a \[edits, 40\] table"):
+    with pytest.raises(SnapshotError, match=r"its chunk edit list is not a \[edits, 40\] table"):
         Snapshot(wide).load(0)

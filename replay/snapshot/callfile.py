@@ -22,7 +22,8 @@ from replay.snapshot import schema
 META_KEY = "replay.call"
 BLOB_KEY = "data"
 ROLES = ("in", "out", "state", "tag")  # of a call's tensors
-KEY_ROLES = ROLES + ("kept",)  # of the keys stored with a call: a mask is read into the tensor it describes
+# of the keys stored with a call: a mask (kept/) and an edit list (edits/) are read into the tensor they describe
+KEY_ROLES = ROLES + ("kept", "edits")
 
 
 # safetensors' dtype names, in the order its writer ranks them: tensors are laid out by rank,

@@ -3,13 +3,14 @@
 A chunk list names every piece of a tensor stored in chunks: 36 bytes a 64 KiB piece (its sha256
 and the number of its pack), so 37 KB for a 64 MiB KV cache and 9.4 MB for a 16 GiB one, at every
 store, where a decode step changes a piece or two. From version 6 a store may name an earlier whole
-list of the same tensor (its base) and an **edit list**: a [k, 40] U8 table whose rows are a
-piece's number (uint32, little-endian) and its 36-byte row, numbers strictly increasing, each
-below the base's length. A writer keeps a base a lineage (one tensor of one op) and writes edits
-of it while they hold at most sqrt(2 n) rows for a list of n rows, a whole list (the lineage's new
-base) past that: over a run of stores that each change one piece, the list bytes a store then
-average about 36 sqrt(2 n) (1.6 KB for the 64 MiB cache, 26 KB for 16 GiB) where whole lists
-cost 36 n. Knows nothing of where the lists are stored.
+list of the same tensor (its base) and an **edit list**, a tensor of the call itself stored with
+its other tensors (no file of its own): a [k, 40] U8 table whose rows are a piece's number
+(uint32, little-endian) and its 36-byte row, numbers strictly increasing, each below the base's
+length. A writer keeps a base a lineage (one tensor of one op) and writes edits of it while they
+hold at most sqrt(2 n) rows for a list of n rows, a whole list (the lineage's new base) past that:
+over a run of stores that each change one piece, the list bytes a store then average about
+36 sqrt(2 n) (1.6 KB for the 64 MiB cache, 26 KB for 16 GiB) where whole lists cost 36 n. Knows
+nothing of where the lists are stored.
 """
 from __future__ import annotations
 
@@ -23,17 +24,33 @@ ROW = 36  # a list's row: the piece's sha256 and the number of its pack (uint32,
 EDIT_ROW = 4 + ROW  # an edit's row: the piece's number (uint32, LE), then its list row
 
 
-@dataclass(frozen=True)
+EDITS_ROLE = "edits"  # an edit list's key in its call: edits/<the edited tensor's key>
+
+
+@dataclass(frozen=True, eq=False)
 class ChunkList:
-    """How a call's geometry names a tensor's pieces: a whole list, or a base list and its edits."""
+    """How a call's geometry names a tensor's pieces: a whole list, or a base list and the edits
+    (stored in the call, under edits_key) that make it this tensor's."""
     whole: str  # the digest of a whole list's blob
-    edits: str | None = None  # the digest of the edit list's blob, when the pieces are the base's edited
+    edits: np.ndarray | None = None  # [k, EDIT_ROW] uint8, when the pieces are the base's edited
 
-    def to_json(self) -> dict[str, Any]:
-        return {"chunks": self.whole, **({"chunk_edits": self.edits} if self.edits is not None else {})}
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ChunkList) or self.whole != other.whole:
+            return False
+        if self.edits is None or other.edits is None:
+            return self.edits is other.edits
+        return np.array_equal(self.edits, other.edits)
 
-    def digests(self) -> tuple[str, ...]:
-        return (self.whole,) if self.edits is None else (self.whole, self.edits)
+    __hash__ = None  # type: ignore[assignment]  # equal by value, an array inside: no hash
+
+    def to_json(self, key: str) -> dict[str, Any]:
+        """The geometry's fields for tensor `key`."""
+        return {"chunks": self.whole, **({"chunk_edits": edits_key(key)} if self.edits is not None else {})}
+
+
+def edits_key(key: str) -> str:
+    """Where the edit list of tensor `key`'s chunk list is stored in its call."""
+    return f"{EDITS_ROLE}/{key}"
 
 
 def most_edits(rows: int) -> int:
@@ -64,7 +81,7 @@ def apply_edits(base: bytes, edits: np.ndarray) -> bytes:
     pieces = len(base) // ROW
     numbers = np.ascontiguousarray(edits[:, :4]).view("<u4").ravel().astype(np.int64)
     if numbers[-1] >= pieces or (len(numbers) > 1 and bool((np.diff(numbers) <= 0).any())):
-        raise ValueError(f"do not name pieces of a list of {pieces} in increasing order")
+        raise ValueError(f"does not name pieces of a list of {pieces} in increasing order")
     listed = np.frombuffer(bytearray(base), dtype=np.uint8).reshape(pieces, ROW)
     listed[numbers] = edits[:, 4:]
     return listed.tobytes()

@@ -21,7 +21,7 @@ from replay.snapshot.packs import PackIndex, read_pack_index, read_piece
 from replay.snapshot.segments import SegmentReader
 from replay.snapshot.tensors import DTYPES, Geometry, rebuild
 from replay.snapshot.piece_packs import pack_relpath
-from replay.snapshot.chunk_lists import ROW as PACKED_ROW, apply_edits
+from replay.snapshot.chunk_lists import EDITS_ROLE, ROW as PACKED_ROW, apply_edits, edits_key
 from replay.snapshot.writer import INDEX, MANIFEST, RANK_DIR, blob_relpath, source_relpath
 
 MAX_MANIFEST_BYTES = 16 << 20
@@ -235,10 +235,12 @@ class Snapshot:
             _, evicted = self._blob_cache.popitem(last=False)
             self._blob_cache_size -= _nbytes(evicted)
 
-    def _chunked(self, path: Path, key: str, geo: dict[str, Any], budget: CallBudget) -> torch.Tensor:
+    def _chunked(self, path: Path, key: str, geo: dict[str, Any], budget: CallBudget,
+                 spans: dict[str, torch.Tensor]) -> torch.Tensor:
         """A span stored as pieces of its bytes, listed by a blob of their sha256s (format 2: each
-        piece a blob) or of their sha256s and packs (format 3: each piece in a pack), joined again
-        once the budget allows what they join to."""
+        piece a blob) or of their sha256s and packs (format 3: each piece in a pack), that list
+        edited by a table among the call's `spans` (format 6), joined again once the budget allows
+        what they join to."""
         table = self._blob(geo["chunks"], budget)
         if (table.dtype != torch.uint8 or table.dim() != 2 or table.shape[1] not in (32, PACKED_ROW)
                 or table.shape[0] == 0):
@@ -249,7 +251,7 @@ class Snapshot:
             raise SnapshotError(f"{path}: tensor {key!r}: its chunk list names packs, which format version "
                                 f"{self.manifest['format_version']} has not")
         if "chunk_edits" in geo:
-            rows = self._edited(path, key, geo["chunk_edits"], rows, width, budget)
+            rows = self._edited(path, key, spans.get(geo["chunk_edits"]), rows, width)
         listed: list[tuple[str, int | None]] = [
             (rows[at:at + 32].hex(), struct.unpack("<I", rows[at + 32:at + width])[0] if width > 32 else None)
             for at in range(0, len(rows), width)]
@@ -274,18 +276,19 @@ class Snapshot:
                                 f"number of {geo['dtype']} values")
         return joined.view(DTYPES[geo["dtype"]])
 
-    def _edited(self, path: Path, key: str, digest: str, rows: bytes, width: int, budget: CallBudget) -> bytes:
-        """A whole chunk list's `rows` with the edits of blob `digest` applied (format 6)."""
+    def _edited(self, path: Path, key: str, edits: torch.Tensor | None, rows: bytes, width: int) -> bytes:
+        """A whole chunk list's `rows` with the call's edit list `edits` applied (format 6)."""
         if self.manifest["format_version"] < EDITED_LISTS_VERSION:
             raise SnapshotError(f"{path}: tensor {key!r}: its chunk list is edited (\"chunk_edits\"), which format "
                                 f"version {self.manifest['format_version']} has not")
         if width != PACKED_ROW:
             raise SnapshotError(f"{path}: tensor {key!r}: its edited chunk list is not a [pieces, {PACKED_ROW}] table")
-        edits = self._blob(digest, budget)
+        if edits is None:
+            raise SnapshotError(f"{path}: tensor {key!r}: its chunk edit list {edits_key(key)!r} is not stored")
         try:
             return apply_edits(rows, edits.numpy())
         except ValueError as exc:
-            raise SnapshotError(f"{path}: tensor {key!r}: its chunk edits (blob {digest[:12]}) {exc}") from None
+            raise SnapshotError(f"{path}: tensor {key!r}: its chunk edit list {exc}") from None
 
     def _before(self, path: Path, key: str, geo: dict[str, Any], stored: dict[str, torch.Tensor],
                 budget: CallBudget) -> torch.Tensor:
@@ -385,17 +388,19 @@ class Snapshot:
                 budget.spend(_nbytes(span), f"tensor {key!r}: its copy of blob {geo['blob'][:12]} brings it to")
                 span = span.clone()  # a blob is shared by many calls and tensors: each gets its own copy
             elif "chunks" in geo:
-                span = self._chunked(path, key, geo, budget)
+                span = self._chunked(path, key, geo, budget, spans)
             else:
                 span = spans.get(key)
             if span is None:
                 raise SnapshotError(f"{path}: tensor {key!r} is described but not stored")
             stored[key] = span
-        masks = {geo["before"]["unchanged"] for geo in header["tensors"].values() if "before" in geo}
+        # a mask, or an edit list, is read into the tensor it describes, not a tensor of the call
+        masks = {geo["before"]["unchanged"] for geo in header["tensors"].values() if "before" in geo} | {
+            geo["chunk_edits"] for geo in header["tensors"].values() if "chunk_edits" in geo}
         tensors: dict[str, torch.Tensor] = {}
         for key, geo in header["tensors"].items():
             if key in masks:
-                continue  # a mask is read into the tensor it describes, not a tensor of the call
+                continue
             span = self._before(path, key, geo, stored, budget) if "before" in geo else stored[key]
             try:
                 tensors[key] = rebuild(span, Geometry.from_json(geo))
@@ -457,7 +462,26 @@ def _check_header(path: Path, header: dict[str, Any]) -> None:
             raise SnapshotError(f"{path}: tensor {key!r} names both a blob and chunks")
         if "chunk_edits" in geo and "chunks" not in geo:
             raise SnapshotError(f"{path}: tensor {key!r} names chunk edits but no chunk list they edit")
+    _check_edits(path, header)
     _check_befores(path, header)
+
+
+def _check_edits(path: Path, header: dict[str, Any]) -> None:
+    """Format 6's edit lists: `edits/<key>` edits the chunk list of tensor `<key>` alone, is stored
+    in the call and is no argument."""
+    tensors = header["tensors"]
+    for key, geo in tensors.items():
+        if "chunk_edits" in geo and geo["chunk_edits"] != edits_key(key):
+            raise SnapshotError(f"{path}: tensor {key!r}: its chunk edits must be {edits_key(key)!r}")
+        if "chunk_edits" in geo and {"blob", "chunks", "chunk_edits", "before"} & set(tensors.get(edits_key(key), {})):
+            raise SnapshotError(f"{path}: tensor {edits_key(key)!r}: an edit list is stored in its call")
+    edited = {geo["chunk_edits"] for geo in tensors.values() if "chunk_edits" in geo}
+    stray = [key for key in tensors if key.startswith(f"{EDITS_ROLE}/") and key not in edited]
+    if stray:
+        raise SnapshotError(f"{path}: tensor {stray[0]!r} is the edit list of no tensor's chunks")
+    named = [arg["tensor"] for arg in header["args"] if arg.get("tensor", "").startswith(f"{EDITS_ROLE}/")]
+    if named:
+        raise SnapshotError(f"{path}: an argument names the edit list {named[0]!r}, which is no tensor of the call")
 
 
 def _check_befores(path: Path, header: dict[str, Any]) -> None:

@@ -274,7 +274,7 @@ class SnapshotWriter:
             base = self._list_bases.get(key) if key is not None else None
         edits = chunk_lists.edits_between(base[1], table) if base is not None else None
         if base is not None and edits is not None:
-            return ChunkList(base[0], self.put_blob(torch.from_numpy(edits)) if len(edits) else None), digests
+            return ChunkList(base[0], edits if len(edits) else None), digests
         whole = self.put_blob(torch.from_numpy(table))
         if key is not None:  # a base once its blob is whole: a call naming it may be indexed before this one
             with self._lock:
@@ -321,14 +321,19 @@ class SnapshotWriter:
         and `befores` an output buffer's key before the call to what it is made from (its key
         after, and its mask of unchanged elements: replay/snapshot/unwritten.py)."""
         chunks, befores = chunks or {}, befores or {}
+        edited = {key: torch.from_numpy(listed.edits) for key, listed in chunks.items() if listed.edits is not None}
+        if edited:  # each edit list a tensor of the call, after the tensor it edits
+            spans = dict(spans, **{chunk_lists.edits_key(key): table for key, table in edited.items()})
+            geometries = dict(geometries, **{chunk_lists.edits_key(key): geometry_of(table)
+                                             for key, table in edited.items()})
         header = dict(header, index=index, tensors={
             key: dict(g.to_json(), **({"blob": blobs[key]} if key in blobs else {}),
-                      **(chunks[key].to_json() if key in chunks else {}),
+                      **(chunks[key].to_json(key) if key in chunks else {}),
                       **({"before": befores[key]} if key in befores else {}))
             for key, g in geometries.items()
         })
         return CallPart(index, header["op"], header["variant"], json.dumps(header, allow_nan=False), spans,
-                        sorted({*blobs.values(), *(digest for listed in chunks.values() for digest in listed.digests())}))
+                        sorted({*blobs.values(), *(listed.whole for listed in chunks.values())}))
 
     def write_segment(self, parts: Sequence[CallPart]) -> list[dict[str, Any]]:
         """Write one segment holding `parts` and return their index lines, for add_to_index: a call
