@@ -200,7 +200,7 @@ def gpu_workloads() -> dict[str, Workload]:
 
     def cache_decode_read() -> object:  # and a read of the positions written after each write, as attention does
         cache.zero_()
-        return [(write_position(cache, row, step), read_positions(cache, step + 1)) for step, row in enumerate(rows)]
+        return decode_steps(cache, rows, read=True)
     work["eager decode and reads, 64 MiB cache, 32 steps"] = (cache_decode_read, None)
     return work
 
@@ -355,25 +355,26 @@ def read_positions(cache: torch.Tensor, positions: int) -> torch.Tensor:
     return cache[:positions].sum(dim=0)  # as a decode step's attention reads the cache it wrote to
 
 
+def decode_steps(cache: torch.Tensor, rows: list[torch.Tensor], read: bool) -> None:
+    """Write row n at position n of `cache` (and, with `read`, read the positions written so far after each write)."""
+    for step, row in enumerate(rows):
+        write_position(cache, row, step)
+        if read:
+            read_positions(cache, step + 1)
+
+
 def chunked_decode(steps: int = 32, read: bool = False) -> dict[str, float]:
-    """A decode loop writing a 64 KiB position a step into a 64 MiB cache (and, with `read`, reading
-    the positions written so far after each write), bare and recorded."""
+    """decode_steps into a 64 MiB cache, a 64 KiB position a step, bare and recorded."""
     cache = torch.zeros(1024, 16384)  # 64 MiB, a position's 64 KiB contiguous
     rows = [torch.full((16384,), float(step + 1)) for step in range(steps)]
-
-    def loop() -> None:
-        for step, row in enumerate(rows):
-            write_position(cache, row, step)
-            if read:
-                read_positions(cache, step + 1)
     started = time.perf_counter()
-    loop()
+    decode_steps(cache, rows, read)
     bare = time.perf_counter() - started
     cache.zero_()  # from an empty cache again: every recorded step changes 64 KiB of it
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
         with replay.recording(Path(tmp) / "snap"):
-            loop()
+            decode_steps(cache, rows, read)
         recorded = time.perf_counter() - started
         stored = [f for f in (Path(tmp) / "snap").rglob("*") if f.is_file()]
         written = sum(f.stat().st_size for f in stored)

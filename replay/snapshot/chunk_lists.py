@@ -22,8 +22,6 @@ import numpy as np
 
 ROW = 36  # a list's row: the piece's sha256 and the number of its pack (uint32, LE)
 EDIT_ROW = 4 + ROW  # an edit's row: the piece's number (uint32, LE), then its list row
-
-
 EDITS_ROLE = "edits"  # an edit list's key in its call: edits/<the edited tensor's key>
 
 
