@@ -195,7 +195,7 @@ def gpu_workloads() -> dict[str, Workload]:
     rows = [torch.full((16384,), float(step + 1), device="cuda") for step in range(32)]
     def cache_decode() -> object:  # from an empty cache each run: every step changes 64 KiB of it
         cache.zero_()
-        return [write_position(cache, row, step) for step, row in enumerate(rows)]
+        return decode_steps(cache, rows, read=False)
     work["eager decode, 64 MiB cache, 32 steps"] = (cache_decode, None)
 
     def cache_decode_read() -> object:  # and a read of the positions written after each write, as attention does
