@@ -59,6 +59,7 @@ def test_a_decode_loop_stores_edits_of_one_list_and_reads_every_step_back(tmp_pa
         assert torch.equal(call.tensors["out/cache"], after), step
         before = seen[step - 1] if step else torch.zeros_like(after)
         assert torch.equal(call.tensors["in/cache"], before), step
+        assert torch.equal(call.tensors["in/row"], torch.full((ROW_FLOATS,), float(step + 1))), step
     described = descriptions(tmp_path / "snap")
     ins, outs = [d["in/cache"] for d in described], [d["out/cache"] for d in described]
     # the cache of zeros before the first step is the whole list; each step after edits it, until
@@ -79,11 +80,13 @@ def test_a_decode_step_stores_its_edits_in_its_call_not_a_list_in_a_file(tmp_pat
     decode(tmp_path / "snap", steps)
     outs = [tensors["out/cache"] for tensors in descriptions(tmp_path / "snap")]
     assert all(out["chunk_edits"] == "edits/out/cache" for out in outs)
+    # each step's new row (its one piece, stored in pieces with the cache's) edits the first row's list
+    rows = [tensors["in/row"] for tensors in descriptions(tmp_path / "snap")]
+    assert "chunk_edits" not in rows[0] and all(row["chunk_edits"] == "edits/in/row" for row in rows[1:])
     blobs = sorted((tmp_path / "snap" / "blobs").iterdir())
     whole = PIECES * chunk_lists.ROW
-    # one whole list of the cache; the rest, each step's row's one-piece list
-    assert sum(blob.stat().st_size >= whole for blob in blobs) == 1
-    assert all(blob.stat().st_size < 256 for blob in blobs if blob.stat().st_size < whole)
+    # two lists in files for the whole loop: the cache's (whole) and the first row's (one piece)
+    assert sorted(blob.stat().st_size >= whole for blob in blobs) == [False, True]
     # 16 steps' edits of 1..16 rows, 40 bytes each, in the segments: not 16 whole lists
     segments = sum(segment.stat().st_size for segment in (tmp_path / "snap" / "segments").iterdir())
     assert segments < steps * whole / 3

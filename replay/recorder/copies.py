@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Hashable
 
 import torch
 
@@ -126,8 +126,8 @@ class BlobRef:
         self._lock = threading.Lock()
 
     def resolve(self, writer: SnapshotWriter, release: Callable[[HostCopy], None], pool: PinnedPool,
-                pieced: bool = False) -> str | ChunkList:
-        """Its digest (or chunk list: put_read_only's `pieced`), stored by the first call to ask."""
+                pieced: bool = False, lineage: Hashable | None = None) -> str | ChunkList:
+        """Its digest (or chunk list: put_read_only's `pieced` and `lineage`), stored by the first call to ask."""
         with self._lock:
             if self.failure is not None:
                 raise self.failure
@@ -137,8 +137,8 @@ class BlobRef:
                 try:
                     if copy.landed is not None:  # another call's copy: its own call's events do not cover it
                         copy.landed.synchronize()
-                    self.digest = (_put_from_device(copy, writer, pool, pieced) if copy.on_device
-                                   else writer.put_read_only(copy.span, pieced))
+                    self.digest = (_put_from_device(copy, writer, pool, pieced, lineage) if copy.on_device
+                                   else writer.put_read_only(copy.span, pieced, lineage))
                 except Exception as exc:
                     self.failure = exc
                     raise
@@ -157,7 +157,8 @@ class BlobRef:
             release(copy)
 
 
-def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool, pieced: bool) -> str | ChunkList:
+def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool, pieced: bool,
+                     lineage: Hashable | None) -> str | ChunkList:
     """The digest of a blob waiting on the device: a blob the recording stored with the same
     checksums, or else the staged bytes brought over and stored."""
     history = copy.pieces
@@ -167,7 +168,7 @@ def _put_from_device(copy: HostCopy, writer: SnapshotWriter, pool: PinnedPool, p
     if digest is None:
         host, buffer = history.whole(pool.take)
         try:
-            digest = writer.put_read_only(torch.from_numpy(host).view(copy.span.dtype), pieced)
+            digest = writer.put_read_only(torch.from_numpy(host).view(copy.span.dtype), pieced, lineage)
         finally:
             if buffer is not None:
                 pool.give(buffer)

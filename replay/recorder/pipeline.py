@@ -405,7 +405,8 @@ class CallWriter:
         blobs: dict[str, str] = {}
         try:
             for key, (ref, _) in call.blobs.items():
-                stored = ref.resolve(self.writer, self.release, self.pool, call.writes_pieces)
+                stored = ref.resolve(self.writer, self.release, self.pool, call.writes_pieces,
+                                     (call.header["op"], key.partition("/")[2]))
                 if isinstance(stored, ChunkList):  # a row of what the call writes, in pieces
                     chunks[key] = stored
                 else:

@@ -205,12 +205,13 @@ class SnapshotWriter:
             return self._put_hashed_while_written(parts)
         return self._put(sha256_parts(*parts), lambda target: self._write(target, parts))
 
-    def put_read_only(self, span: torch.Tensor, pieced: bool) -> str | ChunkList:
+    def put_read_only(self, span: torch.Tensor, pieced: bool, lineage: Hashable | None = None) -> str | ChunkList:
         """Store a read-only tensor span once, by content: the digest of its blob, or, `pieced` and
         from CHUNK_BYTES up to PIECED_READ_ONLY_BYTES, its chunk list (its pieces shared with any
-        tensor holding the same bytes; two files, where a blob is one)."""
+        tensor holding the same bytes; a pack and the list's blob where a blob is one file, the
+        list the edits of `lineage`'s last one where put_pieces can)."""
         if pieced and CHUNK_BYTES <= span.numel() * span.element_size() < PIECED_READ_ONLY_BYTES:
-            return self.put_chunks(span)[0]
+            return self.put_chunks(span, lineage)[0]
         return self.put_blob(span)
 
     def _put_hashed_while_written(self, parts: Sequence[Any]) -> str:
@@ -250,14 +251,14 @@ class SnapshotWriter:
             self._write(target, [data])
         return digest
 
-    def put_chunks(self, span: torch.Tensor) -> tuple[ChunkList, list[str]]:
+    def put_chunks(self, span: torch.Tensor, lineage: Hashable | None = None) -> tuple[ChunkList, list[str]]:
         """Store a tensor span as CHUNK_BYTES pieces of its bytes, each named by its content: the
         pieces no call stored before go into one pack file (format 3), and the list of every
         piece's digest and pack (a [pieces, 36] uint8 blob) is stored as a blob; return how the
         call names the list, and the pieces' digests. A piece or a list another call already
-        stored costs nothing, nor does hashing a piece of zeros."""
+        stored costs nothing, nor does hashing a piece of zeros; with a `lineage`, see put_pieces."""
         raw = host_bytes(span)
-        return self.put_pieces(cut_bytes(raw), hashing.known_zeros(raw, CHUNK_BYTES))
+        return self.put_pieces(cut_bytes(raw), hashing.known_zeros(raw, CHUNK_BYTES), lineage)
 
     def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None,
                    lineage: Hashable | None = None) -> tuple[ChunkList, list[str]]:
