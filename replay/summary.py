@@ -51,6 +51,9 @@ class TensorSummary:
     exported: str | None = None
     exported_dtype: str | None = None
     chunked: bool = False  # stored in content-addressed pieces (format 2+)
+    # an output buffer before its call: the elements the call overwrote, whose values were not
+    # recorded (the statistics are of the others); None for every other tensor
+    overwritten: int | None = None
 
     @property
     def by_content(self) -> bool:
@@ -160,11 +163,15 @@ def summarise_call(record: CallRecord, roles: tuple[str, ...] = (), export_dir: 
                           {a["name"]: a["json"] for a in record.args if "json" in a},
                           record.returns_json, record.launch, triton=record.triton)
     for role, name, tensor in selected_tensors(record, roles):
+        key = f"{role}/{name}"
+        overwritten = record.overwritten.get(key)
+        stats = tensor_stats(tensor) if overwritten is None else {
+            **tensor_stats(tensor[~overwritten]), "numel": tensor.numel()}  # the filler is no value
         row = TensorSummary(role, name, DTYPE_NAMES[tensor.dtype], list(tensor.shape), list(tensor.stride()),
                             # a SymInt (torch's stubs allow one) only under symbolic tracing: a snapshot's are real
-                            record.recorded_offsets.get(f"{role}/{name}", cast(int, tensor.storage_offset())),
-                            record.blobs.get(f"{role}/{name}"), **tensor_stats(tensor),
-                            chunked=f"{role}/{name}" in record.chunked)
+                            record.recorded_offsets.get(key, cast(int, tensor.storage_offset())),
+                            record.blobs.get(key), **stats, chunked=key in record.chunked,
+                            overwritten=int(overwritten.sum()) if overwritten is not None else None)
         if export_dir is not None:
             target = export_dir / export_name(record.index, record.op, role, name)
             row.exported_dtype = export_tensor(tensor, target)

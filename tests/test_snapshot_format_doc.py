@@ -66,7 +66,14 @@ def test_the_documented_output_buffer_of_version_5_is_made_from_its_call(tmp_pat
     before = call.tensors["in/out"]
     assert before[3].item() == 7.0 and before[:3].isnan().all()  # kept where unchanged, 0xFF bytes elsewhere
     assert before.view(torch.int32)[:3].tolist() == [-1, -1, -1]
-    assert CliRunner().invoke(main, ["show", str(tmp_path / "example")]).exit_code == 0
+    assert call.overwritten["in/out"].tolist() == [True, True, True, False] and set(call.overwritten) == {"in/out"}
+    shown = CliRunner().invoke(main, ["show", str(tmp_path / "example")])
+    assert shown.exit_code == 0
+    # the filler is not shown as NaNs the call was given: the buffer is marked, its statistics are the kept element's
+    assert "out†" in shown.output and "† an output buffer before its call" in shown.output
+    described = CliRunner().invoke(main, ["show", str(tmp_path / "example"), "--json", "-"])
+    (buffer,) = [t for t in json.loads(described.output)["calls"][0]["tensors"] if t["role"] == "in" and t["name"] == "out"]
+    assert (buffer["overwritten"], buffer["nan"], buffer["min"], buffer["max"], buffer["numel"]) == (3, 0, 7.0, 7.0, 4)
 
 
 def test_snapshot_written_by_the_documented_producer_reads_back(tmp_path: Path) -> None:

@@ -83,9 +83,14 @@ def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path 
     console.print(_describe_manifest(summary), markup=False, highlight=False)
     for error in summary.manifest.get("capture_errors", []):
         console.print(f"[yellow]capture error:[/] {escape(str(error))}")
-    shared = any(t.by_content for c in summary.calls for t in c.tensors)
+    tensors = [t for c in summary.calls for t in c.tensors]
+    captions = [text for text, shown in (
+        ("* stored once by content (blobs/, packs/), shared between calls", any(t.by_content for t in tensors)),
+        ("† an output buffer before its call: what the elements the call overwrote held was not recorded "
+         "(--json: overwritten); the statistics are of the others",
+         any(t.overwritten is not None for t in tensors))) if shown]
     table = Table(title_justify="left", title=f"{len(summary.calls)} of {summary.calls_in_snapshot} calls",
-                  caption="* stored once by content (blobs/, packs/), shared between calls" if shared else None,
+                  caption="\n".join(captions) or None,
                   caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for column in COLUMNS:
         table.add_column(column, overflow="fold",  # a narrow terminal folds cells rather than dropping them
@@ -99,7 +104,7 @@ def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path 
                         + [""] * (len(COLUMNS) - 5))
         for t in call.tensors:
             strides = _tuple(t.stride) + (f" +{t.storage_offset}" if t.storage_offset else "")
-            rows.append([t.role, escape(t.name), t.dtype + ("*" if t.by_content else ""), _tuple(t.shape), strides,
+            rows.append([t.role, escape(t.name) + ("†" if t.overwritten is not None else ""), t.dtype + ("*" if t.by_content else ""), _tuple(t.shape), strides,
                          _number(t.min), _number(t.max), _number(t.mean), _count(t.nan), _count(t.inf)])
         for n, row in enumerate(rows):
             first = n == 0  # the call's index, op and variant head its group of rows

@@ -45,13 +45,18 @@ def unchanged_mask(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
     return (bits.view(-1, 8) << _shifts(bits.device)).sum(dim=1, dtype=torch.uint8)
 
 
+def changed_elements(mask: torch.Tensor, elements: int) -> torch.Tensor:
+    """Which of a span's `elements` elements the call changed (bool, 1-D): the mask's bits unset."""
+    return ((mask.view(-1, 1) >> _shifts(mask.device)) & 1).view(-1)[:elements] == 0
+
+
 def before_from(after: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The span before the call, made from the span after it (1-D) and its mask (checked by the
     caller: uint8, mask_bytes(after.numel()) long): after's elements where the bit is set; where
     not, FILL bytes, or for an element that is FILL bytes after the call, zero bytes; for bool,
     the opposite value. Every element the call changed thus differs, bit for bit, from what it
     left there."""
-    changed = ((mask.view(-1, 1) >> _shifts(mask.device)) & 1).view(-1)[:after.numel()] == 0
+    changed = changed_elements(mask, after.numel())
     made = after.clone()
     if after.dtype == torch.bool:  # any byte but 0 is True: only the other value differs
         made[changed] = ~after[changed]
