@@ -77,12 +77,15 @@ class Comparison:
             return f"rms error vs float64 {value[0]:.3g}, the reference's {value[1]:.3g} (factor {bound})"
         return f"{name} {value:.3g} (bound {bound})" if isinstance(value, (int, float)) else ""
 
-    def first_difference(self) -> str:
-        """'first at [0, 5]: -0.68649167 vs -0.6864917 (3 ulp; max 40 ulp)', or '' with no mismatch."""
+    def first_difference(self, sides: tuple[str, str] | None = None) -> str:
+        """'first at [0, 5]: -0.68649167 vs -0.6864917 (3 ulp; max 40 ulp)', actual vs expected, or ''
+        with no mismatch. With `sides` (the names of the expected side and of the actual one) each
+        value is named, the expected first: 'first at [0, 5]: A -0.6864917 vs B -0.68649167 (...)'."""
         if self.first_index is None or self.first_actual is None or self.first_expected is None:
             return ""
-        text = (f"first at {self.first_index}: {format_value(self.first_actual, self.dtype)} vs "
-                f"{format_value(self.first_expected, self.dtype)}")
+        actual, expected = format_value(self.first_actual, self.dtype), format_value(self.first_expected, self.dtype)
+        text = (f"first at {self.first_index}: {actual} vs {expected}" if sides is None else
+                f"first at {self.first_index}: {sides[0]} {expected} vs {sides[1]} {actual}")
         if self.first_ulp is not None:
             text += f" ({self.first_ulp} ulp; max {self.max_ulp} ulp)"
         return text

@@ -12,6 +12,7 @@ from replay.engine import RunReport
 from replay.engine.diff import DiffReport
 
 HEATMAP_WIDTH = 64
+SIDES = ("A", "B")  # `replay diff A B` compares B against A: its values are named, A's first
 
 
 def row_heatmap(bad_rows: list[int], rows: int | None) -> str:
@@ -89,7 +90,7 @@ def print_diff_report(console: Console, report: DiffReport, show_all: bool = Fal
         table.add_column(column, overflow="fold")
     for call in shown[:50]:
         for d in call.differences[:5]:
-            table.add_row(str(call.position), escape(call.op), escape(d["tensor"]), escape(describe_difference(d)))
+            table.add_row(str(call.position), escape(call.op), escape(d["tensor"]), escape(describe_difference(d, SIDES)))
     console.print(table)
     if len(shown) < len(report.calls):
         console.print(f"{len(report.calls) - len(shown)} more calls differ only after their inputs did (knock-on "
@@ -97,15 +98,16 @@ def print_diff_report(console: Console, report: DiffReport, show_all: bool = Fal
     first = report.first()
     if first and "tensor" in first:
         console.print(f"first divergence: call #{first['position']} ({first['op']}, its call {first['ordinal']}), "
-                      f"{first['tensor']}: {describe_difference(first)}", markup=False, highlight=False)
+                      f"{first['tensor']}: {describe_difference(first, SIDES)}", markup=False, highlight=False)
 
 
-def describe_difference(d: dict[str, Any]) -> str:
+def describe_difference(d: dict[str, Any], sides: tuple[str, str] | None = None) -> str:
+    """A difference in a line; `sides`: the names of what was compared, the expected first (Comparison.first_difference)."""
     c = d.get("comparison")
     if not c:
         return d["problem"]
     text = f"{c['mismatches']}/{c['numel']} elements, max abs {c['max_abs']:.3g}"
     if c.get("bad_rows"):
         text += f", rows {row_ranges(c['bad_rows'])}"
-    first = Comparison(**c).first_difference()
+    first = Comparison(**c).first_difference(sides)
     return f"{text}; {first}" if first else text

@@ -54,3 +54,4 @@ def test_launches_are_paired_by_kernel_and_ordinal(tmp_path: Path, device: str) 
     assert code == 1 and (first["op"], first["ordinal"], first["position"], first["tensor"]) == (CAST, 1, 2, "in/x_ptr")
     assert first["comparison"]["bad_rows"] == [5]
     assert f"first divergence: call #2 ({CAST}, its call 1), in/x_ptr: 1/32 elements" in shown and "rows 5" in shown
+    assert "first at [5, 2]: A 22.0 vs B 23.0" in shown  # each value named by its snapshot, A's first
