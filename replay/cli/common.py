@@ -127,6 +127,7 @@ def _git_bisect_in_progress() -> bool:
     return found.returncode == 0 and Path(found.stdout.strip()).is_file()
 
 
+PIPED_WIDTH = 200  # a report piped to a file or a log: tables keep their rows whole, not folded to 80 columns
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # C0 but tab and newline, DEL, C1
 
 
@@ -248,7 +249,10 @@ def finish(json_target: str | None, data: dict[str, Any], show: Callable[[Consol
     if json_target:
         write_json(json_target, data)
     if json_target != "-":
-        show(SafeConsole(highlight=False))
+        console = SafeConsole(highlight=False)
+        if not console.is_terminal:
+            console.width = PIPED_WIDTH
+        show(console)
     sys.exit(exit_code)
 
 

@@ -81,8 +81,6 @@ def command(ops: tuple[str, ...], batch_sizes: tuple[int, ...], chunks: tuple[in
 
 
 def _print(console: Console, reports: list[InvarianceReport]) -> None:
-    if not console.is_terminal:
-        console.width = 200
     table = Table(title_justify="left", title="batch invariance, bit for bit against each row alone")
     for column in ("op", "example", "property", "size", "calls", "verdict", "rows changed", "max ulp", "first"):
         table.add_column(column, overflow="fold")

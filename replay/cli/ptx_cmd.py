@@ -86,8 +86,6 @@ def command(targets: tuple[str, ...], snapshot: Path | None, archs: str, dtype: 
 
 
 def _print(console: Console, report: PtxReport, examples_device: str | None) -> None:
-    if not console.is_terminal:
-        console.width = 200  # piped output: keep names whole
     if examples_device == "cpu":
         console.print("[yellow]note:[/] the ops' examples ran on the CPU (Triton interpreter), so their launch "
                       "configurations are the ones a kernel picks there; where it picks by device (the GEMV tiles), "

@@ -78,8 +78,6 @@ def _show_ranks(parent: Path, selection: Selection, export_dir: Path | None, jso
 
 
 def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path | None) -> None:
-    if not console.is_terminal:
-        console.width = 200  # piped output: do not fold the table to 80 columns
     console.print(_describe_manifest(summary), markup=False, highlight=False)
     for error in summary.manifest.get("capture_errors", []):
         console.print(f"[yellow]capture error:[/] {escape(str(error))}")

@@ -83,8 +83,6 @@ def _write(path: Path, text: str) -> None:
 
 
 def _print(console: Console, timeline: list[TimelineCall], failing: set[int]) -> None:
-    if not console.is_terminal:
-        console.width = 200  # piped output: keep rows whole
     table = Table(title_justify="left", title=f"{len(timeline)} calls")
     for column in ("step", "layer", "call", "op", "variant", "kernel", "grid", "warps", "regs", "smem", "path",
                    "key parameters", "ms"):
