@@ -164,7 +164,7 @@ def summarise_call(record: CallRecord, roles: tuple[str, ...] = (), export_dir: 
                           record.returns_json, record.launch, triton=record.triton)
     for role, name, tensor in selected_tensors(record, roles):
         key = f"{role}/{name}"
-        overwritten = record.overwritten.get(key)
+        overwritten = record.overwritten(key)
         stats = tensor_stats(tensor) if overwritten is None else {
             **tensor_stats(tensor[~overwritten]), "numel": tensor.numel()}  # the filler is no value
         row = TensorSummary(role, name, DTYPE_NAMES[tensor.dtype], list(tensor.shape), list(tensor.stride()),

@@ -102,7 +102,8 @@ def _print_summary(console: Console, summary: SnapshotSummary, export_dir: Path 
                         + [""] * (len(COLUMNS) - 5))
         for t in call.tensors:
             strides = _tuple(t.stride) + (f" +{t.storage_offset}" if t.storage_offset else "")
-            rows.append([t.role, escape(t.name) + ("†" if t.overwritten is not None else ""), t.dtype + ("*" if t.by_content else ""), _tuple(t.shape), strides,
+            name = escape(t.name) + ("†" if t.overwritten is not None else "")
+            rows.append([t.role, name, t.dtype + ("*" if t.by_content else ""), _tuple(t.shape), strides,
                          _number(t.min), _number(t.max), _number(t.mean), _count(t.nan), _count(t.inf)])
         for n, row in enumerate(rows):
             first = n == 0  # the call's index, op and variant head its group of rows

@@ -69,9 +69,19 @@ class CallRecord:
     torch_op: dict[str, Any] | None = None  # a recorded PyTorch operator call: its typed and list arguments
     collective: dict[str, Any] | None = None  # a recorded torch.distributed collective: kind, group, rank
     declared: dict[str, Any] | None = None  # an op declared where it was decorated: how to declare it again
-    # an output buffer before its call (format 5): which elements of its view the call overwrote, so
-    # that what they held before was not recorded (their values here are filler, unwritten.py)
-    overwritten: dict[str, torch.Tensor] = field(default_factory=dict)
+    # an output buffer before its call (format 5): the mask of the elements the call left unchanged
+    # (its span's), and the view's geometry, for overwritten()
+    before_masks: dict[str, tuple[torch.Tensor, Geometry]] = field(default_factory=dict)
+
+    def overwritten(self, key: str) -> torch.Tensor | None:
+        """Which elements of tensor `key` its call overwrote (bool, `key`'s shape), where `key` is an
+        output buffer before its call (format 5): what they held was not recorded, and the values
+        there are filler (unwritten.py); None for every other tensor."""
+        found = self.before_masks.get(key)
+        if found is None:
+            return None
+        mask, geometry = found
+        return rebuild(unwritten.changed_elements(mask, geometry.span), replace(geometry, dtype="bool"))
 
     def role(self, role: str) -> dict[str, torch.Tensor]:
         """Tensors of one role ('in', 'out', 'state', 'tag'), by name, in recorded order."""
@@ -401,17 +411,12 @@ class Snapshot:
         masks = {geo["before"]["unchanged"] for geo in header["tensors"].values() if "before" in geo} | {
             geo["chunk_edits"] for geo in header["tensors"].values() if "chunk_edits" in geo}
         tensors: dict[str, torch.Tensor] = {}
-        overwritten: dict[str, torch.Tensor] = {}
         for key, geo in header["tensors"].items():
             if key in masks:
                 continue
             span = self._before(path, key, geo, stored, budget) if "before" in geo else stored[key]
             try:
                 tensors[key] = rebuild(span, Geometry.from_json(geo))
-                if "before" in geo:
-                    budget.spend(span.numel(), f"tensor {key!r}: which elements its call overwrote bring it to")
-                    changed = unwritten.changed_elements(stored[geo["before"]["unchanged"]], span.numel())
-                    overwritten[key] = rebuild(changed, replace(Geometry.from_json(geo), dtype="bool"))
             except ValueError as exc:
                 raise SnapshotError(f"{path}: tensor {key!r}: {one_line(exc)}") from None
             budget.view(_nbytes(tensors[key]), key)
@@ -425,7 +430,8 @@ class Snapshot:
                           recorded_offsets={k: g["storage_offset"] for k, g in described.items()},
                           triton=header.get("triton"), torch_op=header.get("torch_op"),
                           collective=header.get("collective"), declared=header.get("declared"),
-                          overwritten=overwritten)
+                          before_masks={k: (stored[g["before"]["unchanged"]], Geometry.from_json(g))
+                                        for k, g in described.items() if "before" in g})
 
 
 def rank_snapshots(path: Path) -> dict[int, Path]:
