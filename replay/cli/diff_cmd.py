@@ -44,6 +44,10 @@ def command(a: Path, b: Path | None, atol: float | None, rtol: float | None, met
     are counted, not listed (--all lists them). A later call whose inputs agree but
     whose outputs differ is a divergence of its own, and is listed.
 
+    B is compared against A (a relative tolerance is of A's values): a first
+    difference reads "first at [i, j]: A <value> vs B <value>", and in --json
+    "first_expected" is A's value, "first_actual" B's.
+
     A multi-rank recording (a directory of rank-<r>/ snapshots, as `replay record -- torchrun ...`
     writes) takes --ranks alone, is compared rank by rank with another multi-rank recording, or
     is put back together (--shard) and compared with a recording of the unsharded model.
