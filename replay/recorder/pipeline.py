@@ -119,6 +119,13 @@ class PendingBatch:
 Pending = PendingCall | PendingBatch
 
 
+def _lineage(site: Site) -> tuple[str, str]:
+    """The stores whose chunk lists edit one another (format 6): one tensor of one op, before and
+    after its call alike (a list the call left as it was is the same blob)."""
+    op, key = site
+    return op, key.partition("/")[2]
+
+
 class Ring:
     """The flight recorder's memory: the last `calls` calls, within `max_bytes` of what they hold
     (host copies; a graph replay held in a device ring counts its slot) (the newest call or replay
@@ -406,7 +413,7 @@ class CallWriter:
         try:
             for key, (ref, _) in call.blobs.items():
                 stored = ref.resolve(self.writer, self.release, self.pool, call.writes_pieces,
-                                     (call.header["op"], key.partition("/")[2]))
+                                     _lineage((call.header["op"], key)))
                 if isinstance(stored, ChunkList):  # a row of what the call writes, in pieces
                     chunks[key] = stored
                 else:
@@ -435,8 +442,7 @@ class CallWriter:
         stored the same bytes before; its list, as edits of the last whole list of its `site` where
         few pieces changed. An untracked copy's pieces alike the last untracked store of its
         `site` are not hashed either (repeats.py)."""
-        # one lineage for the tensor before and after its call: a list it left as it was is the same blob
-        lineage = (site[0], site[1].partition("/")[2])
+        lineage = _lineage(site)
         history = copy.pieces
         if history is None:
             raw = host_bytes(copy.span)

@@ -241,15 +241,13 @@ class Recording(GraphRecording):
             call.copies[tensor.key] = copier.copy(t, geometry=tensor.geometry)
 
     def _stored_in_chunks(self, t: torch.Tensor) -> bool:
-        storage = t.untyped_storage()
-        return (t.device, storage.data_ptr(), storage.nbytes()) in self._chunked_storages
+        return _storage_key(t) in self._chunked_storages
 
     def _note_chunked(self, t: torch.Tensor) -> None:
         """`t`'s storage is stored in chunks; the storages noted least lately go past CHUNKED_STORAGES
         (a block freed and given whole to another tensor is then stored in chunks too: another
         form, the same bytes)."""
-        storage = t.untyped_storage()
-        key = (t.device, storage.data_ptr(), storage.nbytes())
+        key = _storage_key(t)
         with self._chunked_lock:
             self._chunked_storages[key] = None
             self._chunked_storages.move_to_end(key)
@@ -390,6 +388,12 @@ class Recording(GraphRecording):
         """A call that failed before it was complete."""
         call.ready = copier.mark()
         self.calls.discard(call)
+
+
+def _storage_key(t: torch.Tensor) -> tuple[torch.device, int, int]:
+    """What names `t`'s storage among those stored in chunks: its device, address and bytes."""
+    storage = t.untyped_storage()
+    return t.device, storage.data_ptr(), storage.nbytes()
 
 
 def _dropped_summary(dropped: collections.Counter[tuple[int, str]], shown: int = 20) -> str:
