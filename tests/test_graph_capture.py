@@ -409,7 +409,7 @@ def test_a_dump_reads_a_graphs_ring_once_however_the_program_replays_meanwhile(
         for values in fed[:3]:
             _replay_twin(rec, tape, x, y, weight, values)
         assert rec.ring is not None
-        held, _ = rec.ring.take()
+        held, _, _ = rec.ring.take()
         taken: dict = {}
         assert held[0].bring_over(taken)
         for values in fed[3:]:  # these fill every slot of the ring again

@@ -18,10 +18,11 @@ store. Correctness rests on the checksums alone, not on the memory being the sam
 checksums mean equal bytes but for odds far below any hardware fault's (piece_sums.py), so a
 piece named by a reused digest holds what the digest says.
 
-A flight recording keeps whole host copies (its ring may forget the store a later one would
-refer to), and so does a store that finds no room to stage in (DEVICE_STAGING_BYTES; a blocking
-recording first waits a while on the host for its writers to let staged stores go); both still
-flag what changed, so the writer hashes only that.
+A store that finds no room to stage in (DEVICE_STAGING_BYTES; a blocking recording first waits a
+while on the host for its writers to let staged stores go) comes to the host whole, still flagging
+what changed, so the writer hashes only that. A flight recording stages as a full one does and
+brings a store's changed pieces to the host once its launch has run (settle(): HeldPieces), to
+hold them until a dump (flight_pieces.py).
 Beyond the store before: pieces alike within a store come over and are hashed once, a piece any
 store of the recording hashed is known by its checksums and length (up to SEEN_PIECES of them,
 then the cache starts again), and a store that changed nothing takes the store before's list whole,
@@ -132,6 +133,30 @@ class KnownContent:
 
 
 @dataclass
+class HeldPieces:
+    """Pieces of a store held on the host (a flight recording's): piece n at slot `slots[n]` of
+    `host` (None: every piece, in order), in a pooled buffer `give_back` returns."""
+    host: np.ndarray
+    slots: dict[int, int] | None
+    give_back: Callable[[], None] = nothing
+
+    @property
+    def whole(self) -> bool:
+        return self.slots is None
+
+    @property
+    def nbytes(self) -> int:
+        return self.host.nbytes
+
+    def has(self, piece: int) -> bool:
+        return self.slots is None or piece in self.slots
+
+    def piece(self, piece: int, length: int) -> np.ndarray:
+        slot = piece if self.slots is None else self.slots[piece]
+        return self.host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + length]
+
+
+@dataclass
 class PieceHistory:
     """One store of a tracked tensor: where its checksums are (`place`: every piece's two checksums
     and whether it differs from the store before it from the same memory, on the host once their
@@ -153,8 +178,15 @@ class PieceHistory:
     # gives the staged buffer back for reuse (DeviceBuffers): held by the _Hold alone, which lets go of it
     give_staged: InitVar[Callable[[], None]] = nothing
     _key: bytes | None = None
+    # stores that compare with this one and were neither written, nor failed, nor forgotten by a flight
+    # recording's ring (which keeps the bytes of a store it forgets while some are left: flight_pieces.py)
+    successors: int = 0
+    memory: tuple[torch.device, int, int] | None = None  # what the tracker knows its memory by
+    held: HeldPieces | None = None  # its changed pieces on the host (settle())
 
     def __post_init__(self, give_staged: Callable[[], None]) -> None:
+        if self.previous is not None:
+            self.previous.successors += 1
         # held by this store alone: one dropped unwritten (its call abandoned) gives its bytes back as it goes
         self._hold = _Hold(self.staged.numel() if self.staged is not None else 0, self._let_go, give_staged)
 
@@ -171,7 +203,7 @@ class PieceHistory:
     def known(self) -> list[str | None] | None:
         """The sha256 of each piece that did not change since the store before (None where it did,
         or for all when the store before was not hashed), waiting for that store's writer."""
-        previous, self.previous = self.previous, None  # the chain of stores is let go as it is written
+        previous = self.leave_previous()  # the chain of stores is let go as it is written
         if previous is None or self.changed is None:
             return None
         previous._done.wait()
@@ -229,22 +261,61 @@ class PieceHistory:
         the known), what is known, and the host buffer (from `take`) the pieces are views into, to
         give back once they are written. Called on a writer thread once the call's copies landed:
         one gather and one copy on a stream of its own."""
-        assert self.staged is not None
         resolved, alike, wanted, zeros = self.plan(known)
-        try:
-            if known is None and not self.cloned and self.changed is not None and not bool(self.changed.all()):
-                raise OSError("the pieces this store shares with the one before were never written")
-            host, buffer = self._bring_over(wanted, take)
-        finally:
-            self._release_staged()
         found: list[np.ndarray | None] = [None] * len(resolved)
-        for slot, n in enumerate(wanted):
-            found[n] = host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + self._length(n)]
+        held, buffer = self.held, None
+        if held is not None:  # on the host already: what was not brought over is not there
+            if not all(held.has(n) for n in wanted):
+                raise OSError("the pieces this store shares with the one before were never written")
+            for n in wanted:
+                found[n] = held.piece(n, self._length(n))
+        else:
+            if self.staged is None:
+                raise OSError("its staged pieces were lost before they came to the host")
+            try:
+                if known is None and not self.cloned and self.changed is not None and not bool(self.changed.all()):
+                    raise OSError("the pieces this store shares with the one before were never written")
+                host, buffer = self._bring_over(wanted, take)
+            finally:
+                self._release_staged()
+            for slot, n in enumerate(wanted):
+                found[n] = host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + self._length(n)]
         for n, first in alike.items():
             found[n] = found[first]
         for n in zeros:
             found[n] = _ZEROS[:self._length(n)]
         return found, resolved, buffer
+
+    def landed(self) -> bool:
+        """Whether its checksums (and staged pieces) are done, without waiting."""
+        return self.place.checksums.query()
+
+    def settle(self, take: Callable[[int], torch.Tensor], give: Callable[[torch.Tensor], None]) -> None:
+        """Bring its changed pieces (every piece, where it compared with nothing) from the device
+        into a host buffer from `take`, given back with `give` once written or forgotten, and let
+        the staged device memory go: what a flight recording holds of a store (held)."""
+        changed = self.changed
+        pieces = len(self.sums)
+        wanted = list(range(pieces)) if changed is None else np.flatnonzero(changed).tolist()
+        try:
+            host, buffer = self._bring_over(wanted, take)
+        finally:
+            self._release_staged()
+        slots = None if len(wanted) == pieces else {n: slot for slot, n in enumerate(wanted)}
+        self.held = HeldPieces(host, slots, (lambda: give(buffer)) if buffer is not None else nothing)
+
+    def leave_previous(self) -> PieceHistory | None:
+        """Stop comparing with the store before (written, failed or forgotten): it has one
+        successor less. That store, returned."""
+        previous, self.previous = self.previous, None
+        if previous is not None:
+            previous.successors -= 1
+        return previous
+
+    def release_held(self) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            held.give_back()
 
     def whole(self, take: Callable[[int], torch.Tensor]) -> tuple[np.ndarray, torch.Tensor | None]:
         """A store staged whole (a blob's), on the host, and the pooled buffer (from `take`) it is
@@ -302,8 +373,10 @@ class PieceHistory:
         number; None: every changed one) are known by their checksums from now on, and the whole
         store by its content key."""
         self._release_staged()
+        self.release_held()
         if self._done.is_set():
             return
+        self.leave_previous()
         if digests is not None:
             if new is None:
                 every = range(len(digests))
@@ -313,7 +386,7 @@ class PieceHistory:
                 self.recorded.remember_pieces([(key, digests[n]) for n, key in self._keys(new)])
             if chunk_list is not None:
                 self.recorded.remember_store(self.content_key(), digests, chunk_list)
-        self.digests, self.chunk_list, self.previous = digests, chunk_list, None
+        self.digests, self.chunk_list = digests, chunk_list
         self._done.set()
 
     def _release_staged(self) -> None:
@@ -431,6 +504,7 @@ class PieceTracker:
             last = None
         history = self._add(batch, run, t.device, last, stage, staged_only=False, clone=clone)
         assert history is not None
+        history.memory = key
         with self._lock:  # the memory stored last moves to the end; past MEMORIES_KEPT the oldest is forgotten
             replaced = self._last.pop(key, None)
             self._last[key] = history
@@ -532,9 +606,18 @@ class PieceTracker:
             self._waited_in_vain = False
             self._room.notify_all()
 
-    def forget(self) -> None:
-        """The recording is over: let go of the device checksums (the writers still finish theirs)."""
+    def is_last(self, history: PieceHistory) -> bool:
+        """Whether `history` is the last store of its memory: the next store compares with it."""
+        with self._lock:
+            return history.memory is not None and self._last.get(history.memory) is history
+
+    def restart(self) -> None:
+        """Let go of every memory's last store: the next store of each compares with nothing."""
         with self._lock:
             last, self._last = self._last, {}
         del last  # outside the lock, as in observe()
+
+    def forget(self) -> None:
+        """The recording is over: let go of the device checksums (the writers still finish theirs)."""
+        self.restart()
         self.buffers.close()

@@ -273,14 +273,13 @@ class Copier:
         self._note_staged(tracker, pieces)  # before anything else may raise: the call's mark() counts it
         return HostCopy(_no_bytes(t.dtype), geometry, pieces=pieces, landed=pieces.place.checksums, on_device=True)
 
-    def copy_chunked(self, t: torch.Tensor, tracker: PieceTracker, stage: bool,
-                     geometry: Geometry | None = None) -> HostCopy:
+    def copy_chunked(self, t: torch.Tensor, tracker: PieceTracker, geometry: Geometry | None = None) -> HostCopy:
         """A copy of a large tensor the program changes in place, to be stored in pieces: where
-        `tracker` follows its device, the pieces changed since its last store are flagged there
-        and, with `stage`, copied there too, for a writer to bring over later (else the whole
-        span comes to the host now, as copy() does)."""
+        `tracker` follows its device, the pieces changed since its last store are flagged and
+        copied there, for a writer (or a flight recording's ring) to bring over later; else, or
+        where there is no room to stage them, the whole span comes to the host now, as copy() does."""
         geometry = geometry or geometry_of(t)
-        pieces = tracker.observe(t, stage, self._batch(t.device), self._before_call, geometry)
+        pieces = tracker.observe(t, True, self._batch(t.device), self._before_call, geometry)
         if pieces is not None and pieces.staged is not None:
             self._note_staged(tracker, pieces)
             if t.is_cuda:

@@ -22,6 +22,7 @@ import torch
 _DEVICE_TO_HOST, _DEVICE_TO_DEVICE = 2, 3  # cudaMemcpyKind
 HOST_TWINS: tuple[str, ...] = ()  # device types served by HostRuntime (tests add "cpu")
 _DISABLE_TIMING = 2  # cudaEventDisableTiming: an event only waited for records no time
+_NOT_READY = 600  # cudaErrorNotReady: what cudaEventQuery says of work still queued
 
 
 class Runtime:
@@ -36,6 +37,7 @@ class Runtime:
                                 ("cudaGetLastError", [])):
             function = getattr(self.keeping, name)
             function.argtypes, function.restype = arguments, ctypes.c_int
+        self.keeping.cudaEventQuery.argtypes, self.keeping.cudaEventQuery.restype = [pointer], ctypes.c_int
         for name in ("cudaEventSynchronize", "cudaStreamSynchronize"):
             function = getattr(self.waiting, name)
             function.argtypes, function.restype = [pointer], ctypes.c_int
@@ -97,6 +99,10 @@ class Event:
         if code:
             self._runtime.fail(code, "cudaEventSynchronize")
 
+    def query(self) -> bool:
+        """Whether the work before it has run, without waiting (an error: True, for synchronize() to raise)."""
+        return self._runtime.keeping.cudaEventQuery(self._handle) != _NOT_READY
+
     def __del__(self) -> None:
         if self._handle:  # made: let go (errors as the process ends, when the context is gone, ignored)
             self._runtime.keeping.cudaEventDestroy(self._handle)
@@ -132,6 +138,9 @@ class _Done:
 
     def synchronize(self) -> None:
         pass
+
+    def query(self) -> bool:
+        return True
 
 
 _HOST, _DONE = HostRuntime(), _Done()

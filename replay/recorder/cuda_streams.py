@@ -42,6 +42,8 @@ class Landing(Protocol):
     """What readers of host copies wait on: an event, or what stands for one."""
     def synchronize(self) -> None: ...
 
+    def query(self) -> bool: ...
+
 
 def event_now(device: torch.device) -> Landing:
     """An event recorded on `device`'s current stream: it passes once the work issued there so far has run."""

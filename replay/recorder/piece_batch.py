@@ -98,6 +98,13 @@ class Checksums:
         if self._event is not None:
             self._event.synchronize()
 
+    def query(self) -> bool:
+        """Whether the checksums are on the host, without waiting (a failed launch: True, for
+        synchronize() to raise)."""
+        if not self._launched.is_set():
+            return False
+        return self._failure is not None or self._event is None or self._event.query()
+
     def host(self) -> np.ndarray:
         """Every row on the host, waiting for the launch (the pinned buffer goes back then)."""
         with self._lock:

@@ -17,14 +17,19 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
+from replay.recorder.chunk_changes import PieceHistory
 from replay.recorder.copies import BlobRef, HostCopy, PinnedPool
+from replay.recorder.flight_pieces import FlightPieces
 from replay.recorder.repeats import Repeats, Site
 from replay.snapshot import SnapshotWriter
 from replay.snapshot.chunk_lists import ChunkList
 from replay.snapshot.tensors import Geometry
 from replay.snapshot.writer import CallPart, cut_bytes, host_bytes
+
+if TYPE_CHECKING:
+    import torch
 
 WHEN_FULL = ("block", "drop")
 DEFAULT_QUEUE_DEPTH = 64
@@ -128,45 +133,69 @@ def _lineage(site: Site) -> tuple[str, str]:
 
 class Ring:
     """The flight recorder's memory: the last `calls` calls, within `max_bytes` of what they hold
-    (host copies; a graph replay held in a device ring counts its slot) (the newest call or replay
-    is kept even alone over the budget); older ones are forgotten as new ones come. A graph replay
-    is held whole, or cut at the front when more than `calls` are held."""
+    (host copies; a graph replay held in a device ring counts its slot; stores in pieces, what
+    `stores` holds of them and of the stores they compare with) (the newest call or replay is kept
+    even alone over the budget); older ones are forgotten as new ones come. A graph replay is held
+    whole, or cut at the front when more than `calls` are held."""
 
-    def __init__(self, calls: int, max_bytes: int, forget: Callable[[Pending], None]):
+    def __init__(self, calls: int, max_bytes: int, forget: Callable[[Pending], None],
+                 stores: FlightPieces | None = None):
         if isinstance(calls, bool) or not isinstance(calls, int) or calls < 1:
             raise ValueError(f"ring={calls!r}: must be a whole number of calls, at least 1")
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"ring_bytes={max_bytes!r}: must be a positive number of bytes")
-        self.calls, self.max_bytes, self._forget = calls, max_bytes, forget
+        self.calls, self.max_bytes, self._forget, self.stores = calls, max_bytes, forget, stores
         self._held: collections.deque[Pending] = collections.deque()
+        self._sizes: collections.deque[int] = collections.deque()  # each held one's bytes but its stores'
         self._bytes = 0
         self._count = 0  # calls held
         self._lock = threading.Lock()
 
     def add(self, pending: Pending) -> None:
+        stores = self.stores
         with self._lock:
+            size = pending.nbytes if stores is None else _untracked_bytes(pending)
             self._held.append(pending)
-            self._bytes += pending.nbytes
+            self._sizes.append(size)
+            self._bytes += size
             self._count += pending.count
-            while len(self._held) > 1 and (self._count - self._held[0].count >= self.calls
-                                           or self._bytes > self.max_bytes):
+            if stores is not None:
+                stores.added(pending)
+            while True:
+                over = self._bytes + (stores.nbytes if stores is not None else 0) > self.max_bytes
+                if over and stores is not None and stores.shed():
+                    continue
+                if len(self._held) < 2 or not (over or self._count - self._held[0].count >= self.calls):
+                    return
                 oldest = self._held.popleft()
-                self._bytes -= oldest.nbytes
+                self._bytes -= self._sizes.popleft()
                 self._count -= oldest.count
+                if stores is not None:
+                    stores.forget(oldest)
                 self._forget(oldest)
 
-    def take(self) -> tuple[list[Pending], int]:
-        """Everything held, oldest first, and how many calls that is (at most `calls`: a replay
-        at the front is cut); the ring is empty after."""
+    def take(self) -> tuple[list[Pending], int, list[tuple[PieceHistory, Site]]]:
+        """Everything held, oldest first, how many calls that is (at most `calls`: a replay at the
+        front is cut), and the bases its stores in pieces name pieces of (FlightPieces.take);
+        the ring is empty after."""
         with self._lock:
             held, self._held = list(self._held), collections.deque()
+            self._sizes.clear()
             count, self._count, self._bytes = self._count, 0, 0
+            bases = self.stores.take() if self.stores is not None else []
         if held and count > self.calls:
             front = held[0]
             assert isinstance(front, PendingBatch)  # only a replay holds more than one call
             front.skip += count - self.calls
             count = self.calls
-        return held, count
+        return held, count, bases
+
+
+def _untracked_bytes(pending: Pending) -> int:
+    """What a call's host copies hold but for its stores a FlightPieces follows (a replay: all)."""
+    if isinstance(pending, PendingBatch):
+        return pending.nbytes
+    return sum(copy.nbytes for copy in pending.copies.values() if not (copy.chunked and copy.pieces is not None))
 
 
 def check_options(depth: int, when_full: str) -> None:
@@ -449,15 +478,28 @@ class CallWriter:
             listed, digests = self.writer.put_pieces(cut_bytes(raw), self._repeats.known(site, raw), lineage)
             self._repeats.keep(site, copy, raw, digests)
             return listed
+        return self._put_tracked(history, lineage, None if copy.on_device or history.held is not None else copy.span)
+
+    def put_base(self, history: PieceHistory, site: Site) -> None:
+        """A flight recording's base (flight_pieces.py): its pieces stored, for the stores a dump
+        writes after it to name (a failure fails those stores, which say so)."""
+        try:
+            self._put_tracked(history, _lineage(site), None)
+        except Exception:
+            history.hashed(None)
+
+    def _put_tracked(self, history: PieceHistory, lineage: tuple[str, str], span: torch.Tensor | None) -> ChunkList:
+        """Store a tracked store's pieces: from where they wait (the device, or the host pieces a
+        flight recording held), or from `span`, the tensor on the host whole."""
         same = history.stored_before()
         if same is not None:
             history.hashed(*same, new=[])  # nothing comes over: its staged pieces are let go
             return same[1]
         buffer = None
-        if copy.on_device:
+        if span is None:
             pieces, known, buffer = history.fetch(history.known(), self.pool.take)
         else:  # on the host whole: pieces known by checksums, or alike, are not hashed
-            pieces = cut_bytes(host_bytes(copy.span))
+            pieces = cut_bytes(host_bytes(span))
             known, alike, _, _ = history.plan(history.known())  # the pieces are all here
             for n, first in alike.items():
                 pieces[n] = pieces[first]

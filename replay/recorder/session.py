@@ -26,6 +26,7 @@ import torch
 from replay import settings
 from replay.recorder import graphs, staging, stream_order
 from replay.recorder.chunk_changes import PieceTracker
+from replay.recorder.flight_pieces import FlightPieces
 from replay.recorder.footprint import Footprint, StorageIds
 from replay.recorder.stream_order import StreamClocks
 from replay.recorder.graph_recording import GraphRecording
@@ -101,8 +102,10 @@ class Recording(GraphRecording):
         self.options = options
         self.strict = options.strict if options.strict is not None else settings.CAPTURE_STRICT.get()
         self.tag_level = options.tag_level if options.tag_level is not None else _tag_level_from_env()
+        self.pieces = PieceTracker(wait_for_room=self.options.when_full == "block")
         # a flight recording; its options are checked before anything is made on disk
-        self.ring = (Ring(options.ring, options.ring_bytes, lambda pending: self.calls.discard(pending))
+        self.ring = (Ring(options.ring, options.ring_bytes, lambda pending: self.calls.discard(pending),
+                          FlightPieces(self.pieces, SHARED_POOL))
                      if options.ring is not None else None)
         self.writer = SnapshotWriter(path, notes=options.notes, durability=options.durability)
         # strict capture writes on the calling thread, so that a failure raises in the call that met it
@@ -117,7 +120,6 @@ class Recording(GraphRecording):
         self._chunked_storages: collections.OrderedDict[tuple[torch.device, int, int], None] = \
             collections.OrderedDict()
         self._chunked_lock = threading.Lock()
-        self.pieces = PieceTracker(wait_for_room=self.options.when_full == "block")
         self.pieces.before_waiting = self.calls.hand_off
         self._reported: set[str] = set()
         self._report_lock = threading.Lock()
@@ -148,7 +150,9 @@ class Recording(GraphRecording):
     def dump(self) -> int:
         """A flight recording: write the calls it holds now and return how many (the ring is then
         empty; later calls fill it again). Otherwise: flush, and 0 (every call is written anyway)."""
-        held, count = self.ring.take() if self.ring is not None else ([], 0)
+        held, count, bases = self.ring.take() if self.ring is not None else ([], 0, [])
+        for base, site in bases:  # the pieces the stores held name without holding them
+            self.calls.put_base(base, site)
         taken: dict[int, Any] = {}  # the device rings read so far
         for pending in held:
             try:
@@ -168,8 +172,11 @@ class Recording(GraphRecording):
     def close(self) -> None:
         """Report the dropped calls, write every queued call, and flush the files to disk (a flight
         recording's held calls are let go: it writes only when dumped)."""
-        for pending in self.ring.take()[0] if self.ring is not None else []:
+        held, _, bases = self.ring.take() if self.ring is not None else ([], 0, [])
+        for pending in held:
             self.calls.discard(pending)
+        for base, _ in bases:
+            base.hashed(None)
         if self._unrecorded_calls or self._unrecorded_replays:
             self.report(f"CUDA graphs: {self._unrecorded_calls} calls captured where the recording cannot follow "
                         f"them (a capture begun before the recording began) and {self._unrecorded_replays} "
@@ -232,8 +239,7 @@ class Recording(GraphRecording):
         if tensor.reusable and not chunked and t.numel() * t.element_size() >= self.options.blob_threshold:
             call.blobs[tensor.key] = (self.blob(t, copier, tensor.geometry), tensor.geometry)
         elif chunked:
-            # a flight recording holds host copies: its ring may forget the store a later one refers to
-            call.copies[tensor.key] = copier.copy_chunked(t, self.pieces, self.ring is None, tensor.geometry)
+            call.copies[tensor.key] = copier.copy_chunked(t, self.pieces, tensor.geometry)
             if tensor.persistent:
                 self._note_chunked(t)
                 call.writes_pieces = True

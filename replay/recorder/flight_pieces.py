@@ -1,0 +1,176 @@
+"""A flight recording's stores in pieces (a KV cache a decode step writes a row of), held as the
+pieces each store changed, not as whole copies.
+
+As in a full recording, a store's changed pieces are flagged and staged on the device
+(chunk_changes.py). Once its launch has run (asked without waiting, each time the ring takes a
+call) they come to the host and the staged device memory goes back: the ring holds a decode
+step's 64 KiB, not its 64 MiB cache. A held store names its unchanged pieces by the store before
+it of the same memory, which the ring may have forgotten; so when the ring forgets a store that
+others still compare with, its bytes are kept whole (a base): a first store is whole already
+(every piece changed), a later one takes the whole bytes of the base before it and writes its
+own changed pieces in (moved where nothing else needs that base: a copy of the pieces a step
+changed, not of the cache). A dump writes the bases' pieces first; the stores it holds then name
+their unchanged pieces by a base's digests, as a full recording's do by the store before's. One
+base a memory is live at a time in a decode loop; a base no held store compares with (its memory
+stored last long ago) goes first when the ring is over its byte budget, and the next store of its
+memory is then whole.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Iterator
+
+from replay.recorder.chunk_changes import HeldPieces, PieceHistory, PieceTracker
+from replay.recorder.copies import HostCopy, PinnedPool
+from replay.recorder.device_buffers import nothing
+from replay.recorder.repeats import Site
+from replay.snapshot.writer import CHUNK_BYTES, host_bytes
+
+# Staged device bytes of stores whose launch has not run, past which the ring waits for the oldest
+# to settle: a program that runs far ahead of its device must not stage a cache a call without end.
+SETTLE_WAIT_BYTES = 1 << 30
+
+
+class FlightPieces:
+    """The tracked stores a flight recording's ring holds, and the bases of those it forgot.
+    Called under the ring's lock (Ring), so one thread at a time."""
+
+    def __init__(self, tracker: PieceTracker, pool: PinnedPool) -> None:
+        self._tracker, self._pool = tracker, pool
+        self._unsettled: collections.deque[PieceHistory] = collections.deque()
+        self._unsettled_bytes = 0
+        self._bases: dict[int, tuple[PieceHistory, Site]] = {}  # id(history): the base, and whose store it was
+        self.nbytes = 0  # host bytes held: settled pieces of held stores, and bases
+
+    def added(self, pending: object) -> None:
+        """A call the ring took: its stores wait to settle; those that landed settle now."""
+        for _, copy in _tracked(pending):
+            history = copy.pieces
+            assert history is not None
+            if copy.on_device:
+                self._unsettled.append(history)
+                self._unsettled_bytes += history.nbytes
+            else:  # no room to stage it: on the host whole, the pooled buffer now the history's
+                buffer, copy.buffer = copy.buffer, None
+                give = (lambda: self._pool.give(buffer)) if buffer is not None else nothing
+                history.held = HeldPieces(host_bytes(copy.span), None, give)
+                self.nbytes += history.held.nbytes
+        self._settle_landed()
+
+    def _settle_landed(self) -> None:
+        while self._unsettled:
+            history = self._unsettled[0]
+            if self._unsettled_bytes <= SETTLE_WAIT_BYTES and not history.landed():
+                return  # the later ones are queued behind it
+            self._settle(self._unsettled.popleft())
+
+    def _settle(self, history: PieceHistory) -> None:
+        self._unsettled_bytes -= history.nbytes
+        if history.staged is None:  # written, failed or forgotten meanwhile
+            return
+        try:
+            history.settle(self._pool.take, self._pool.give)
+        except Exception:  # said when a dump meets the store (PieceHistory.fetch)
+            return
+        assert history.held is not None
+        self.nbytes += history.held.nbytes
+
+    def forget(self, pending: object) -> None:
+        """The ring forgets `pending`: each of its stores is kept whole as a base where a store
+        compares with it, or is let go."""
+        tracked = list(_tracked(pending))
+        if not tracked:
+            return
+        pending.ready()  # type: ignore[attr-defined]  # a store copied whole must have landed to be read
+        for key, copy in tracked:
+            history, copy.pieces = copy.pieces, None  # handled here: the ring's discard must not fail it
+            assert history is not None
+            if history.staged is not None:  # still on the device: its launch has run (ready)
+                self._unsettled.remove(history)
+                self._settle(history)
+            if history.held is not None:
+                self.nbytes -= history.held.nbytes
+            if history.successors or self._tracker.is_last(history):
+                self._keep_whole(history, (pending.header["op"], key))  # type: ignore[attr-defined]
+            else:
+                self._let_go(history)
+
+    def _keep_whole(self, history: PieceHistory, site: Site) -> None:
+        """Make `history` a base: its bytes whole on the host."""
+        held, previous = history.held, history.previous
+        if held is None:  # its pieces were lost: the stores after it fail when dumped, and say so
+            self._let_go(history)
+            return
+        if not held.whole:
+            base = self._bases.get(id(previous)) if previous is not None else None
+            if base is None or previous is None or previous.held is None or not previous.held.whole:
+                self._let_go(history)  # nothing whole before it (cannot happen but for a lost store)
+                return
+            # the base's bytes move where this store alone needs them; else they are copied
+            moved = previous.successors == 1 and not self._tracker.is_last(previous)
+            whole = previous.held if moved else HeldPieces(previous.held.host.copy(), None)
+            if moved:
+                self.nbytes -= previous.held.nbytes
+                previous.held = None
+            for piece, slot in (held.slots or {}).items():
+                at, length = piece * CHUNK_BYTES, min(CHUNK_BYTES, history.nbytes - piece * CHUNK_BYTES)
+                whole.host[at:at + length] = held.host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + length]
+            history.held = whole
+            held.give_back()
+        history.compared = False  # whole: every piece is its own
+        self._let_go_of_previous(history)
+        self._bases[id(history)] = (history, site)
+        assert history.held is not None
+        self.nbytes += history.held.nbytes
+
+    def _let_go(self, history: PieceHistory) -> None:
+        """A store no dump will write: its host bytes go back, and the base before it if nothing
+        else needs that."""
+        previous = history.previous
+        history.hashed(None)  # failed: a store of its memory compares with nothing from now on
+        if previous is not None:
+            self._drop_if_unneeded(previous)
+
+    def _let_go_of_previous(self, history: PieceHistory) -> None:
+        previous = history.leave_previous()
+        if previous is not None:
+            self._drop_if_unneeded(previous)
+
+    def _drop_if_unneeded(self, base: PieceHistory) -> None:
+        if id(base) in self._bases and not base.successors and not self._tracker.is_last(base):
+            self._drop_base(base)
+
+    def _drop_base(self, base: PieceHistory) -> None:
+        del self._bases[id(base)]
+        if base.held is not None:
+            self.nbytes -= base.held.nbytes
+        base.hashed(None)
+
+    def shed(self) -> bool:
+        """Let go of a base no held store compares with (its memory's next store is then whole),
+        the oldest first; False where there is none."""
+        for base, _ in self._bases.values():
+            if not base.successors:
+                self._drop_base(base)
+                return True
+        return False
+
+    def take(self) -> list[tuple[PieceHistory, Site]]:
+        """For a dump of everything the ring holds: the bases, to be written before its calls.
+        Every memory's next store compares with nothing then (whole), as the ring starts again."""
+        bases, self._bases = list(self._bases.values()), {}
+        self._unsettled.clear()
+        self._unsettled_bytes = self.nbytes = 0
+        self._tracker.restart()
+        return bases
+
+    def close(self) -> None:
+        """The recording ends undumped: the bases go back."""
+        for base, _ in self.take():
+            base.hashed(None)
+
+
+def _tracked(pending: object) -> Iterator[tuple[str, HostCopy]]:
+    """A call's stores in pieces that the tracker follows (a graph replay's copies are slabs)."""
+    copies: dict[str, HostCopy] = getattr(pending, "copies", {})
+    return ((key, copy) for key, copy in copies.items() if copy.chunked and copy.pieces is not None)

@@ -1,0 +1,110 @@
+"""A flight recording's stores in pieces (replay/recorder/flight_pieces.py): a decode step's ring
+holds the pieces the step changed, not a copy of its cache, and a dump writes what a full
+recording of the same calls holds. The device logic runs on CPU tensors in Triton's interpreter
+here (chunk_changes.DEVICES gains "cpu"), as on a GPU."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import replay
+from replay.recorder import chunk_changes
+from replay.snapshot import Snapshot, writer
+
+PIECE = writer.CHUNK_BYTES
+CACHE_BYTES = 64 * 4096 * 4  # 1 MiB: 16 pieces, a row a quarter of one
+
+
+@replay.capture("flight_write_row", mutates=("cache",))
+def write_row(cache: torch.Tensor, row: torch.Tensor, position: int) -> None:
+    cache[position] = row
+
+
+def decode(cache: torch.Tensor, steps: range, device: str) -> None:
+    """Write a row a step (rows nine apart: a piece each step), and change a row outside any
+    recorded call every third step, so that a call's store before it differs from the last one's after."""
+    for step in steps:
+        if step % 3 == 2:
+            cache[63] += 1
+        write_row(cache, torch.full((4096,), float(step + 1), device=device), step * 9 % 64)
+
+
+def calls(path: Path) -> list[tuple[int, dict[str, torch.Tensor]]]:
+    return [(record.index, {key: t.cpu() for key, t in record.tensors.items()}) for record in Snapshot(path)]
+
+
+def assert_same_calls(flight: list, full: list) -> None:
+    assert [index for index, _ in flight] == [index for index, _ in full]
+    for (index, got), (_, want) in zip(flight, full):
+        assert got.keys() == want.keys(), index
+        for key in want:
+            assert torch.equal(got[key], want[key]), (index, key)
+
+
+@pytest.mark.parametrize("ring", [1, 3])
+def test_a_dump_writes_the_calls_a_full_recording_of_them_holds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                device: str, ring: int) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    with replay.recording(tmp_path / "full", chunk_threshold=1):
+        decode(torch.zeros(64, 4096, device=device), range(14), device)
+    full = calls(tmp_path / "full")
+    cache = torch.zeros(64, 4096, device=device)
+    with replay.recording(tmp_path / "flight", chunk_threshold=1, ring=ring):
+        decode(cache, range(10), device)
+        assert replay.dump() == ring
+        first = calls(tmp_path / "flight")
+        decode(cache, range(10, 14), device)  # the ring starts again: a store after a dump compares with nothing
+        assert replay.dump() == ring
+    assert_same_calls(first, full[10 - ring:10])
+    assert_same_calls(calls(tmp_path / "flight"), full[10 - ring:10] + full[14 - ring:])
+
+
+def test_the_ring_holds_one_whole_cache_and_the_pieces_each_step_changed(monkeypatch: pytest.MonkeyPatch,
+                                                                         device: str, tmp_path: Path) -> None:
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    brought: list[int] = []
+    real = chunk_changes.PieceHistory._bring_over
+
+    def counting(self, wanted, take):
+        brought.append(len(wanted))
+        return real(self, wanted, take)
+    monkeypatch.setattr(chunk_changes.PieceHistory, "_bring_over", counting)
+    cache = torch.zeros(64, 4096, device=device)
+    with replay.recording(tmp_path / "flight", chunk_threshold=1, ring=4) as rec:
+        for step in range(12):
+            write_row(cache, torch.full((4096,), float(step + 1), device=device), step * 9 % 64)
+            assert rec.ring is not None and rec.ring.stores is not None
+            # two stores a call (the cache before and after it) in four calls: a cache copy each
+            # would be 8 MiB; once the first call (two whole stores: nothing to compare with) is
+            # forgotten, held are the base (one cache) and a piece a call, the rows aside
+            if step >= 4:
+                assert rec.ring.stores.nbytes <= CACHE_BYTES + 4 * 2 * PIECE
+        assert rec.pieces.staged_bytes == 0  # every store settled: no device memory held
+    # the first call's stores come over whole (its store after compares with what its store before
+    # compares with: nothing), and then a piece a call (the store before each call changed nothing
+    # since the one after the last)
+    assert brought == [16, 16] + [0, 1] * 11
+
+
+def test_a_base_no_held_store_compares_with_goes_when_the_budget_is_short(monkeypatch: pytest.MonkeyPatch,
+                                                                          device: str, tmp_path: Path) -> None:
+    # a program that stores a new cache every few steps: the old caches' bases are not kept past
+    # the budget, and what the ring still holds dumps right
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    with replay.recording(tmp_path / "full", chunk_threshold=1):
+        for generation in range(3):
+            decode(torch.zeros(64, 4096, device=device), range(3 * generation, 3 * generation + 3), device)
+    full = calls(tmp_path / "full")
+    caches = []
+    # a cache's first call holds two whole stores, the base of the last generation's one more; the
+    # one before that (no held store compares with it) must go, not the calls held
+    with replay.recording(tmp_path / "flight", chunk_threshold=1, ring=3, ring_bytes=4 * CACHE_BYTES) as rec:
+        for generation in range(3):
+            caches.append(torch.zeros(64, 4096, device=device))  # kept alive: its memory is not reused
+            decode(caches[-1], range(3 * generation, 3 * generation + 3), device)
+            assert rec.ring is not None and rec.ring.stores is not None
+            assert rec.ring.stores.nbytes <= 4 * CACHE_BYTES
+        assert replay.dump() == 3
+    assert_same_calls(calls(tmp_path / "flight"), full[-3:])
