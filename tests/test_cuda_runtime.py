@@ -100,3 +100,19 @@ def test_issuing_on_a_stream_makes_it_current_and_gives_the_one_before_back() ->
     before.wait_stream(side)
     assert float(x.sum()) == x.numel()
     assert cuda_streams.current(device) == before  # by index, as the verifier asks
+
+
+@pytest.mark.gpu
+def test_an_event_says_without_waiting_whether_the_work_before_it_has_run() -> None:
+    # a flight recording asks this of each store at every call (flight_pieces.py): never a wait
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of the device's clock
+    event = cuda_streams.event_now(device)
+    assert isinstance(event, cuda_runtime.Event)
+    assert not event.query()
+    event.synchronize()
+    assert event.query()
+
+
+def test_the_host_twins_event_is_done_at_once() -> None:
+    assert cuda_runtime.HostRuntime.event(0).query()

@@ -164,11 +164,6 @@ class FlightPieces:
         self._tracker.restart()
         return bases
 
-    def close(self) -> None:
-        """The recording ends undumped: the bases go back."""
-        for base, _ in self.take():
-            base.hashed(None)
-
 
 def _tracked(pending: object) -> Iterator[tuple[str, HostCopy]]:
     """A call's stores in pieces that the tracker follows (a graph replay's copies are slabs)."""
