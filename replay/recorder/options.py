@@ -46,7 +46,9 @@ class RecordingOptions:
             a CUDA graph captured while it records: in a ring in device memory, brought over when
             dumped), and write them when an exception leaves the block, on SIGUSR1 (and go on),
             on SIGTERM (and exit; a second SIGTERM while they are written waits for them) or on
-            `replay.dump()`; a block left normally writes none.
+            `replay.dump()`; a block left normally writes none. A tensor stored in pieces (a KV
+            cache a call writes a row of) is held as the pieces each call changed, and one whole
+            copy for the oldest call that holds it.
         ring_bytes: the flight recording's budget of host memory for the calls it holds; the
             device rings of the graphs it captures share as much again (a graph whose ring does
             not fit comes over to the host at every replay). A
