@@ -35,12 +35,13 @@ CUDA tensors are tracked (DEVICES).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import InitVar, dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -340,12 +341,21 @@ class PieceHistory:
         if stream is None:
             stream = _side_streams[staged.device] = torch.cuda.Stream(staged.device)
         buffer = take(len(wanted) * CHUNK_BYTES)
+        runtime = cuda_runtime.on_current_device(staged.device)
+        if runtime is not None:  # queued by address with the interpreter lock kept: no torch operator a run
+            def copy_run(at: int, start: int, size: int) -> None:
+                runtime.copy_to_host(buffer.data_ptr() + at, staged.data_ptr() + start, size, stream.cuda_stream)
+            issuing: Any = contextlib.nullcontext()
+        else:
+            def copy_run(at: int, start: int, size: int) -> None:
+                buffer[at:at + size].copy_(staged[start:start + size], non_blocking=True)
+            issuing = torch.cuda.stream(stream)
         try:  # a run at a time, straight into the pinned buffer: no device memory beyond the staged
-            with torch.cuda.stream(stream):
+            with issuing:
                 at = 0
-                for start, end in runs:
-                    size = (end - start) * CHUNK_BYTES
-                    buffer[at:at + size].copy_(staged[start * CHUNK_BYTES:end * CHUNK_BYTES], non_blocking=True)
+                for first, end in runs:
+                    size = (end - first) * CHUNK_BYTES
+                    copy_run(at, first * CHUNK_BYTES, size)
                     at += size
         finally:  # nothing is let go while the stream may still read it or write into the buffer
             stream.synchronize()
