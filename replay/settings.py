@@ -111,6 +111,11 @@ CAPTURE_STEPS: Setting[tuple[int, int | None]] = Setting("REPLAY_CAPTURE_STEPS",
 CAPTURE_MAX_BYTES = Setting("REPLAY_CAPTURE_MAX_BYTES", _size, 0, "stop recording once the calls "
                             "recorded hold this many bytes (the manifest and stderr say so); 0: no budget",
                             "a size: 500M, 2G, 1048576 (K, M, G, T: powers of 1024)")
+CAPTURE_RING = Setting("REPLAY_CAPTURE_RING", _whole, 0, "a flight recorder: keep only the last this many calls "
+                       "and write them when an uncaught exception ends the program, on SIGUSR1 (it goes on) or on "
+                       "SIGTERM; 0: record every call", "a whole number of calls")
+CAPTURE_RING_BYTES = Setting("REPLAY_CAPTURE_RING_BYTES", _size, 0, "the flight recorder's budget of host memory "
+                             "(REPLAY_CAPTURE_RING); 0: 1G", "a size: 500M, 2G (K, M, G, T: powers of 1024)")
 CAPTURE_STATE: Setting[tuple[str, ...]] = Setting("REPLAY_CAPTURE_STATE", _names, (), "more parameter names a launch's runtime state goes by "
                         "(besides position_buf, seq_len_buf, kv_cache_lengths)", "name,name,...")
 VERIFY = Setting("REPLAY_VERIFY", str, "", "verify these ops' calls against their references, from `import replay` "
@@ -130,5 +135,5 @@ TRACEBACK = Setting("REPLAY_TRACEBACK", _flag, False, "print the traceback of an
                     "kernel-replay) besides its one line", "1 or 0")
 
 ALL: tuple[Setting, ...] = (CAPTURE, CAPTURE_STRICT, CAPTURE_TRITON, CAPTURE_TORCH_OPS, CAPTURE_ONLY, CAPTURE_SKIP, CAPTURE_CALLS, CAPTURE_STEPS,
-                            CAPTURE_STATE, CAPTURE_MAX_BYTES, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB, CACHE_DIR, RUN_ID,
+                            CAPTURE_STATE, CAPTURE_MAX_BYTES, CAPTURE_RING, CAPTURE_RING_BYTES, TAGS, VERIFY, VERIFY_DIR, VERIFY_REPORT, READ_LIMIT_MIB, CACHE_DIR, RUN_ID,
                             TRACEBACK)

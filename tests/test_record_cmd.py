@@ -7,10 +7,12 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
+from replay.snapshot import Snapshot
 from user_shell import shell
 
 
-@pytest.mark.parametrize("option, value", [("--max-bytes", "12Q"), ("--calls", "5:2"), ("--only", "a,,b")])
+@pytest.mark.parametrize("option, value", [("--max-bytes", "12Q"), ("--calls", "5:2"), ("--only", "a,,b"),
+                                           ("--ring", "many"), ("--ring-bytes", "2Q")])
 def test_a_malformed_option_is_exit_2_naming_it(tmp_path: Path, option: str, value: str) -> None:
     marker = tmp_path / "ran"
     result = CliRunner().invoke(main, ["record", "-o", str(tmp_path / "snap"), option, value, "--",
@@ -28,3 +30,42 @@ def test_the_recorded_program_gets_ctrl_c_and_its_children_do_not_load_replay(tm
     done = shell("replay record -o snap -- python prog.py", tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False"]  # Ctrl-C raises in it as usual; its child is left alone
+
+
+FLIGHT_PROGRAM = """
+import sys
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_one(x_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(x_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) + 1, mask=mask)
+
+
+x = torch.zeros(16)
+for step in range(10):
+    add_one[(1,)](x, 16, BLOCK=16)
+if sys.argv[1] == "crash":
+    raise RuntimeError(f"step {step}: went wrong")
+"""
+
+
+@pytest.mark.parametrize("ending", ["crash", "clean"])
+def test_a_flight_recording_of_an_unchanged_program_writes_its_last_calls_when_it_crashes(tmp_path: Path,
+                                                                                          ending: str) -> None:
+    (tmp_path / "prog.py").write_text(FLIGHT_PROGRAM)
+    done = shell(f"replay record -o snap --ring 3 -- python prog.py {ending}", tmp_path)
+    snapshot = Snapshot(tmp_path / "snap")
+    if ending == "clean":
+        assert done.returncode == 0, done.stderr
+        assert len(snapshot) == 0 and "the flight recorder wrote nothing into snap" in done.stderr
+        return
+    assert done.returncode == 1 and "RuntimeError: step 9: went wrong" in done.stderr  # the program's own
+    assert "the flight recorder wrote its last 3 calls into snap" in done.stderr
+    assert [record.index for record in snapshot] == [7, 8, 9]
+    assert [record.tensors["out/x_ptr"][0].item() for record in snapshot] == [8.0, 9.0, 10.0]
+

@@ -26,6 +26,11 @@ from replay.storage import is_url, staging_snapshot, upload_recording
               "steps FIRST up to END, where it marks them with replay.step() (0 before the first mark).")
 @click.option("--max-bytes", metavar="SIZE", help="Stop recording once the recorded calls hold SIZE bytes (500M, "
               "2G); the snapshot's manifest and stderr say where it stopped. The program runs on.")
+@click.option("--ring", metavar="N", help="A flight recorder: keep only the last N calls, and write them when an "
+              "uncaught exception ends the program, on SIGUSR1 (it goes on) or on SIGTERM; a program that ends "
+              "normally writes none.")
+@click.option("--ring-bytes", metavar="SIZE", help="The flight recorder's budget of host memory (default 1G); a "
+              "KV cache counts one whole copy and the pieces each call changed.")
 @click.option("--state", metavar="NAME,...", help="More parameter names that hold runtime state (besides "
               "position_buf, seq_len_buf, kv_cache_lengths): stored as the call's state.")
 @click.option("--torch-ops", is_flag=True, help="Also record every PyTorch operator call (aten ops, torch.library "
@@ -34,7 +39,7 @@ from replay.storage import is_url, staging_snapshot, upload_recording
               "every Triton launch.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def command(output: str | None, only: str | None, skip: str | None, calls: str | None, steps: str | None,
-            max_bytes: str | None,
+            max_bytes: str | None, ring: str | None, ring_bytes: str | None,
             state: str | None, torch_ops: bool, no_triton: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND unchanged, recording from its first line: every Triton kernel launch (its
     arguments before, what it writes after, its grid and config) and every call of a registered
@@ -52,11 +57,13 @@ def command(output: str | None, only: str | None, skip: str | None, calls: str |
       replay record -o s3://bucket/runs/step7 -- python train.py   # recorded here, then uploaded
       replay record -o snapshots/tp -- torchrun --nproc-per-node 4 train.py   # snapshots/tp/rank-<r>/ each
       replay record --calls 100:110 --skip '*_backward' --max-bytes 2G -- python bench.py
+      replay record --ring 1000 -- python serve.py   # the last 1000 calls, written if it crashes
       replay run snapshots/serve_001 --code .     # then replay it against this tree's kernels
     """
     given: list[tuple[settings.Setting[Any], str, str | None]] = [
         (settings.CAPTURE_ONLY, "--only", only), (settings.CAPTURE_SKIP, "--skip", skip),
         (settings.CAPTURE_CALLS, "--calls", calls), (settings.CAPTURE_STEPS, "--steps", steps), (settings.CAPTURE_MAX_BYTES, "--max-bytes", max_bytes),
+        (settings.CAPTURE_RING, "--ring", ring), (settings.CAPTURE_RING_BYTES, "--ring-bytes", ring_bytes),
         (settings.CAPTURE_STATE, "--state", state), (settings.CAPTURE_TRITON, "--no-triton", "0" if no_triton else None),
         (settings.CAPTURE_TORCH_OPS, "--torch-ops", "1" if torch_ops else None)]
     environment = {setting.name: _checked(setting, option, value) for setting, option, value in given
@@ -75,13 +82,18 @@ def command(output: str | None, only: str | None, skip: str | None, calls: str |
         with call_progress(label=lambda rel: f"uploading {rel}", doing="uploading") as told:
             upload_recording(snapshot, remote, told)
     console = SafeConsole(stderr=True)
+    flight = bool(settings.CAPTURE_RING.parse(ring.strip())) if ring is not None else False
     if not result.recorded:
         warn(f"nothing recorded: no Python process of `{command[0]}` started recording (it needs a Python with "
              "kernel-replay installed; one run with -I or -S skips the sitecustomize that starts it)")
+    elif flight and not result.calls:
+        console.print(f"the flight recorder wrote nothing into {escape(remote or str(snapshot))}: the program "
+                      "ended with no uncaught exception, SIGUSR1 or SIGTERM", highlight=False)
     else:
         total = sum(result.calls.values())
         ranks = f" (rank-<r>/ for ranks {', '.join(map(str, result.ranks))})" if result.ranks else ""
-        console.print(f"recorded {total} call{'s' * (total != 1)} into {escape(remote or str(snapshot))}{ranks}"
+        recorded = f"the flight recorder wrote its last {total}" if flight else f"recorded {total}"
+        console.print(f"{recorded} call{'s' * (total != 1)} into {escape(remote or str(snapshot))}{ranks}"
                       + (":" if total else " (no kernel launched)"), highlight=False)
         for op, count in result.calls.most_common():
             console.print(f"  {count:6d}  {escape(op)}", highlight=False)

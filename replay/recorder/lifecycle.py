@@ -26,7 +26,7 @@ from replay import settings
 from replay.ranks.layout import RankInfo, rank_from_env, rank_path
 from replay.ranks.recording import CollectiveRecorder
 from replay.recorder import graphs, intercept, stream_order
-from replay.recorder.options import DEFAULT_STATE_NAMES, RecordingOptions
+from replay.recorder.options import DEFAULT_RING_BYTES, DEFAULT_STATE_NAMES, RecordingOptions
 from replay.recorder.session import Recording
 from replay.context import recorder_work
 from replay.errors import CaptureError, ReplayError
@@ -239,8 +239,11 @@ def start_from_env() -> None:
         path = settings.CAPTURE.get()
         if not path:
             return
-        start(path, options_from_env())
+        options = options_from_env()
+        start(path, options)
         atexit.register(stop)
+        if options.ring is not None:  # a program left unchanged has no block to leave by an exception
+            sys.excepthook = _dumping_first(sys.excepthook)
     except (ReplayError, OSError) as exc:  # an existing snapshot, an unwritable path, a bad setting
         if settings.CAPTURE_STRICT.get():
             raise
@@ -253,7 +256,20 @@ def options_from_env() -> RecordingOptions:
                             skip=settings.CAPTURE_SKIP.get(), calls=settings.CAPTURE_CALLS.get(),
                             steps=settings.CAPTURE_STEPS.get(),
                             state_names=DEFAULT_STATE_NAMES + settings.CAPTURE_STATE.get(),
-                            max_bytes=settings.CAPTURE_MAX_BYTES.get(), torch_ops=settings.CAPTURE_TORCH_OPS.get())
+                            max_bytes=settings.CAPTURE_MAX_BYTES.get(), torch_ops=settings.CAPTURE_TORCH_OPS.get(),
+                            ring=settings.CAPTURE_RING.get() or None,
+                            ring_bytes=settings.CAPTURE_RING_BYTES.get() or DEFAULT_RING_BYTES)
+
+
+def _dumping_first(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """An excepthook that writes what a flight recording holds, then does what `previous` did
+    (print the traceback): the calls that led to the uncaught exception, on disk."""
+    def hook(kind: type[BaseException], value: BaseException, trace: Any) -> None:
+        try:
+            dump()
+        finally:
+            previous(kind, value, trace)
+    return hook
 
 
 # CUDA graphs ------------------------------------------------------------------------------------
