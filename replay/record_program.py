@@ -6,7 +6,8 @@ Python process records every registered call and every Triton launch, and writes
 out as it exits; under torchrun each rank records instead, into the snapshot's rank-<r>/. Ctrl-C
 reaches the program, which stops and writes what it recorded; a SIGTERM sent to this process (by
 `timeout`, a scheduler) is passed on to the program, which writes what it recorded and ends; this
-process waits for it either way and then says what the snapshot holds.
+process waits for it either way and then says what the snapshot holds. A SIGUSR1 is passed on too:
+a flight recording (--ring) writes the calls it holds and the program goes on.
 """
 from __future__ import annotations
 
@@ -65,14 +66,15 @@ def record_program(command: list[str], snapshot: Path, environment: dict[str, st
            settings.RUN_ID.name: uuid.uuid4().hex}  # shared by a torchrun program's ranks, told from other runs
     # Ctrl-C is the program's (it stops and writes): this process waits it out. A handler, not
     # SIG_IGN, which the program would inherit through exec and never see a Ctrl-C at all. A
-    # SIGTERM is sent to this process alone: passed on, the program writes and ends, then this says so
+    # SIGTERM is sent to this process alone: passed on, the program writes and ends, then this says so;
+    # a SIGUSR1 too (a flight recording writes what it holds and goes on)
     running: list[subprocess.Popen] = []
 
     def pass_on(number: int, frame: object) -> None:
         for program in running:
             program.send_signal(number)
     previous = {number: signal.signal(number, handler) for number, handler in
-                ((signal.SIGINT, lambda number, frame: None), (signal.SIGTERM, pass_on))}
+                ((signal.SIGINT, lambda number, frame: None), (signal.SIGTERM, pass_on), (signal.SIGUSR1, pass_on))}
     try:
         with subprocess.Popen(command, env=env) as program:
             running.append(program)

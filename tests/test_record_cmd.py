@@ -1,6 +1,9 @@
 """`replay record`'s options: refused before the program runs when malformed (exit 2, naming the option)."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,3 +72,30 @@ def test_a_flight_recording_of_an_unchanged_program_writes_its_last_calls_when_i
     assert [record.index for record in snapshot] == [7, 8, 9]
     assert [record.tensors["out/x_ptr"][0].item() for record in snapshot] == [8.0, 9.0, 10.0]
 
+
+
+SIGNALLED_PROGRAM = FLIGHT_PROGRAM.split("if sys.argv")[0] + """
+import time
+from pathlib import Path
+print("ready", flush=True)
+index = Path(sys.argv[1]) / "calls.jsonl"
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline and not (index.exists() and len(index.read_text().splitlines()) == 3):
+    time.sleep(0.05)  # the dump is written on a thread of its own while the program goes on
+add_one[(1,)](x, 16, BLOCK=16)
+print("went on", flush=True)
+"""
+
+
+def test_sigusr1_sent_to_replay_record_makes_the_flight_recording_write_and_the_program_go_on(tmp_path: Path) -> None:
+    (tmp_path / "prog.py").write_text(SIGNALLED_PROGRAM)
+    recording = subprocess.Popen([sys.executable, "-m", "replay", "record", "-o", "snap", "--ring", "3", "--",
+                                  sys.executable, "prog.py", str(tmp_path / "snap")], cwd=tmp_path,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert recording.stdout is not None
+    assert recording.stdout.readline().strip() == "ready"
+    recording.send_signal(signal.SIGUSR1)
+    out, err = recording.communicate(timeout=120)
+    assert recording.returncode == 0 and out.strip() == "went on", err
+    assert [record.index for record in Snapshot(tmp_path / "snap")] == [7, 8, 9]  # the launch after it: not written
+    assert "the flight recorder wrote its last 3 calls into snap" in err
