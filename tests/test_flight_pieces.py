@@ -12,6 +12,7 @@ import torch
 import replay
 from replay.recorder import chunk_changes
 from replay.snapshot import Snapshot, writer
+from test_capture_piece_changes import fetched_pieces
 
 PIECE = writer.CHUNK_BYTES
 CACHE_BYTES = 64 * 4096 * 4  # 1 MiB: 16 pieces, a row a quarter of one
@@ -64,13 +65,7 @@ def test_a_dump_writes_the_calls_a_full_recording_of_them_holds(tmp_path: Path, 
 def test_the_ring_holds_one_whole_cache_and_the_pieces_each_step_changed(monkeypatch: pytest.MonkeyPatch,
                                                                          device: str, tmp_path: Path) -> None:
     monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
-    brought: list[int] = []
-    real = chunk_changes.PieceHistory._bring_over
-
-    def counting(self, wanted, take):
-        brought.append(len(wanted))
-        return real(self, wanted, take)
-    monkeypatch.setattr(chunk_changes.PieceHistory, "_bring_over", counting)
+    brought = fetched_pieces(monkeypatch)
     cache = torch.zeros(64, 4096, device=device)
     with replay.recording(tmp_path / "flight", chunk_threshold=1, ring=4) as rec:
         for step in range(12):
