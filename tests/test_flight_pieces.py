@@ -24,12 +24,14 @@ def write_row(cache: torch.Tensor, row: torch.Tensor, position: int) -> None:
 
 
 def decode(cache: torch.Tensor, steps: range, device: str) -> None:
-    """Write a row a step (rows nine apart: a piece each step), and change a row outside any
+    """Write a row a step (rows nine apart: a piece each step; step 3 writes zeros over step 1's
+    row, alone in its piece, which becomes a piece of zeros again), and change a row outside any
     recorded call every third step, so that a call's store before it differs from the last one's after."""
     for step in steps:
         if step % 3 == 2:
             cache[63] += 1
-        write_row(cache, torch.full((4096,), float(step + 1), device=device), step * 9 % 64)
+        position, value = (9, 0.0) if step == 3 else (step * 9 % 64, float(step + 1))
+        write_row(cache, torch.full((4096,), value, device=device), position)
 
 
 def calls(path: Path) -> list[tuple[int, dict[str, torch.Tensor]]]:
@@ -62,11 +64,13 @@ def test_a_dump_writes_the_calls_a_full_recording_of_them_holds(tmp_path: Path, 
     assert_same_calls(calls(tmp_path / "flight"), full[10 - ring:10] + full[14 - ring:])
 
 
+@pytest.mark.parametrize("fill", [0.0, 0.5])
 def test_the_ring_holds_one_whole_cache_and_the_pieces_each_step_changed(monkeypatch: pytest.MonkeyPatch,
-                                                                         device: str, tmp_path: Path) -> None:
+                                                                         device: str, tmp_path: Path,
+                                                                         fill: float) -> None:
     monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
     brought = fetched_pieces(monkeypatch)
-    cache = torch.zeros(64, 4096, device=device)
+    cache = torch.full((64, 4096), fill, device=device)
     with replay.recording(tmp_path / "flight", chunk_threshold=1, ring=4) as rec:
         for step in range(12):
             write_row(cache, torch.full((4096,), float(step + 1), device=device), step * 9 % 64)
@@ -74,13 +78,15 @@ def test_the_ring_holds_one_whole_cache_and_the_pieces_each_step_changed(monkeyp
             # two stores a call (the cache before and after it) in four calls: a cache copy each
             # would be 8 MiB; once the first call (two whole stores: nothing to compare with) is
             # forgotten, held are the base (one cache) and a piece a call, the rows aside
-            if step >= 4:
+            if step >= 4 or not fill:
                 assert rec.ring.stores.nbytes <= CACHE_BYTES + 4 * 2 * PIECE
         assert rec.pieces.staged_bytes == 0  # every store settled: no device memory held
+        assert replay.dump() == 4
     # the first call's stores come over whole (its store after compares with what its store before
-    # compares with: nothing), and then a piece a call (the store before each call changed nothing
-    # since the one after the last)
-    assert brought == [16, 16] + [0, 1] * 11
+    # compares with: nothing) but for pieces of zeros, and then a piece a call (the store before
+    # each call changed nothing since the one after the last)
+    assert brought == ([0, 1] if not fill else [16, 16]) + [0, 1] * 11
+    assert torch.equal(list(Snapshot(tmp_path / "flight"))[-1].tensors["out/cache"], cache.cpu())
 
 
 def test_a_base_no_held_store_compares_with_goes_when_the_budget_is_short(monkeypatch: pytest.MonkeyPatch,

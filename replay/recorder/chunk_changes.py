@@ -135,26 +135,35 @@ class KnownContent:
 
 @dataclass
 class HeldPieces:
-    """Pieces of a store held on the host (a flight recording's): piece n at slot `slots[n]` of
-    `host` (None: every piece, in order), in a pooled buffer `give_back` returns."""
+    """Pieces of a store held on the host (a flight recording's): piece n's bytes at slot
+    `slots[n]` of `host` (in a pooled buffer `give_back` returns), and the pieces of zeros, known
+    by their checksums and held without bytes."""
     host: np.ndarray
-    slots: dict[int, int] | None
+    slots: dict[int, int]
+    zeros: set[int] = field(default_factory=set)
     give_back: Callable[[], None] = nothing
-
-    @property
-    def whole(self) -> bool:
-        return self.slots is None
 
     @property
     def nbytes(self) -> int:
         return self.host.nbytes
 
     def has(self, piece: int) -> bool:
-        return self.slots is None or piece in self.slots
+        return piece in self.slots or piece in self.zeros
+
+    def covers(self, pieces: int) -> bool:
+        """Whether every one of a store's `pieces` is held (or zeros): the store, whole."""
+        return len(self.slots) + len(self.zeros) >= pieces
 
     def piece(self, piece: int, length: int) -> np.ndarray:
-        slot = piece if self.slots is None else self.slots[piece]
-        return self.host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + length]
+        slot = self.slots.get(piece)
+        return _ZEROS[:length] if slot is None else self.host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + length]
+
+    def write_into(self, whole: np.ndarray, nbytes: int) -> None:
+        """Write these pieces (zeros too) into `whole`, a store's `nbytes` with piece n at n."""
+        for n in [*self.slots, *self.zeros]:
+            at = n * CHUNK_BYTES
+            length = min(CHUNK_BYTES, nbytes - at)
+            whole[at:at + length] = self.piece(n, length)
 
 
 @dataclass
@@ -292,18 +301,20 @@ class PieceHistory:
         return self.place.checksums.query()
 
     def settle(self, take: Callable[[int], torch.Tensor], give: Callable[[torch.Tensor], None]) -> None:
-        """Bring its changed pieces (every piece, where it compared with nothing) from the device
-        into a host buffer from `take`, given back with `give` once written or forgotten, and let
-        the staged device memory go: what a flight recording holds of a store (held)."""
-        changed = self.changed
-        pieces = len(self.sums)
-        wanted = list(range(pieces)) if changed is None else np.flatnonzero(changed).tolist()
+        """Bring its changed pieces (every piece, where it compared with nothing) but those of
+        zeros from the device into a host buffer from `take`, given back with `give` once written
+        or forgotten, and let the staged device memory go: what a flight recording holds of a
+        store (held). A fresh cache of zeros brings nothing over."""
+        sums, changed = self.sums, self.changed
+        wanted = np.ones(len(sums), dtype=bool) if changed is None else changed.astype(bool)
+        zero = wanted & (sums[:, 0] == 0) & (sums[:, 1] == 0)  # as plan() names them
+        fetched = np.flatnonzero(wanted & ~zero).tolist()
         try:
-            host, buffer = self._bring_over(wanted, take)
+            host, buffer = self._bring_over(fetched, take)
         finally:
             self._release_staged()
-        slots = None if len(wanted) == pieces else {n: slot for slot, n in enumerate(wanted)}
-        self.held = HeldPieces(host, slots, (lambda: give(buffer)) if buffer is not None else nothing)
+        self.held = HeldPieces(host, {n: slot for slot, n in enumerate(fetched)}, set(np.flatnonzero(zero).tolist()),
+                               (lambda: give(buffer)) if buffer is not None else nothing)
 
     def leave_previous(self) -> PieceHistory | None:
         """Stop comparing with the store before (written, failed or forgotten): it has one

@@ -20,6 +20,8 @@ from __future__ import annotations
 import collections
 from typing import Iterator
 
+import numpy as np
+
 from replay.recorder.chunk_changes import HeldPieces, PieceHistory, PieceTracker
 from replay.recorder.copies import HostCopy, PinnedPool
 from replay.recorder.device_buffers import nothing
@@ -53,7 +55,7 @@ class FlightPieces:
             else:  # no room to stage it: on the host whole, the pooled buffer now the history's
                 buffer, copy.buffer = copy.buffer, None
                 give = (lambda: self._pool.give(buffer)) if buffer is not None else nothing
-                history.held = HeldPieces(host_bytes(copy.span), None, give)
+                history.held = HeldPieces(host_bytes(copy.span), _in_order(_pieces(history)), give_back=give)
                 self.nbytes += history.held.nbytes
         self._settle_landed()
 
@@ -96,32 +98,31 @@ class FlightPieces:
                 self._let_go(history)
 
     def _keep_whole(self, history: PieceHistory, site: Site) -> None:
-        """Make `history` a base: its bytes whole on the host."""
-        held, previous = history.held, history.previous
+        """Make `history` a base: its bytes whole on the host, piece n at n."""
+        held, previous, pieces = history.held, history.previous, _pieces(history)
         if held is None:  # its pieces were lost: the stores after it fail when dumped, and say so
             self._let_go(history)
             return
-        if not held.whole:
-            base = self._bases.get(id(previous)) if previous is not None else None
-            if base is None or previous is None or previous.held is None or not previous.held.whole:
+        if held.covers(pieces):  # every piece its own (or zeros): a first store, or one that changed all
+            whole = held if held.slots == _in_order(pieces) else _zeros_and(held, history.nbytes, pieces)
+        else:
+            before = previous.held if previous is not None and id(previous) in self._bases else None
+            if previous is None or before is None:
                 self._let_go(history)  # nothing whole before it (cannot happen but for a lost store)
                 return
             # the base's bytes move where this store alone needs them; else they are copied
-            moved = previous.successors == 1 and not self._tracker.is_last(previous)
-            whole = previous.held if moved else HeldPieces(previous.held.host.copy(), None)
-            if moved:
-                self.nbytes -= previous.held.nbytes
-                previous.held = None
-            for piece, slot in (held.slots or {}).items():
-                at, length = piece * CHUNK_BYTES, min(CHUNK_BYTES, history.nbytes - piece * CHUNK_BYTES)
-                whole.host[at:at + length] = held.host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + length]
-            history.held = whole
+            if previous.successors == 1 and not self._tracker.is_last(previous):
+                whole, previous.held = before, None
+                self.nbytes -= before.nbytes
+            else:
+                whole = HeldPieces(before.host.copy(), before.slots)
+            held.write_into(whole.host, history.nbytes)
             held.give_back()
+        history.held = whole
         history.compared = False  # whole: every piece is its own
         self._let_go_of_previous(history)
         self._bases[id(history)] = (history, site)
-        assert history.held is not None
-        self.nbytes += history.held.nbytes
+        self.nbytes += whole.nbytes
 
     def _let_go(self, history: PieceHistory) -> None:
         """A store no dump will write: its host bytes go back, and the base before it if nothing
@@ -169,3 +170,21 @@ def _tracked(pending: object) -> Iterator[tuple[str, HostCopy]]:
     """A call's stores in pieces that the tracker follows (a graph replay's copies are slabs)."""
     copies: dict[str, HostCopy] = getattr(pending, "copies", {})
     return ((key, copy) for key, copy in copies.items() if copy.chunked and copy.pieces is not None)
+
+
+def _pieces(history: PieceHistory) -> int:
+    return -(-history.nbytes // CHUNK_BYTES)
+
+
+def _in_order(pieces: int) -> dict[int, int]:
+    """Slots of a whole store: piece n at n."""
+    return dict(zip(range(pieces), range(pieces)))
+
+
+def _zeros_and(held: HeldPieces, nbytes: int, pieces: int) -> HeldPieces:
+    """A store held whole in pieces (its pieces of zeros without bytes) as one buffer, piece n at
+    n: pages of zeros the pieces do not touch are never made (calloc)."""
+    whole = HeldPieces(np.zeros(pieces * CHUNK_BYTES, dtype=np.uint8), _in_order(pieces))
+    held.write_into(whole.host, nbytes)
+    held.give_back()
+    return whole
