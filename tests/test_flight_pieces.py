@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -71,15 +72,20 @@ def test_the_ring_holds_one_whole_cache_and_the_pieces_each_step_changed(monkeyp
     monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
     brought = fetched_pieces(monkeypatch)
     cache = torch.full((64, 4096), fill, device=device)
+    written: set[int] = set()  # the pieces the rows so far fell in
     with replay.recording(tmp_path / "flight", chunk_threshold=1, ring=4) as rec:
         for step in range(12):
-            write_row(cache, torch.full((4096,), float(step + 1), device=device), step * 9 % 64)
+            row = step * 9 % 64
+            write_row(cache, torch.full((4096,), float(step + 1), device=device), row)
+            written.add(row * 4096 * 4 // PIECE)
             assert rec.ring is not None and rec.ring.stores is not None
             # two stores a call (the cache before and after it) in four calls: a cache copy each
             # would be 8 MiB; once the first call (two whole stores: nothing to compare with) is
-            # forgotten, held are the base (one cache) and a piece a call, the rows aside
+            # forgotten, held are the base (one cache; of a cache of zeros, the pieces written
+            # since) and a piece a call, the rows aside
             if step >= 4 or not fill:
-                assert rec.ring.stores.nbytes <= CACHE_BYTES + 4 * 2 * PIECE
+                base = len(written) * PIECE if not fill else CACHE_BYTES
+                assert rec.ring.stores.nbytes <= base + 4 * 2 * PIECE
         assert rec.pieces.staged_bytes == 0  # every store settled: no device memory held
         assert replay.dump() == 4
     # the first call's stores come over whole (its store after compares with what its store before
@@ -109,3 +115,24 @@ def test_a_base_no_held_store_compares_with_goes_when_the_budget_is_short(monkey
             assert rec.ring.stores.nbytes <= 4 * CACHE_BYTES
         assert replay.dump() == 3
     assert_same_calls(calls(tmp_path / "flight"), full[-3:])
+
+
+def test_a_base_over_zeros_makes_only_the_pieces_written_with_bytes() -> None:
+    # a base of a cache of zeros is calloc'd: a later store's pieces of zeros are written into it
+    # only where the base holds bytes, and a copy of it makes only those pieces
+    pieces = 4
+    base = chunk_changes.HeldPieces(np.full(pieces * PIECE, 7, dtype=np.uint8),  # 7: pages never made
+                                    dict(zip(range(pieces), range(pieces))), resident=set())
+    first = chunk_changes.HeldPieces(np.full(PIECE, 1, dtype=np.uint8), {2: 0}, zeros={0, 1, 3})
+    first.write_into(base, pieces * PIECE)
+    assert base.resident == {2} and base.nbytes == PIECE
+    assert (base.host[2 * PIECE:3 * PIECE] == 1).all() and (base.host[:2 * PIECE] == 7).all()
+    later = chunk_changes.HeldPieces(np.full(PIECE, 5, dtype=np.uint8), {1: 0}, zeros={2, 3})
+    later.write_into(base, pieces * PIECE)  # piece 2 back to zeros: written; piece 3 left unmade
+    assert base.resident == {1, 2}
+    assert (base.host[PIECE:2 * PIECE] == 5).all() and (base.host[2 * PIECE:3 * PIECE] == 0).all()
+    assert (base.host[3 * PIECE:] == 7).all()
+    copied = base.copy()
+    assert copied.resident == {1, 2} and copied.nbytes == 2 * PIECE
+    assert np.array_equal(copied.host[PIECE:3 * PIECE], base.host[PIECE:3 * PIECE])
+    assert not copied.host[:PIECE].any() and not copied.host[3 * PIECE:].any()

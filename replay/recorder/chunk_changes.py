@@ -137,15 +137,18 @@ class KnownContent:
 class HeldPieces:
     """Pieces of a store held on the host (a flight recording's): piece n's bytes at slot
     `slots[n]` of `host` (in a pooled buffer `give_back` returns), and the pieces of zeros, known
-    by their checksums and held without bytes."""
+    by their checksums and held without bytes. A store held whole over calloc'd zeros (a flight
+    recording's base) names the pieces it wrote bytes into (`resident`): the others' pages were
+    never made, and they count nothing."""
     host: np.ndarray
     slots: dict[int, int]
     zeros: set[int] = field(default_factory=set)
     give_back: Callable[[], None] = nothing
+    resident: set[int] | None = None  # None: every page of `host` is made
 
     @property
     def nbytes(self) -> int:
-        return self.host.nbytes
+        return self.host.nbytes if self.resident is None else len(self.resident) * CHUNK_BYTES
 
     def has(self, piece: int) -> bool:
         return piece in self.slots or piece in self.zeros
@@ -158,12 +161,25 @@ class HeldPieces:
         slot = self.slots.get(piece)
         return _ZEROS[:length] if slot is None else self.host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + length]
 
-    def write_into(self, whole: np.ndarray, nbytes: int) -> None:
-        """Write these pieces (zeros too) into `whole`, a store's `nbytes` with piece n at n."""
-        for n in [*self.slots, *self.zeros]:
+    def write_into(self, whole: HeldPieces, nbytes: int) -> None:
+        """Write these pieces (zeros too) into `whole`, a store's `nbytes` held piece n at n; a
+        piece of zeros where `whole` never wrote bytes is zeros there already, and is left unmade."""
+        resident = whole.resident
+        for n in [*self.slots, *(self.zeros if resident is None else self.zeros & resident)]:
             at = n * CHUNK_BYTES
             length = min(CHUNK_BYTES, nbytes - at)
-            whole[at:at + length] = self.piece(n, length)
+            whole.host[at:at + length] = self.piece(n, length)
+        if resident is not None:
+            resident.update(self.slots)
+
+    def copy(self) -> HeldPieces:
+        """A copy of a store held whole, its unmade pages left unmade."""
+        if self.resident is None:
+            return HeldPieces(self.host.copy(), self.slots)
+        host = np.zeros_like(self.host)
+        for first, end in consecutive_runs(sorted(self.resident)):
+            host[first * CHUNK_BYTES:end * CHUNK_BYTES] = self.host[first * CHUNK_BYTES:end * CHUNK_BYTES]
+        return HeldPieces(host, self.slots, resident=set(self.resident))
 
 
 @dataclass

@@ -115,8 +115,8 @@ class FlightPieces:
                 whole, previous.held = before, None
                 self.nbytes -= before.nbytes
             else:
-                whole = HeldPieces(before.host.copy(), before.slots)
-            held.write_into(whole.host, history.nbytes)
+                whole = before.copy()
+            held.write_into(whole, history.nbytes)
             held.give_back()
         history.held = whole
         history.compared = False  # whole: every piece is its own
@@ -183,8 +183,8 @@ def _in_order(pieces: int) -> dict[int, int]:
 
 def _zeros_and(held: HeldPieces, nbytes: int, pieces: int) -> HeldPieces:
     """A store held whole in pieces (its pieces of zeros without bytes) as one buffer, piece n at
-    n: pages of zeros the pieces do not touch are never made (calloc)."""
-    whole = HeldPieces(np.zeros(pieces * CHUNK_BYTES, dtype=np.uint8), _in_order(pieces))
-    held.write_into(whole.host, nbytes)
+    n: the pages of its pieces of zeros are never made (calloc), and count nothing."""
+    whole = HeldPieces(np.zeros(pieces * CHUNK_BYTES, dtype=np.uint8), _in_order(pieces), resident=set())
+    held.write_into(whole, nbytes)
     held.give_back()
     return whole
