@@ -62,14 +62,14 @@ def recorded(tmp_path):
 
 def test_the_engine_probe_finds_the_commit_and_shows_its_report_beside_its_parents(tmp_path, recorded):
     commits = [SyntheticCommit("kernels", {f"{MODULE}.py": CLEAN})]
-    commits += [SyntheticCommit(f"docs {i}", {"README": f"{i}\n"}) for i in range(1, 4)]
+    commits += [SyntheticCommit(f"docs {i}", {"README": f"{i}\n"}) for i in range(1, 3)]
     commits += [SyntheticCommit("faster batched scale", {f"{MODULE}.py": BUGGY})]
-    commits += [SyntheticCommit(f"docs {i}", {"README": f"{i}\n"}) for i in range(5, 7)]
+    commits += [SyntheticCommit("docs 4", {"README": "4\n"})]
     shas = write_history(tmp_path / "repo", commits)
     # a loose module, not a package: trusted only because it is named, and bisect passes that on to its probes
     result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded, repo=tmp_path / "repo", jobs=2,
                                       providers=(MODULE,)))
-    assert result.first_bad.sha == shas[4]
+    assert result.first_bad.sha == shas[3]
     bad, parent = result.first_bad_probe.outcome.report, result.parent_probe.outcome.report
     assert bad["passed"] is False and bad["first_divergence"]["op"] == OP
     assert bad["first_divergence"]["rows"] == [1, 2, 3]
@@ -83,10 +83,11 @@ def recorded_at_bad_end(tmp_path):
 
 
 def history(tmp_path, bug_at: int, buggy: str = BUGGY, extra: dict[int, str] | None = None) -> list[str]:
-    """Seven commits of the toy kernel: clean, then docs, with `buggy` from commit `bug_at` on and the
-    sources in `extra` at single commits."""
+    """Five commits of the toy kernel: clean, then docs, with `buggy` from commit `bug_at` on and the
+    sources in `extra` at single commits. Three commits lie between the ends: a search of more than
+    one round, with few probes (each a `replay run` in a fresh process)."""
     commits = [SyntheticCommit("kernels", {f"{MODULE}.py": CLEAN})]
-    for i in range(1, 7):
+    for i in range(1, 5):
         files = {"README": f"{i}\n"}
         if i == bug_at:
             files[f"{MODULE}.py"] = buggy
@@ -97,10 +98,10 @@ def history(tmp_path, bug_at: int, buggy: str = BUGGY, extra: dict[int, str] | N
 
 
 def test_a_snapshot_recorded_at_the_bad_end_bisects_to_the_commit(tmp_path, recorded_at_bad_end):
-    shas = history(tmp_path, bug_at=4)
+    shas = history(tmp_path, bug_at=3)
     result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded_at_bad_end, repo=tmp_path / "repo",
                                       providers=(MODULE,)))
-    assert result.first_bad.sha == shas[4]
+    assert result.first_bad.sha == shas[3]
     assert result.oracle == "reference"  # the recorded outputs are the bug's: no oracle for older commits
 
 
@@ -124,23 +125,23 @@ RENAMED = CLEAN.replace("def batched(x):", "def batched(inputs):").replace("out 
 
 
 def test_a_commit_that_cannot_take_the_recorded_arguments_is_skipped_not_blamed(tmp_path, recorded_at_bad_end):
-    # commit 2 renames the batched variant's argument (undone at 3); the bug comes in at 5
-    shas = history(tmp_path, bug_at=5, extra={2: RENAMED, 3: CLEAN})
+    # commit 1 renames the batched variant's argument (undone at 2); the bug comes in at 3
+    shas = history(tmp_path, bug_at=3, extra={1: RENAMED, 2: CLEAN})
     result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded_at_bad_end, repo=tmp_path / "repo",
-                                      providers=(MODULE,), jobs=6))  # one round: every commit is probed
-    assert result.first_bad.sha == shas[5]
+                                      providers=(MODULE,), jobs=3))  # one round: every commit is probed
+    assert result.first_bad.sha == shas[3]
     skipped = {p.sha: p.outcome for p in result.probes if p.outcome.verdict == "skip"}
-    assert list(skipped) == [shas[2]] and skipped[shas[2]].exit_code == 125
-    assert "no longer takes the recorded arguments" in skipped[shas[2]].report["untestable"]
+    assert list(skipped) == [shas[1]] and skipped[shas[1]].exit_code == 125
+    assert "no longer takes the recorded arguments" in skipped[shas[1]].report["untestable"]
 
 
 def test_skips_around_the_answer_give_the_range(tmp_path, recorded_at_bad_end):
     # the commit before the bug cannot take the recorded arguments: either may be the first bad one
-    shas = history(tmp_path, bug_at=4, extra={3: RENAMED})
+    shas = history(tmp_path, bug_at=3, extra={2: RENAMED})
     result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded_at_bad_end, repo=tmp_path / "repo",
                                       providers=(MODULE,)))
     assert result.first_bad is None
-    assert [c.sha for c in result.candidates] == [shas[3], shas[4]]
+    assert [c.sha for c in result.candidates] == [shas[2], shas[3]]
 
 
 INSIDE_TOLERANCE = CLEAN.replace("out = x * 2", "out = x * 2 * (1 + 2 ** -20)")  # a few float32 ulps: inside tolerance
@@ -172,22 +173,22 @@ NOISY_AND_OFF = NOISY.replace("out = x * 2", "out = x * 2 * (1 + 2e-5)")  # off 
 
 def test_a_good_end_not_deterministic_run_to_run_is_held_within_its_spread(tmp_path, recorded_at_bad_end):
     commits = [SyntheticCommit("noisy kernels", {f"{MODULE}.py": NOISY})]
-    commits += [SyntheticCommit(f"docs {i}", {"README": f"{i}\n"}) for i in range(1, 4)]
+    commits += [SyntheticCommit(f"docs {i}", {"README": f"{i}\n"}) for i in range(1, 3)]
     commits += [SyntheticCommit("scale a little differently", {f"{MODULE}.py": NOISY_AND_OFF})]
-    commits += [SyntheticCommit("docs 5", {"README": "5\n"})]
+    commits += [SyntheticCommit("docs 4", {"README": "4\n"})]
     shas = write_history(tmp_path / "repo", commits)
     result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded_at_bad_end, repo=tmp_path / "repo",
                                       providers=(MODULE,)))
     assert result.oracle == "good-end" and "it is not deterministic run to run" in result.oracle_note
-    assert result.first_bad.sha == shas[4]
+    assert result.first_bad.sha == shas[3]
 
 
 def test_a_snapshot_cut_short_by_a_killed_recording_still_bisects(tmp_path, recorded_at_bad_end):
     with open(recorded_at_bad_end / "calls.jsonl", "a") as index:
         index.write('{"index": 1, "op": "bis')  # the recording was killed mid-append
-    shas = history(tmp_path, bug_at=4)
+    shas = history(tmp_path, bug_at=3)
     result = run_bisect(BisectOptions(good=shas[0], bad="HEAD", snapshot=recorded_at_bad_end, repo=tmp_path / "repo",
                                       providers=(MODULE,)))
-    assert result.first_bad.sha == shas[4]
+    assert result.first_bad.sha == shas[3]
     assert "the last line is cut short" in result.warnings[0] and "replay the calls that can be read" in \
         result.warnings[0]
