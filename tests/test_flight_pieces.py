@@ -86,12 +86,16 @@ def test_the_ring_holds_one_whole_cache_and_the_pieces_each_step_changed(monkeyp
             if step >= 4 or not fill:
                 base = len(written) * PIECE if not fill else CACHE_BYTES
                 assert rec.ring.stores.nbytes <= base + 4 * 2 * PIECE
-        assert rec.pieces.staged_bytes == 0  # every store settled: no device memory held
+            # the stores of calls before this one settled: no device memory held for them (this
+            # call's two may wait for their launch on a GPU, and settle when the next call comes)
+            assert rec.pieces.staged_bytes <= 2 * CACHE_BYTES
         assert replay.dump() == 4
+        assert rec.pieces.staged_bytes == 0  # the dump brought over what waited on the device
     # the first call's stores come over whole (its store after compares with what its store before
     # compares with: nothing) but for pieces of zeros, and then a piece a call (the store before
-    # each call changed nothing since the one after the last)
-    assert brought == ([0, 1] if not fill else [16, 16]) + [0, 1] * 11
+    # each call changed nothing since the one after the last: nothing of it comes over, whether it
+    # settles in the ring or, its launch still running on a GPU, the dump names it by the store before)
+    assert [pieces for pieces in brought if pieces] == ([1] if not fill else [16, 16]) + [1] * 11
     assert torch.equal(list(Snapshot(tmp_path / "flight"))[-1].tensors["out/cache"], cache.cpu())
 
 
