@@ -140,3 +140,21 @@ def test_a_base_over_zeros_makes_only_the_pieces_written_with_bytes() -> None:
     assert copied.resident == {1, 2} and copied.nbytes == 2 * PIECE
     assert np.array_equal(copied.host[PIECE:3 * PIECE], base.host[PIECE:3 * PIECE])
     assert not copied.host[:PIECE].any() and not copied.host[3 * PIECE:].any()
+
+
+def resident_mib() -> int:
+    """This process's resident memory (Linux)."""
+    import os
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads resident memory from /proc (Linux)")
+def test_a_copy_of_a_base_makes_the_pages_of_its_pieces_alone() -> None:
+    pieces = 4096  # a 256 MiB cache, one piece of it written
+    base = chunk_changes.HeldPieces(np.zeros(pieces * PIECE, dtype=np.uint8),
+                                    dict(zip(range(pieces), range(pieces))), resident=set())
+    chunk_changes.HeldPieces(np.full(PIECE, 3, dtype=np.uint8), {5: 0}).write_into(base, pieces * PIECE)
+    before = resident_mib()
+    copied = base.copy()
+    assert resident_mib() - before < 64  # not the 256 MiB a copy of every page would make
+    assert copied.nbytes == PIECE and (copied.host[5 * PIECE:6 * PIECE] == 3).all()

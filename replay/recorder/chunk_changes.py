@@ -176,7 +176,7 @@ class HeldPieces:
         """A copy of a store held whole, its unmade pages left unmade."""
         if self.resident is None:
             return HeldPieces(self.host.copy(), self.slots)
-        host = np.zeros_like(self.host)
+        host = np.zeros(self.host.shape, dtype=self.host.dtype)  # calloc'd (zeros_like writes every page)
         for first, end in consecutive_runs(sorted(self.resident)):
             host[first * CHUNK_BYTES:end * CHUNK_BYTES] = self.host[first * CHUNK_BYTES:end * CHUNK_BYTES]
         return HeldPieces(host, self.slots, resident=set(self.resident))
