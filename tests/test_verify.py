@@ -783,3 +783,11 @@ def test_a_failing_gate_never_breaks_the_program(verifying: Path, monkeypatch: p
         rowscale_batched(x, 2.0)
     replay.verify.drain()
     assert delta(before)["unscored"] == 0
+
+
+def test_importing_replay_leaves_dynamo_unloaded() -> None:
+    # every `replay` command, and every program `replay record` runs, imports replay: the verifier's
+    # graph break must not import torch._dynamo then (~1 s of each start), only at its first check
+    probe = subprocess.run([sys.executable, "-c", "import sys, replay.cli; print('torch._dynamo' in sys.modules)"],
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "False"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import functools
 import inspect
 import itertools
 import logging
@@ -200,9 +201,13 @@ class Verifier:
         self._pending_bytes = 0  # held by the checks submitted and not yet done (_Check.nbytes)
         self.graphs = ReferenceGraphs()
         self._reference_stream = threading.RLock()  # held while a thread issues work on a reference stream
-        # the calling thread's launch: torch.compile's graph break around a checked call (_call) would
-        # otherwise trace the reference too
-        self._launch_eagerly = torch.compiler.disable(self._launch)
+
+    @functools.cached_property
+    def _launch_eagerly(self) -> Callable[[_Check], None]:
+        """The calling thread's launch, never traced: torch.compile's graph break around a checked
+        call (_call) would otherwise trace the reference too. Made at the first check: wrapping
+        imports torch._dynamo (~1 s), which every `replay` command would pay at `import replay`."""
+        return torch.compiler.disable(self._launch)
 
     def seed(self, seed: int) -> None:
         """Make the sampling repeatable (tests)."""
