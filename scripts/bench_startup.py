@@ -35,7 +35,9 @@ def seconds(arguments: list[str], tree: Path) -> float:
     """One fresh interpreter running `arguments` with `tree`'s replay first on its path."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))}
     started = time.perf_counter()
-    subprocess.run([sys.executable, *arguments], env=env, check=True, stdout=subprocess.DEVNULL,
+    # -P: `-c` would put the working directory first on the path, ahead of `tree` (run from a
+    # checkout, every tree's rows would import that checkout's replay)
+    subprocess.run([sys.executable, "-P", *arguments], env=env, check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
 
@@ -45,6 +47,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--against", type=Path, help="another tree whose replay package runs the same rows")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs {args.runs}: must be at least 1")
     if args.against is not None and not (args.against / "replay" / "__init__.py").is_file():
         parser.error(f"--against {args.against}: no kernel-replay tree there (no replay/__init__.py)")
     trees = {"this tree": ROOT, **({f"{args.against}": args.against} if args.against else {})}

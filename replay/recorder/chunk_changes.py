@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import mmap
 import threading
 import time
 from collections import OrderedDict
@@ -137,9 +138,9 @@ class KnownContent:
 class HeldPieces:
     """Pieces of a store held on the host (a flight recording's): piece n's bytes at slot
     `slots[n]` of `host` (in a pooled buffer `give_back` returns), and the pieces of zeros, known
-    by their checksums and held without bytes. A store held whole over calloc'd zeros (a flight
-    recording's base) names the pieces it wrote bytes into (`resident`): the others' pages were
-    never made, and they count nothing."""
+    by their checksums and held without bytes. A store held whole over zeros whose pages are made
+    only where written (unmade_zeros: a flight recording's base) names the pieces it wrote bytes
+    into (`resident`): the others' pages were never made, and they count nothing."""
     host: np.ndarray
     slots: dict[int, int]
     zeros: set[int] = field(default_factory=set)
@@ -176,10 +177,22 @@ class HeldPieces:
         """A copy of a store held whole, its unmade pages left unmade."""
         if self.resident is None:
             return HeldPieces(self.host.copy(), self.slots)
-        host = np.zeros(self.host.shape, dtype=self.host.dtype)  # calloc'd (zeros_like writes every page)
+        host = unmade_zeros(self.host.nbytes)
         for first, end in consecutive_runs(sorted(self.resident)):
             host[first * CHUNK_BYTES:end * CHUNK_BYTES] = self.host[first * CHUNK_BYTES:end * CHUNK_BYTES]
         return HeldPieces(host, self.slots, resident=set(self.resident))
+
+
+def unmade_zeros(nbytes: int) -> np.ndarray:
+    """`nbytes` of zeros (uint8) whose pages are made only where written: anonymous memory in small
+    pages. numpy's zeros come from calloc, which may reuse heap memory (made, and cleared), and
+    asks for pages of 2 MiB past 4 MiB, where one 64 KiB piece written makes its whole page."""
+    if not nbytes:
+        return np.zeros(0, dtype=np.uint8)
+    memory = mmap.mmap(-1, nbytes)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux
+        memory.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(memory, dtype=np.uint8)  # the array holds the mapping: unmapped with it
 
 
 @dataclass

@@ -20,9 +20,7 @@ from __future__ import annotations
 import collections
 from typing import Iterator
 
-import numpy as np
-
-from replay.recorder.chunk_changes import HeldPieces, PieceHistory, PieceTracker
+from replay.recorder.chunk_changes import HeldPieces, PieceHistory, PieceTracker, unmade_zeros
 from replay.recorder.copies import HostCopy, PinnedPool
 from replay.recorder.device_buffers import nothing
 from replay.recorder.repeats import Site
@@ -183,8 +181,8 @@ def _in_order(pieces: int) -> dict[int, int]:
 
 def _zeros_and(held: HeldPieces, nbytes: int, pieces: int) -> HeldPieces:
     """A store held whole in pieces (its pieces of zeros without bytes) as one buffer, piece n at
-    n: the pages of its pieces of zeros are never made (calloc), and count nothing."""
-    whole = HeldPieces(np.zeros(pieces * CHUNK_BYTES, dtype=np.uint8), _in_order(pieces), resident=set())
+    n: the pages of its pieces of zeros are never made (unmade_zeros), and count nothing."""
+    whole = HeldPieces(unmade_zeros(pieces * CHUNK_BYTES), _in_order(pieces), resident=set())
     held.write_into(whole, nbytes)
     held.give_back()
     return whole
