@@ -193,16 +193,22 @@ def gpu_workloads() -> dict[str, Workload]:
     work["7B MLP block, 64 rows x 8"] = (lambda: [linear(mlp_up(x, w_gate, w_up), w_down) for _ in range(8)], None)
     cache = torch.zeros(1024, 16384, device="cuda")  # 64 MiB, a position's 64 KiB contiguous
     rows = [torch.full((16384,), float(step + 1), device="cuda") for step in range(32)]
-    def cache_decode() -> object:  # from an empty cache each run: every step changes 64 KiB of it
-        cache.zero_()
-        return decode_steps(cache, rows, read=False)
-    work["eager decode, 64 MiB cache, 32 steps"] = (cache_decode, None)
-
-    def cache_decode_read() -> object:  # and a read of the positions written after each write, as attention does
-        cache.zero_()
-        return decode_steps(cache, rows, read=True)
-    work["eager decode and reads, 64 MiB cache, 32 steps"] = (cache_decode_read, None)
+    work["eager decode, 64 MiB cache, 32 steps"] = (cache_decode(cache, rows, read=False), None)
+    # and a read of the positions written after each write, as attention does
+    work["eager decode and reads, 64 MiB cache, 32 steps"] = (cache_decode(cache, rows, read=True), None)
+    # a cache past the staging budget (chunk_changes.DEVICE_STAGING_BYTES, 4 GiB), as an engine's KV cache
+    # of many GB: its stores stage their changed pieces packed
+    large = torch.zeros(81920, 16384, device="cuda")
+    work["eager decode, 5 GiB cache, 8 steps"] = (cache_decode(large, rows[:8], read=False), None)
     return work
+
+
+def cache_decode(cache: torch.Tensor, rows: list[torch.Tensor], read: bool) -> Callable[[], object]:
+    """decode_steps from an empty cache each run: every step changes 64 KiB of it."""
+    def run() -> object:
+        cache.zero_()
+        return decode_steps(cache, rows, read)
+    return run
 
 
 def timed(fn: Callable[[], object], record_into: Path | None, runs: int,

@@ -32,7 +32,8 @@ def test_checksums_flag_exactly_the_pieces_that_differ_and_stage_them(device: st
     gen = torch.Generator().manual_seed(0)
     raw = torch.randint(0, 256, (5 * PIECE + 4096,), generator=gen, dtype=torch.uint8).to(device)  # a partial last piece
     before, staged = piece_sums.piece_sums(raw, None, stage=True)
-    assert before.shape == (6, 3) and before[:, 2].tolist() == [1] * 6  # nothing to compare with: all new
+    assert before.shape == (6, piece_batch.ROW) and before[:, 2].tolist() == [1] * 6  # nothing to compare with: all new
+    assert before[:, piece_batch.SLOT].tolist() == [-1] * 6  # staged where they lie: no slots
     assert torch.equal(staged.view(torch.uint8)[:raw.numel()], raw)
     assert torch.equal(before, piece_sums.piece_sums(raw.clone(), None, stage=False)[0])
     for at in (0, 3 * PIECE + 17, raw.numel() - 1):

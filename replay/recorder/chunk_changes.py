@@ -18,11 +18,15 @@ store. Correctness rests on the checksums alone, not on the memory being the sam
 checksums mean equal bytes but for odds far below any hardware fault's (piece_sums.py), so a
 piece named by a reused digest holds what the digest says.
 
-A store that finds no room to stage in (DEVICE_STAGING_BYTES; a blocking recording first waits a
-while on the host for its writers to let staged stores go) comes to the host whole, still flagging
-what changed, so the writer hashes only that. A flight recording stages as a full one does and
-brings a store's changed pieces to the host once its launch has run (settle(): HeldPieces), to
-hold them until a dump (flight_pieces.py).
+A store that finds no room to stage its whole size in (DEVICE_STAGING_BYTES; a blocking recording
+first waits a while on the host for its writers to let staged stores go) is staged packed: its
+changed pieces take consecutive slots of a room of PACKED_ROOM_BYTES, so that a KV cache of many GB
+that a decode step writes 64 KiB of stages 64 KiB, not its size. The program's thread then waits
+for its launch (piece_batch.py) to learn whether they fitted; where they did not, or where there is
+no room at all, the store comes to the host whole, still flagging what changed, so the writer
+hashes only that. A flight recording stages as a full one does and brings a store's changed pieces
+to the host once its launch has run (settle(): HeldPieces), to hold them until a dump
+(flight_pieces.py).
 Beyond the store before: pieces alike within a store come over and are hashed once, a piece any
 store of the recording hashed is known by its checksums and length (up to SEEN_PIECES of them,
 then the cache starts again), and a store that changed nothing takes the store before's list whole,
@@ -40,6 +44,7 @@ import hashlib
 import mmap
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from dataclasses import InitVar, dataclass, field
 from typing import Any, Callable
@@ -50,7 +55,7 @@ import torch
 from replay.recorder import cuda_runtime
 from replay.recorder.device_buffers import DeviceBuffers, nothing
 from replay.recorder.latch import Latch
-from replay.recorder.piece_batch import PieceBatch, Place, sums_kernel
+from replay.recorder.piece_batch import SLOT, PieceBatch, Place, sums_kernel
 from replay.snapshot import hashing
 from replay.snapshot.chunk_lists import ChunkList
 from replay.snapshot.tensors import Geometry, geometry_of
@@ -83,6 +88,10 @@ MEMORIES_KEPT = 1 << 13
 # larger tensor (a KV cache of GBs a decode step writes 64 KiB of) is summed in place, in a launch
 # before the call. 128 MiB holds a 32000-word vocabulary's logits for 2048 tokens in bf16.
 CLONE_BYTES = 128 << 20
+# The room a store too large to stage whole stages its changed pieces in, packed. A decode step
+# changes a few pieces of a cache, a prefill of 2048 tokens 16 MiB of a 7B layer's: a room of 256 MiB
+# copies the whole store to the host only where a call rewrote more of it than that.
+PACKED_ROOM_BYTES = 256 << 20
 _side_streams: dict[torch.device, torch.cuda.Stream] = {}
 _ZEROS = np.zeros(CHUNK_BYTES, dtype=np.uint8)  # the bytes of a piece of zeros a pack needs (never written)
 
@@ -207,7 +216,7 @@ class PieceHistory:
     place: Place
     compared: bool
     recorded: KnownContent
-    staged: torch.Tensor | None = None  # whole pieces of bytes, the changed ones written
+    staged: torch.Tensor | None = None  # whole pieces of bytes, the changed ones written (or packed: place.room)
     nbytes: int = 0  # the tensor's bytes (the last piece of `staged` is padded)
     cloned: bool = False  # `staged` holds every piece, copied before its call: the checksums read that copy
     digests: list[str] | None = None
@@ -233,6 +242,11 @@ class PieceHistory:
     def sums(self) -> np.ndarray:
         """Each piece's two checksums ([pieces, 2] int64), waiting for their launch."""
         return self.place.rows()[:, :2]
+
+    @property
+    def staging_bytes(self) -> int:
+        """The device memory its staging takes (its packed room, or its whole pieces), staged or not."""
+        return (self.place.room or self.place.pieces) * CHUNK_BYTES
 
     @property
     def changed(self) -> np.ndarray | None:
@@ -314,11 +328,11 @@ class PieceHistory:
             try:
                 if known is None and not self.cloned and self.changed is not None and not bool(self.changed.all()):
                     raise OSError("the pieces this store shares with the one before were never written")
-                host, buffer = self._bring_over(wanted, take)
+                host, buffer, at = self._bring_over(wanted, take)
             finally:
                 self._release_staged()
-            for slot, n in enumerate(wanted):
-                found[n] = host[slot * CHUNK_BYTES:slot * CHUNK_BYTES + self._length(n)]
+            for n in wanted:
+                found[n] = host[at[n] * CHUNK_BYTES:at[n] * CHUNK_BYTES + self._length(n)]
         for n, first in alike.items():
             found[n] = found[first]
         for n in zeros:
@@ -339,11 +353,22 @@ class PieceHistory:
         zero = wanted & (sums[:, 0] == 0) & (sums[:, 1] == 0)  # as plan() names them
         fetched = np.flatnonzero(wanted & ~zero).tolist()
         try:
-            host, buffer = self._bring_over(fetched, take)
+            host, buffer, at = self._bring_over(fetched, take)
         finally:
             self._release_staged()
-        self.held = HeldPieces(host, {n: slot for slot, n in enumerate(fetched)}, set(np.flatnonzero(zero).tolist()),
+        self.held = HeldPieces(host, at, set(np.flatnonzero(zero).tolist()),
                                (lambda: give(buffer)) if buffer is not None else nothing)
+
+    def take_whole(self, run: _Run, take: Callable[[int], torch.Tensor],
+                   give: Callable[[torch.Tensor], None]) -> None:
+        """Its changed pieces overflowed its packed room: its bytes come to the host whole now (its
+        launch has run, and the program issued nothing since), held as a store held whole, and the
+        staged buffer goes."""
+        nbytes = self.place.pieces * CHUNK_BYTES
+        buffer = take(nbytes)
+        run.copy_to_host(buffer)
+        self.held = HeldPieces(buffer.numpy()[:nbytes], in_order(self.place.pieces), give_back=lambda: give(buffer))
+        self._release_staged()
 
     def leave_previous(self) -> PieceHistory | None:
         """Stop comparing with the store before (written, failed or forgotten): it has one
@@ -362,25 +387,34 @@ class PieceHistory:
         """A store staged whole (a blob's), on the host, and the pooled buffer (from `take`) it is
         in, to give back once written; its device memory let go."""
         try:
-            host, buffer = self._bring_over(list(range(len(self.sums))), take)
+            host, buffer, _ = self._bring_over(list(range(len(self.sums))), take)
         finally:
             self._release_staged()
         return host[:self.nbytes], buffer
 
     def _bring_over(self, wanted: list[int], take: Callable[[int], torch.Tensor]
-                    ) -> tuple[np.ndarray, torch.Tensor | None]:
-        """The staged pieces `wanted`, one after another on the host, and the pooled buffer they are in."""
+                    ) -> tuple[np.ndarray, torch.Tensor | None, dict[int, int]]:
+        """The staged pieces `wanted` on the host, the pooled buffer they are in, and where each is
+        there (piece n at at[n]): one after another, or, packed, all the store's slots in one run."""
         assert self.staged is not None
         if not wanted:  # nothing changed: nothing comes over
-            return np.empty(0, dtype=np.uint8), None
+            return np.empty(0, dtype=np.uint8), None, {}
         staged = self.staged
-        runs = consecutive_runs(wanted)
+        if self.place.room:
+            slots = self.place.rows()[:, SLOT]  # -1 for the pieces not there
+            where = {n: int(slots[n]) for n in wanted}
+            if not 0 <= min(where.values()) <= max(where.values()) < self.place.room:  # take_whole's to bring
+                raise OSError("its changed pieces passed its packed room and were not taken whole")
+            runs = [(0, max(where.values()) + 1)]
+        else:
+            where = {n: slot for slot, n in enumerate(wanted)}
+            runs = consecutive_runs(wanted)
         if not staged.is_cuda:
-            return torch.cat([staged[start * CHUNK_BYTES:end * CHUNK_BYTES] for start, end in runs]).numpy(), None
+            return torch.cat([staged[start * CHUNK_BYTES:end * CHUNK_BYTES] for start, end in runs]).numpy(), None, where
         stream = _side_streams.get(staged.device)
         if stream is None:
             stream = _side_streams[staged.device] = torch.cuda.Stream(staged.device)
-        buffer = take(len(wanted) * CHUNK_BYTES)
+        buffer = take(sum(end - first for first, end in runs) * CHUNK_BYTES)
         runtime = cuda_runtime.on_current_device(staged.device)
         if runtime is not None:  # queued by address with the interpreter lock kept: no torch operator a run
             def copy_run(at: int, start: int, size: int) -> None:
@@ -399,7 +433,7 @@ class PieceHistory:
                     at += size
         finally:  # nothing is let go while the stream may still read it or write into the buffer
             stream.synchronize()
-        return buffer.numpy(), buffer
+        return buffer.numpy(), buffer, where
 
     def _length(self, piece: int) -> int:
         return min(CHUNK_BYTES, self.nbytes - piece * CHUNK_BYTES)
@@ -479,10 +513,25 @@ class _Run:
             stream = runtime.current_stream(target.device.index)
             runtime.copy_on_device(target.data_ptr(), self.address, self.nbytes, stream)
             return
-        # through torch (the interpreter's memory, or another device's): the run starts at the owner's first element
+        target[:self.nbytes].copy_(self._bytes())
+
+    def copy_to_host(self, target: torch.Tensor) -> None:
+        """Copy the run into the start of `target` (host memory the device writes: pinned on a GPU)
+        on the current stream, and wait for it."""
+        runtime = cuda_runtime.on_current_device(self.owner.device)
+        if runtime is not None:
+            stream = runtime.current_stream(self.owner.device.index)
+            runtime.copy_to_host(target.data_ptr(), self.address, self.nbytes, stream)
+            runtime.synchronize(stream)
+            return
+        target[:self.nbytes].copy_(self._bytes())
+
+    def _bytes(self) -> torch.Tensor:
+        """The run as a view of bytes, through torch (the interpreter's memory, or another device's
+        than the current): it starts at the owner's first element."""
         span = torch.as_strided(self.owner.detach(), (self.nbytes // self.owner.element_size(),), (1,),
                                 self.owner.storage_offset())
-        target[:self.nbytes].copy_(span.view(torch.uint8))
+        return span.view(torch.uint8)
 
 
 def _run(t: torch.Tensor, geometry: Geometry | None) -> _Run | None:
@@ -494,10 +543,28 @@ def _run(t: torch.Tensor, geometry: Geometry | None) -> _Run | None:
     return run if sums_kernel().trackable(run.address, run.nbytes) else None
 
 
+def _whole_on_overflow(history: PieceHistory, run: _Run
+                       ) -> Callable[[Callable[[int], torch.Tensor], Callable[[torch.Tensor], None]], None]:
+    """What a packed store's launch calls where its changed pieces did not fit its room
+    (PieceHistory.take_whole), holding the store weakly: a store dropped unwritten goes as before."""
+    held = weakref.ref(history)
+
+    def overflowed(take: Callable[[int], torch.Tensor], give: Callable[[torch.Tensor], None]) -> None:
+        history = held()
+        if history is not None:
+            history.take_whole(run, take, give)
+    return overflowed
+
+
 def staging_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
     """Device memory the recording stages in (the changed pieces of a store, whole pieces; the
     checksums later stores compare with; output buffers held over their call), as bytes."""
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def in_order(pieces: int) -> dict[int, int]:
+    """Slots of a store held whole: piece n at n."""
+    return dict(zip(range(pieces), range(pieces)))
 
 
 def consecutive_runs(pieces: list[int]) -> list[tuple[int, int]]:
@@ -537,11 +604,12 @@ class PieceTracker:
                 geometry: Geometry | None = None) -> PieceHistory | None:
         """A store of `t`'s storage span (`geometry`: t's, where the caller has it) now,
         checksummed in `batch`'s launch: None where it is not tracked. With `stage`, the changed
-        pieces are copied on the device (PieceHistory.staged) unless that would pass
-        DEVICE_STAGING_BYTES (waiting a while for the writers first, in a blocking recording) or
-        the device has no room; the caller copies the span to the host if not. With `clone` (a
-        store before a call that may change the span), a staged store copies every piece aside
-        now and the launch, after the call, reads that copy."""
+        pieces are copied on the device (PieceHistory.staged), where they lie or, where the whole
+        store would pass DEVICE_STAGING_BYTES (after waiting a while for the writers, in a
+        blocking recording), packed into a room of PACKED_ROOM_BYTES; where there is no room for
+        either, or the device has none, the caller copies the span to the host. With `clone` (a
+        store before a call that may change the span), a store staged whole copies every piece
+        aside now and the launch, after the call, reads that copy."""
         run = _run(t, geometry)
         if run is None:
             return None
@@ -584,17 +652,21 @@ class PieceTracker:
             last = None
         nbytes = run.nbytes
         padded = -(-nbytes // CHUNK_BYTES) * CHUNK_BYTES  # whole pieces (the last one's tail stays unwritten)
-        stage = stage and self._reserve(padded)
+        room = 0
+        if stage and not self._reserve(padded):
+            room = self._packed_room(padded, staged_only)
+            stage = room > 0
+        size = room * CHUNK_BYTES or padded
         staged: torch.Tensor | None = None
         give_staged: Callable[[], None] = nothing
         if stage:
             try:
-                staged, give_staged = self.buffers.take(padded, device)
+                staged, give_staged = self.buffers.take(size, device)
             except torch.cuda.OutOfMemoryError:  # no room to stage: the program's memory comes first
-                self._unreserve(padded)
+                self._unreserve(size)
         if staged_only and staged is None:
             return None
-        cloned = clone and staged is not None and nbytes <= CLONE_BYTES
+        cloned = clone and staged is not None and not room and nbytes <= CLONE_BYTES  # packed: summed in place
         compared = last.place if last is not None else None
         try:
             if cloned:
@@ -602,13 +674,27 @@ class PieceTracker:
                 run.copy_into(staged)  # on the program's stream, before its call: what the launch after it reads
                 place = batch.add(staged.data_ptr(), nbytes, staged, compared, None, live=False)
             else:
-                place = batch.add(run.address, nbytes, run.owner, compared, staged)
+                place = batch.add(run.address, nbytes, run.owner, compared, staged, room=room)
         except BaseException:
             if staged is not None:
-                self._unreserve(padded)
+                self._unreserve(size)
             raise
-        return PieceHistory(last, place, last is not None, self.recorded, staged, nbytes, cloned,
-                            _let_go=self._let_go, give_staged=give_staged)
+        history = PieceHistory(last, place, last is not None, self.recorded, staged, nbytes, cloned,
+                               _let_go=self._let_go, give_staged=give_staged)
+        if place.room:
+            place.overflowed = _whole_on_overflow(history, run)
+        return history
+
+    def _packed_room(self, padded: int, whole_only: bool) -> int:
+        """The pieces of a packed room, reserved, for a store of `padded` bytes that found no room to
+        stage whole; 0 where it must be whole (`whole_only`: a blob) or the room would be all of
+        it, or there is none. A first store (every piece new) is packed too: a cache of zeros
+        stages none of its pieces. A store before its call that would have been copied aside
+        whole is summed in place instead, before the call."""
+        room = min(padded, PACKED_ROOM_BYTES)
+        if whole_only or room >= padded or not self._reserve(room):
+            return 0
+        return room // CHUNK_BYTES
 
     def _reserve(self, padded: int) -> bool:
         """Room for `padded` staged bytes, counted as in the making: past the budget, wait for the
@@ -628,10 +714,10 @@ class PieceTracker:
             self._in_making += padded
             return True
 
-    def _unreserve(self, padded: int) -> None:
+    def _unreserve(self, nbytes: int) -> None:
         """A reservation no store took."""
-        self.handed_over(padded)
-        self._let_go(padded)
+        self.handed_over(nbytes)
+        self._let_go(nbytes)
 
     @property
     def known_pieces(self) -> int:

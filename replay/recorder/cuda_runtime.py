@@ -32,6 +32,7 @@ class Runtime:
         self.keeping, self.waiting = ctypes.PyDLL(path), ctypes.CDLL(path)
         pointer, size = ctypes.c_void_p, ctypes.c_size_t
         for name, arguments in (("cudaMemcpyAsync", [pointer, pointer, size, ctypes.c_int, pointer]),
+                                ("cudaMemsetAsync", [pointer, ctypes.c_int, size, pointer]),
                                 ("cudaEventCreateWithFlags", [ctypes.POINTER(pointer), ctypes.c_uint]),
                                 ("cudaEventRecord", [pointer, pointer]), ("cudaEventDestroy", [pointer]),
                                 ("cudaGetLastError", [])):
@@ -66,6 +67,12 @@ class Runtime:
         code = self.keeping.cudaMemcpyAsync(target, source, nbytes, kind, stream)
         if code:
             self.fail(code, "cudaMemcpyAsync")
+
+    def memset(self, target: int, value: int, nbytes: int, stream: int) -> None:
+        """Queue setting `nbytes` of device memory at `target` to the byte `value`."""
+        code = self.keeping.cudaMemsetAsync(target, value, nbytes, stream)
+        if code:
+            self.fail(code, "cudaMemsetAsync")
 
     def synchronize(self, stream: int) -> None:
         """Wait, the lock let go, until the work queued on `stream` has run."""
@@ -123,6 +130,11 @@ class HostRuntime:
             ctypes.memmove(target, source, nbytes)
 
     copy_on_device = copy_to_host
+
+    @staticmethod
+    def memset(target: int, value: int, nbytes: int, stream: int) -> None:
+        if nbytes:
+            ctypes.memset(target, value, nbytes)
 
     @staticmethod
     def synchronize(stream: int) -> None:

@@ -18,9 +18,10 @@ memory is then whole.
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Iterator
 
-from replay.recorder.chunk_changes import HeldPieces, PieceHistory, PieceTracker, unmade_zeros
+from replay.recorder.chunk_changes import HeldPieces, PieceHistory, PieceTracker, in_order, unmade_zeros
 from replay.recorder.copies import HostCopy, PinnedPool
 from replay.recorder.device_buffers import nothing
 from replay.recorder.repeats import Site
@@ -47,14 +48,18 @@ class FlightPieces:
         for _, copy in _tracked(pending):
             history = copy.pieces
             assert history is not None
-            if copy.on_device:
+            if copy.on_device and history.held is None:
                 self._unsettled.append(history)
-                self._unsettled_bytes += history.nbytes
-            else:  # no room to stage it: on the host whole, the pooled buffer now the history's
+                self._unsettled_bytes += history.staging_bytes
+                continue
+            if history.held is None:  # no room to stage it: on the host whole, the pooled buffer now the history's
+                whole = host_bytes(copy.span)  # read before the buffer leaves the copy: the span is made from it
                 buffer, copy.buffer = copy.buffer, None
-                give = (lambda: self._pool.give(buffer)) if buffer is not None else nothing
-                history.held = HeldPieces(host_bytes(copy.span), _in_order(_pieces(history)), give_back=give)
-                self.nbytes += history.held.nbytes
+                # bound now: a lambda here would give back the loop's last buffer, for every store of the call
+                give = functools.partial(self._pool.give, buffer) if buffer is not None else nothing
+                history.held = HeldPieces(whole, in_order(_pieces(history)), give_back=give)
+            # else its packed room overflowed: on the host whole already (PieceHistory.take_whole)
+            self.nbytes += history.held.nbytes
         self._settle_landed()
 
     def _settle_landed(self) -> None:
@@ -65,7 +70,7 @@ class FlightPieces:
             self._settle(self._unsettled.popleft())
 
     def _settle(self, history: PieceHistory) -> None:
-        self._unsettled_bytes -= history.nbytes
+        self._unsettled_bytes -= history.staging_bytes
         if history.staged is None:  # written, failed or forgotten meanwhile
             return
         try:
@@ -102,7 +107,7 @@ class FlightPieces:
             self._let_go(history)
             return
         if held.covers(pieces):  # every piece its own (or zeros): a first store, or one that changed all
-            whole = held if held.slots == _in_order(pieces) else _zeros_and(held, history.nbytes, pieces)
+            whole = held if held.slots == in_order(pieces) else _zeros_and(held, history.nbytes, pieces)
         else:
             before = previous.held if previous is not None and id(previous) in self._bases else None
             if previous is None or before is None:
@@ -174,15 +179,10 @@ def _pieces(history: PieceHistory) -> int:
     return -(-history.nbytes // CHUNK_BYTES)
 
 
-def _in_order(pieces: int) -> dict[int, int]:
-    """Slots of a whole store: piece n at n."""
-    return dict(zip(range(pieces), range(pieces)))
-
-
 def _zeros_and(held: HeldPieces, nbytes: int, pieces: int) -> HeldPieces:
     """A store held whole in pieces (its pieces of zeros without bytes) as one buffer, piece n at
     n: the pages of its pieces of zeros are never made (unmade_zeros), and count nothing."""
-    whole = HeldPieces(unmade_zeros(pieces * CHUNK_BYTES), _in_order(pieces), resident=set())
+    whole = HeldPieces(unmade_zeros(pieces * CHUNK_BYTES), in_order(pieces), resident=set())
     held.write_into(whole, nbytes)
     held.give_back()
     return whole

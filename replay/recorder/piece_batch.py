@@ -15,6 +15,11 @@ in the batch not yet launched (one tensor passed twice) has the batch launched f
 compares with checksums that exist. One launch a call rather than one a store: on the H100 a
 store with a launch and a copy of its own cost the program's thread 187 us, a row 49 us, and a
 call's launch 180 us (docs/PERFORMANCE.md, "One checksum launch a call").
+
+A store staged packed (a room of fewer pieces than it has: chunk_changes.py) learns at its launch
+whether its changed pieces fitted: the program's thread waits for that launch and reads their
+slots, and where they did not fit, the store's bytes are copied to the host whole before the
+program goes on (Place.overflowed), while they are still what the checksums summed.
 """
 from __future__ import annotations
 
@@ -28,11 +33,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from replay.recorder import cuda_streams
+from replay.recorder import cuda_runtime, cuda_streams
 from replay.recorder.latch import Latch
 from replay.snapshot.writer import CHUNK_BYTES
 
-ROW = 3  # int64 values a piece: its two checksums, then whether it changed
+# int64 values a piece: its two checksums, whether it changed, and its slot in a packed staged buffer
+# (-1: not there; at or past the store's room: it did not fit)
+ROW = 4
+SLOT = 3
 _INT64 = 8  # bytes
 
 
@@ -139,13 +147,36 @@ class Checksums:
 
 @dataclass(slots=True)  # not frozen: made for each tracked store, and a frozen one costs twice as much
 class Place:
-    """Where one store's checksums are: rows start..start+pieces of a launch's."""
+    """Where one store's checksums are: rows start..start+pieces of a launch's. A packed store's
+    `room` (pieces its staged buffer holds) and what its launch calls, with host memory the device
+    writes (`take`, `give`), where its changed pieces did not fit there (set by its tracker)."""
     checksums: Checksums
     start: int
     pieces: int
+    room: int = 0
+    overflowed: Callable[[Callable[[int], torch.Tensor], Callable[[torch.Tensor], None]], None] | None = None
 
     def rows(self) -> np.ndarray:
         return self.checksums.host()[self.start:self.start + self.pieces]
+
+
+def _copy_counts(counters: torch.Tensor, host: torch.Tensor) -> None:
+    """Queue the packed stores' counters into host memory the device writes, after the launch."""
+    runtime = cuda_runtime.on_current_device(counters.device)
+    if runtime is None:
+        host.copy_(counters, non_blocking=True)
+        return
+    runtime.copy_to_host(host.data_ptr(), counters.data_ptr(), counters.numel(),
+                         runtime.current_stream(counters.device.index))
+
+
+def _zero(counters: torch.Tensor) -> None:
+    """Zero device memory on its device's current stream (through the runtime: no torch operator)."""
+    runtime = cuda_runtime.on_current_device(counters.device)
+    if runtime is None:
+        counters.zero_()
+        return
+    runtime.memset(counters.data_ptr(), 0, counters.numel(), runtime.current_stream(counters.device.index))
 
 
 class PieceBatch:
@@ -168,6 +199,7 @@ class PieceBatch:
         # would be another's by then)
         self._held: list[Any] = []
         self._unlanded: list[Checksums] = []  # launched, waiting for the call's event (landed())
+        self._packed: list[Place] = []  # the rows' packed stores, whose rooms the launch checks
 
     def comparable(self, last: Place) -> bool:
         """Whether a store can compare with `last` here: its launch issued, or this batch's own
@@ -179,23 +211,27 @@ class PieceBatch:
         return place.checksums is self._pending
 
     def add(self, address: int, nbytes: int, owner: torch.Tensor, last: Place | None, staged: torch.Tensor | None,
-            live: bool = True) -> Place:
+            live: bool = True, room: int = 0) -> Place:
         """A store of the `nbytes` at `address` (trackable; in `owner`'s storage, held until the
         launch is issued) compared with `last` (None: every piece new), its changed pieces copied
-        into `staged` where given. `live`: the bytes are the program's memory, which its call may
-        change (not a copy the recorder took aside)."""
+        into `staged` where given: each where it lies, or with a `room` (pieces), packed into its
+        slots there. `live`: the bytes are the program's memory, which its call may change (not a
+        copy the recorder took aside)."""
         kernel = sums_kernel()
         if last is not None and self.pending(last):
             self.launch()  # what it compares with must be summed first
         pieces = -(-nbytes // CHUNK_BYTES)
         if self._pending is None:
             self._pending = Checksums()
-        place = Place(self._pending, self._pieces, pieces)
+        place = Place(self._pending, self._pieces, pieces, room if staged is not None else 0)
         row = [0] * kernel.COLUMNS
         row[kernel.WORDS_AT], row[kernel.NWORDS], row[kernel.FIRST] = address, nbytes // 4, self._programs
         row[kernel.SUMS] = row[kernel.HOST_SUMS] = self._pieces  # rows into the launch's tables, made addresses then
         row[kernel.LAST] = last.checksums.address(last.start) if last is not None else 0
         row[kernel.STAGED] = staged.data_ptr() if staged is not None else 0
+        if place.room:
+            row[kernel.ROOM], row[kernel.COUNTER] = room, len(self._packed)  # its counter's number, an address at launch
+            self._packed.append(place)
         self._rows.append(row)
         self._held += [owner, staged, last.checksums if last is not None else None]
         self._pieces += pieces
@@ -230,30 +266,56 @@ class PieceBatch:
         rows, pieces, programs, checksums = self._rows, self._pieces, self._programs, self._pending
         assert checksums is not None  # a batch with rows has them
         held = self._held  # let go once the launch is issued: freed memory is reused in stream order
-        self._rows, self._pieces, self._programs, self._pending, self._held = [], 0, 0, None, []
+        packed = self._packed
+        self._rows, self._pieces, self._programs, self._pending, self._held, self._packed = [], 0, 0, None, [], []
         self._live = False
         launched = False
+        give_counters = None
         try:
             sums_bytes = pieces * ROW * _INT64
             sums, give_sums = self._on_device(sums_bytes)
             checksums.gives_back(give_sums)
             table = np.array(rows, dtype=np.int64)
-            buffer = self._take(sums_bytes + table.nbytes)  # the sums first: 8-byte aligned, as the table
+            counted = sums_bytes + table.nbytes  # where the packed stores' counts come back, past the table
+            buffer = self._take(counted + len(packed) * _INT64)  # the sums first: 8-byte aligned, as the table
             table[:, kernel.SUMS] = sums.data_ptr() + table[:, kernel.SUMS] * (ROW * _INT64)
             table[:, kernel.HOST_SUMS] = buffer.data_ptr() + table[:, kernel.HOST_SUMS] * (ROW * _INT64)
+            if packed:  # each packed store's slot counter, zero before the launch
+                counters, give_counters = self._on_device(len(packed) * _INT64)
+                rooms = table[:, kernel.ROOM] != 0
+                table[rooms, kernel.COUNTER] = counters.data_ptr() + table[rooms, kernel.COUNTER] * _INT64
+                _zero(counters)
             buffer.numpy()[sums_bytes:sums_bytes + table.nbytes] = table.view(np.uint8).reshape(-1)
             kernel.launch(buffer.data_ptr() + sums_bytes, len(rows), programs, self.device)  # never a program's call
             launched = True
             del held
+            if packed:
+                _copy_counts(counters, buffer[counted:counted + counters.numel()])
             ran = self._event_now()  # ~1 us, the runtime's
             checksums.launched(sums, buffer, self._give, ran)
             self._unlanded.append(checksums)
+            if packed:
+                self._check_rooms(packed, buffer.numpy()[counted:counted + counters.numel()].view(np.int64), ran)
         except BaseException as exc:
             if launched and self.device.type == "cuda":  # what it reads and writes may go once it has run
                 with contextlib.suppress(Exception):
                     torch.cuda.current_stream(self.device).synchronize()
             checksums.failed(exc)
             raise
+        finally:
+            if give_counters is not None:  # reused in stream order, after the launch that counts in it
+                give_counters()
+
+    def _check_rooms(self, packed: list[Place], counts: np.ndarray, ran: cuda_streams.Landing | None) -> None:
+        """Wait for the launch and the copy of its counters, and copy whole to the host each packed
+        store whose changed pieces did not fit its room (the program has issued nothing since:
+        its bytes are as summed). `counts`: each store's counter as it came back (int32, zero-padded)."""
+        if ran is not None:
+            ran.synchronize()
+        for place, count in zip(packed, counts.tolist()):
+            overflowed, place.overflowed = place.overflowed, None  # it holds the program's tensor
+            if overflowed is not None and count > place.room:
+                overflowed(self._take, self._give)
 
     def landed(self, event: cuda_streams.Landing | None) -> None:
         """The launches made so far are behind `event` (None: done, the interpreter's): their readers go on."""
