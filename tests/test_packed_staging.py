@@ -6,6 +6,8 @@ program goes on. The device logic runs on CPU tensors in Triton's interpreter he
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -92,6 +94,26 @@ def test_past_the_staging_budget_a_store_stages_only_its_changed_pieces(tmp_path
     assert rooms == [2] * 12 and overflows == []
     assert counts == [0] + [1] * 6  # the first store's zeros named by their checksums; then the row's piece
     assert fetched == [0] + [1] * 6  # the zeros: nothing; then each call's store after it, its one changed piece
+
+
+def test_a_packed_store_dropped_before_its_launch_lets_go_of_the_programs_tensor(
+        monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    # its launch would copy the tensor whole on overflow: until then the store holds it, and the
+    # tracker holds the store while the memory is its last stored (a cache of GBs, in a program)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    past_the_budget(monkeypatch)
+    tracker = chunk_changes.PieceTracker()
+    cache = torch.zeros(64, 4096, device=device)
+    batch = copies.piece_batch(torch.device(device), copies.SHARED_POOL)
+    tracker.observe(cache, True, batch)
+    batch.flush()
+    batch = copies.piece_batch(torch.device(device), copies.SHARED_POOL)
+    stored = tracker.observe(cache, True, batch)
+    assert stored is not None and stored.place.room == 2
+    held = weakref.ref(cache)
+    del batch, cache  # the call dropped mid-way, its batch never launched
+    gc.collect()
+    assert held() is None
 
 
 def record_rows(path: Path, device: str, ring: int | None = None) -> torch.Tensor:

@@ -160,6 +160,13 @@ class Place:
         return self.checksums.host()[self.start:self.start + self.pieces]
 
 
+def _let_go_of_tensors(packed: list[Place]) -> None:
+    """What a packed store's launch would have called on overflow holds the program's tensor (a
+    cache of GBs, which its last store outlives): let go once its launch is checked, or never will be."""
+    for place in packed:
+        place.overflowed = None
+
+
 def _copy_counts(counters: torch.Tensor, host: torch.Tensor) -> None:
     """Queue the packed stores' counters into host memory the device writes, after the launch."""
     runtime = cuda_runtime.on_current_device(counters.device)
@@ -305,6 +312,7 @@ class PieceBatch:
         finally:
             if give_counters is not None:  # reused in stream order, after the launch that counts in it
                 give_counters()
+            _let_go_of_tensors(packed)
 
     def _check_rooms(self, packed: list[Place], counts: np.ndarray, ran: cuda_streams.Landing | None) -> None:
         """Wait for the launch and the copy of its counters, and copy whole to the host each packed
@@ -313,9 +321,8 @@ class PieceBatch:
         if ran is not None:
             ran.synchronize()
         for place, count in zip(packed, counts.tolist()):
-            overflowed, place.overflowed = place.overflowed, None  # it holds the program's tensor
-            if overflowed is not None and count > place.room:
-                overflowed(self._take, self._give)
+            if place.overflowed is not None and count > place.room:
+                place.overflowed(self._take, self._give)
 
     def landed(self, event: cuda_streams.Landing | None) -> None:
         """The launches made so far are behind `event` (None: done, the interpreter's): their readers go on."""
@@ -336,3 +343,4 @@ class PieceBatch:
         if self._rows and self._pending is not None:
             self._pending.failed(dropped)
         self.failed(dropped)
+        _let_go_of_tensors(self._packed)
