@@ -47,6 +47,12 @@ def test_a_piece_of_zeros_gets_the_digest_hashing_gives_it_without_being_hashed(
     assert sum(hashed) == sum(is_written and not knew for is_written, knew in zip(written, is_known))
 
 
+@given(st.lists(st.one_of(st.none(), st.text(max_size=2), st.integers(), st.just(False), st.just(b""))))
+def test_nones_finds_exactly_the_places_of_none(values: list[object]) -> None:
+    # what a store's writer asks of its list of known digests (one a piece: long): falsy values are not None
+    assert hashing.nones(values) == [n for n, value in enumerate(values) if value is None]
+
+
 def test_a_chunked_tensor_of_zeros_is_stored_with_only_its_written_piece_hashed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     hashed: list[int] = []

@@ -263,7 +263,10 @@ class PieceHistory:
         before = previous.digests
         if before is None or len(before) != len(self.changed):
             return None
-        return [None if changed else digest for digest, changed in zip(before, self.changed.tolist())]
+        known: list[str | None] = list(before)
+        for n in np.flatnonzero(self.changed).tolist():  # a few of a cache's many pieces: not a pass over each
+            known[n] = None
+        return known
 
     def stored_before(self) -> tuple[list[str], ChunkList] | None:
         """Where no piece changed since the store before, its digests and chunk list (waiting for
@@ -296,7 +299,7 @@ class PieceHistory:
         alike: dict[int, int] = {}
         firsts: dict[tuple[int, int, int], int] = {}
         wanted, zeros = [], []
-        for n, key in self._keys([n for n, digest in enumerate(resolved) if digest is None]):
+        for n, key in self._keys(hashing.nones(resolved)):
             if key[0] == key[1] == 0:  # no other bytes sum to zero twice, but for the checksums' odds
                 resolved[n] = hashing.zero_digest(key[2])
                 zeros.append(n)

@@ -23,7 +23,7 @@ from replay.recorder.chunk_changes import PieceHistory
 from replay.recorder.copies import BlobRef, HostCopy, PinnedPool
 from replay.recorder.flight_pieces import FlightPieces
 from replay.recorder.repeats import Repeats, Site
-from replay.snapshot import SnapshotWriter
+from replay.snapshot import SnapshotWriter, hashing
 from replay.snapshot.chunk_lists import ChunkList
 from replay.snapshot.tensors import Geometry
 from replay.snapshot.writer import CallPart, cut_bytes, host_bytes
@@ -508,7 +508,7 @@ class CallWriter:
         finally:
             if buffer is not None:
                 self.pool.give(buffer)
-        history.hashed(digests, listed, new=[n for n, seen in enumerate(known) if seen is None])
+        history.hashed(digests, listed, new=hashing.nones(known))
         return listed
 
     def discard(self, pending: Pending, landed: bool = False) -> None:

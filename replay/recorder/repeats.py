@@ -74,7 +74,7 @@ class Repeats:
         try:
             if len(last.raw) != len(raw):
                 return known
-            for start, end in consecutive_runs([n for n, digest in enumerate(known) if digest is None]):
+            for start, end in consecutive_runs(hashing.nones(known)):
                 span = slice(start * CHUNK_BYTES, end * CHUNK_BYTES)  # a run of pieces that are not zeros
                 for n, same in enumerate(_pieces_alike(raw[span], last.raw[span], CHUNK_BYTES), start):
                     if same:

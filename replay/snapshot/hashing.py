@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
+import operator
 import os
 import threading
 from typing import Any, Sequence, cast
@@ -28,12 +30,18 @@ def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = No
     named by the caller first, without reading them one by one (known_zeros, or a device's
     checksums): an output buffer's mask of unchanged elements is zeros at every step."""
     found: list[str | None] = list(known) if known is not None else [None] * len(pieces)
-    unknown = [n for n, digest in enumerate(found) if digest is None]
+    unknown = nones(found)
     first = {id(pieces[n]): n for n in reversed(unknown)}  # the first place each array is listed
     hashed = dict(zip(first.values(), hash_pieces([pieces[n] for n in first.values()])))
     for n in unknown:
         found[n] = hashed[first[id(pieces[n])]]
     return cast("list[str]", found)
+
+
+def nones(values: Sequence[object]) -> list[int]:
+    """Where `values` holds None, found in C (a store's list of known digests is as long as its
+    tensor's pieces: 81,920 for a cache of 5 GiB, a few of them new)."""
+    return list(itertools.compress(itertools.count(), map(operator.is_, values, itertools.repeat(None))))
 
 
 def known_zeros(raw: Any, piece_bytes: int) -> list[str | None]:
