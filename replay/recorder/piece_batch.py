@@ -17,9 +17,9 @@ store with a launch and a copy of its own cost the program's thread 187 us, a ro
 call's launch 180 us (docs/PERFORMANCE.md, "One checksum launch a call").
 
 A store staged packed (a room of fewer pieces than it has: chunk_changes.py) learns at its launch
-whether its changed pieces fitted: the program's thread waits for that launch and reads their
-slots, and where they did not fit, the store's bytes are copied to the host whole before the
-program goes on (Place.overflowed), while they are still what the checksums summed.
+whether its changed pieces fitted: the program's thread waits for that launch and reads how many
+each store counted, and where they did not fit, the store's bytes are copied to the host whole
+before the program goes on (Place.overflowed), while they are still what the checksums summed.
 """
 from __future__ import annotations
 
