@@ -809,3 +809,28 @@ def test_a_byte_budget_counts_staged_stores_written_at_once(tmp_path: Path, monk
         for step in range(4):
             write_row(cache, torch.full((4096,), float(step + 1), device=device), step)
     assert recording.stopped and len(Snapshot(tmp_path / "snap")) == 3  # the third call spent the budget
+
+
+def test_a_store_unchanged_since_the_one_before_takes_its_content_key_unhashed(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch,
+                                                                              device: str) -> None:
+    # a cache a call rewrites with what it held: every store after the first call is the one
+    # before, its list and its content key (no pass over its checksums on the writer's side)
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    keyed: list[int] = []  # the pieces of each store whose content key was worked out from its checksums
+    real = chunk_changes.PieceHistory.content_key
+
+    def counting(self):
+        if self._key is None:
+            keyed.append(self.place.pieces)
+        return real(self)
+    monkeypatch.setattr(chunk_changes.PieceHistory, "content_key", counting)
+    reused = reused_lists(monkeypatch)
+    row = torch.full((4096,), 9.0, device=device)
+    with replay.recording(tmp_path / "same", chunk_threshold=1) as rec:
+        cache = torch.full((64, 4096), 3.0, device=device)
+        for _ in range(4):
+            write_row(cache, row, 10)
+            rec.flush()
+    # the first call's stores: before it (nothing to compare with) and after it (a row changed)
+    assert keyed == [16, 16] and len(reused) == 6

@@ -187,6 +187,47 @@ def test_a_gate_reading_no_call_is_no_gate(verifying: Path) -> None:
     assert verifier.VERIFIER._policies[-1].feed is None and delta(before)["checked"] == 0
 
 
+def replay_python_called(fn: Callable[[], object]) -> list[str]:
+    """The Python functions of the replay package that `fn` calls, by name, in order."""
+    called: list[str] = []
+    package = str(Path(replay.__file__).parent)
+
+    def profile(frame, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            called.append(frame.f_code.co_name)
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return called
+
+
+def test_an_unchecked_call_of_a_verified_op_runs_no_python_of_the_verifiers(verifying: Path,
+                                                                           tmp_path: Path) -> None:
+    # the wrapper compares the call's number with the policy's `until` itself (intercept.py): the
+    # verifier's hook runs only for calls it checks or the gate reads
+    x = torch.randn(8, 64)
+    replay.verify("verify_rowscale", sample=0.0, outliers=False)
+    assert replay_python_called(lambda: rowscale_batched(x, 0.5)) == []
+    policy = verifier.VERIFIER._policies[-1]
+    policy.next_sample = policy.calls()  # the next call is sampled: the hook takes it, numbered
+    before = replay.verify.counters()
+    rowscale_batched(x, 0.5)
+    replay.verify.drain()
+    assert delta(before)["checked"] == 1 and policy.until > policy.calls()
+    policy.window = 2  # a window the gate opened: the next two are checked, the one after is not
+    before = replay.verify.counters()
+    for _ in range(3):
+        rowscale_batched(x, 0.5)
+    replay.verify.drain()
+    assert delta(before)["checked"] == 2 and policy.window == 0
+    assert replay_python_called(lambda: rowscale_batched(x, 0.5)) == []
+    with replay.recording(tmp_path / "recorded"):  # a recording takes every call, verified or not
+        assert "record" in replay_python_called(lambda: rowscale_batched(x, 0.5))
+    assert replay_python_called(lambda: rowscale_batched(x, 0.5)) == []
+
+
 def test_no_false_alarm_over_ten_thousand_calls_of_a_right_kernel(verifying: Path) -> None:
     @replay.verify(reference=lambda x, w: (x.double() @ w.double()).float(), sample=0.01)
     def right_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -22,13 +22,29 @@ _intercepting = False  # a recording is active or an op is verified: captured ca
 _recording: Any = None  # the active recording (replay.capture.session.Recording), if any
 # op name -> the verifier's hook for its calls (replay.verify): (spec, call, signature, args, kwargs) -> result
 _verifiers: dict[str, Callable[..., Any]] = {}
+# op name -> the policy of a verified op whose hook carries one (replay.verify), while nothing records:
+# a compiled wrapper draws the call's number and compares it with `policy.until` itself, so that a
+# call neither checked nor read by the gate runs no Python of the verifier's (_fast_path)
+_replay_policies: dict[str, Any] = {}
+_replay_is_compiling = torch.compiler.is_compiling  # traced by torch.compile: the hook decides there
 
 
 def route(recording: Any, verifiers: dict[str, Callable[..., Any]]) -> None:
     """Where intercepted calls go from now on: the recording (or None) and each verified op's hook."""
-    global _intercepting, _recording, _verifiers
-    _recording, _verifiers = recording, dict(verifiers)
+    global _intercepting, _recording, _verifiers, _replay_policies
+    policies = {op: policy for op, hook in verifiers.items() if (policy := getattr(hook, "policy", None)) is not None}
+    if recording is not None:  # a call made meanwhile on another thread goes to the hook, recorded
+        _replay_policies = {}
+        _recording, _verifiers = recording, dict(verifiers)
+    else:
+        _recording, _verifiers = None, dict(verifiers)
+        _replay_policies = policies
     _intercepting = recording is not None or bool(verifiers)
+
+
+def _replay_pack(*args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+    """A compiled wrapper's arguments as the hooks take them (its slow path alone packs them)."""
+    return args, kwargs
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,7 @@ def wrap(spec: CallSpec, fn: Callable, row_limit: RowLimit | None = None) -> Cal
         return run(*args, **kwargs)
 
     # Any: a function that carries its spec as an attribute
-    captured: Any = functools.wraps(fn)(_fast_path(fn, signature, record, row_limit)
+    captured: Any = functools.wraps(fn)(_fast_path(fn, signature, record, row_limit, spec if checked else None)
                                         or _limited(record, signature, row_limit))
     captured.__replay_spec__ = spec
     return captured
@@ -101,11 +117,13 @@ _replay_Tensor = torch.Tensor  # what a compiled row check tests against (read f
 
 
 def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable,
-               row_limit: RowLimit | None = None) -> Callable | None:
+               row_limit: RowLimit | None = None, verified: CallSpec | None = None) -> Callable | None:
     """A function with `fn`'s parameters that calls `fn` while nothing intercepts calls and
-    `record` otherwise, checking `row_limit` first (inline: a shape read); None where the
-    parameters cannot be written out again, or may not be what `fn` takes (a decorated function:
-    its signature is its wrapped one's; a partial; an object)."""
+    `record` otherwise, checking `row_limit` first (inline: a shape read); with `verified` (the
+    spec of a variant the verifier checks), a call of a verified op whose number is before its
+    policy's `until` calls `fn` too, and a later one resumes the verifier's hook with that number.
+    None where the parameters cannot be written out again, or may not be what `fn` takes (a
+    decorated function: its signature is its wrapped one's; a partial; an object)."""
     if not inspect.isfunction(fn) or hasattr(fn, "__wrapped__"):
         return None
     params: list[str] = []  # written out in the compiled wrapper's signature
@@ -130,7 +148,8 @@ def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable,
             params.append("/")
         passed.append({**starred, kinds.KEYWORD_ONLY: f"{p.name}={p.name}"}.get(p.kind, p.name))
     arguments, call = ", ".join(params), ", ".join(passed)
-    factory = ", ".join([f"{_FAST_PREFIX}fn", f"{_FAST_PREFIX}record", f"{_FAST_PREFIX}limit", *defaults])
+    factory = ", ".join([f"{_FAST_PREFIX}fn", f"{_FAST_PREFIX}record", f"{_FAST_PREFIX}limit", f"{_FAST_PREFIX}spec",
+                         f"{_FAST_PREFIX}signature", *defaults])
     guard = ""
     if row_limit is not None:
         if not row_limit.axes or any(name not in signature.parameters for name, _ in row_limit.axes):
@@ -140,16 +159,28 @@ def _fast_path(fn: Callable, signature: inspect.Signature, record: Callable,
         guard = (f"        if not (isinstance({first}, {_FAST_PREFIX}Tensor) and {first}.dim() > {axis} "
                  f"and {first}.shape[{axis}] == 1):\n"
                  f"            {_FAST_PREFIX}limit.check({names})\n")
+    unchecked = ""
+    if verified is not None:  # the verifier's common case, inline: no frame, no packing (route)
+        pre = _FAST_PREFIX
+        unchecked = (f"        {pre}policy = {pre}policies.get({verified.op!r})\n"
+                     f"        if {pre}policy is not None and not {pre}is_compiling():\n"
+                     f"            {pre}number = next({pre}policy.numbers)\n"
+                     f"            if {pre}number < {pre}policy.until:\n"
+                     f"                return {pre}fn({call})\n"
+                     f"            return {pre}policy.resume({pre}number, {pre}spec, {pre}fn, {pre}signature, "
+                     f"*{pre}pack({call}))\n")
     source = (f"def {_FAST_PREFIX}make({factory}):\n"
               f"    def captured({arguments}):\n"
               f"{guard}"
               f"        if not _intercepting:\n"
               f"            return {_FAST_PREFIX}fn({call})\n"
+              f"{unchecked}"
               f"        return {_FAST_PREFIX}record({call})\n"
               f"    return captured\n")
     made: dict[str, Any] = {}
-    exec(compile(source, f"<replay capture of {fn.__qualname__}>", "exec"), globals(), made)  # reads _intercepting live
-    captured = made[f"{_FAST_PREFIX}make"](fn, record, row_limit, *defaults.values())
+    # reads _intercepting and _replay_policies live
+    exec(compile(source, f"<replay capture of {fn.__qualname__}>", "exec"), globals(), made)
+    captured = made[f"{_FAST_PREFIX}make"](fn, record, row_limit, verified, signature, *defaults.values())
     # a wrong call's TypeError names the function, as the function itself would (co_qualname: 3.11 on)
     renamed = {"co_name": fn.__name__, **({"co_qualname": fn.__qualname__} if sys.version_info >= (3, 11) else {})}
     captured.__code__ = captured.__code__.replace(**renamed)

@@ -159,13 +159,49 @@ class Policy:
             raise ValueError(f"replay.verify: op '{op.name}' has no reference variant to check against")
         self.op, self.on_mismatch = op, on_mismatch
         self.gate_share = share  # the share of calls the gate reads (0: no gate)
-        self.next_note = sys.maxsize  # the number of the next call the gate reads (Verifier.schedule_note)
         self.numbers = itertools.count()  # next() is atomic: threads never share a call number
-        self.window = 0  # calls still to check because the gate found an earlier one unusual
+        # the calls before number `until` need neither the gate nor a check: what the wrapper of a
+        # verified function compares a call's number with, before anything else (intercept.py);
+        # kept from the three below, each set through its property
+        self.until = 0
+        self._next_note = sys.maxsize  # the number of the next call the gate reads (Verifier.schedule_note)
+        self._window = 0  # calls still to check because the gate found an earlier one unusual
+        self._next_sample = 0  # the number of the next sampled call (Verifier.schedule)
         self.feed: StatsFeed | None = None  # set by Verifier.hook when the gate is on
         self._sample = sample
-        self.next_sample = 0  # the number of the next sampled call (Verifier.schedule)
         self.snapshots = 0  # mismatch snapshots written (Settings.max_snapshots)
+        # a call past `until`, its number drawn: (number, spec, call, signature, args, kwargs) -> result
+        self.resume: Callable[..., Any] | None = None  # set by Verifier.hook
+
+    @property
+    def next_note(self) -> int:
+        return self._next_note
+
+    @next_note.setter
+    def next_note(self, number: int) -> None:
+        self._next_note = number
+        self._set_until()
+
+    @property
+    def next_sample(self) -> int:
+        return self._next_sample
+
+    @next_sample.setter
+    def next_sample(self, number: int) -> None:
+        self._next_sample = number
+        self._set_until()
+
+    @property
+    def window(self) -> int:
+        return self._window
+
+    @window.setter
+    def window(self, calls: int) -> None:
+        self._window = calls
+        self._set_until()
+
+    def _set_until(self) -> None:
+        self.until = min(self._next_note, self._next_sample) if self._window <= 0 else 0
 
     @property
     def sample(self) -> float:
@@ -281,9 +317,17 @@ class Verifier:
                     return call(*args, **kwargs)
                 return compiled(policy, spec, call, signature, args, kwargs)
             number = next(numbers)
-            if number < policy.next_note and number < policy.next_sample and policy.window <= 0:
+            if number < policy.until:
                 return call(*args, **kwargs)  # the common case: no statistics, no check
             return noted(policy, number, spec, call, signature, args, kwargs)
+
+        def resume(number: int, spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature,
+                   args: tuple, kwargs: dict) -> Any:
+            return noted(policy, number, spec, call, signature, args, kwargs)
+        policy.resume = resume
+        # the wrapper of a verified function with parameters of its own (intercept.py) reads the
+        # policy itself: an unchecked call then runs no Python of the verifier's at all
+        verified.policy = policy  # type: ignore[attr-defined]
         return verified
 
     def _call(self, policy: Policy, spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature,
