@@ -21,7 +21,9 @@ its first references made).
 The decode loop runs eagerly (no CUDA graph) in every row, so that the rows differ in
 verification only; it is timed on a GPU only (on a CPU its kernels run in the Triton
 interpreter). Floors are timed with them: every call routed through a hook that only calls the
-op (what any per-call check must pay to run at all); the same hook waiting for the GPU before
+op (what any check that runs Python at every call must pay; the verifier's unchecked call pays
+less: the op's wrapper compares its number with the policy's and calls the op, no hook: the row
+"sample 0, outlier gate off: the unchecked call"); the same hook waiting for the GPU before
 each call (what a gate reading the call's tensors on the host would pay); the hook running the
 op's reference after every call, from which the least that checking 1% of calls can cost
 follows (1% of what the reference adds: the reference shares the GPU). Prints a Markdown table,
