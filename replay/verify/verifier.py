@@ -141,6 +141,20 @@ class _Launched:
     agreed: np.ndarray | None = None  # a graph's verdict on every output, in host memory (reference_graphs.py)
 
 
+class _Scheduling:
+    """A Policy's field that decides which calls the verifier takes: setting it sets `until` again."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = "_" + name
+
+    def __get__(self, policy: "Policy", owner: type | None = None) -> int:
+        return getattr(policy, self._name)
+
+    def __set__(self, policy: "Policy", value: int) -> None:
+        setattr(policy, self._name, value)
+        policy._set_until()
+
+
 class Policy:
     """How one op's calls are verified: its reference and tolerance, the sampling schedule, the
     gate's feed and the window of calls still to check after an unusual one."""
@@ -173,32 +187,9 @@ class Policy:
         # a call past `until`, its number drawn: (number, spec, call, signature, args, kwargs) -> result
         self.resume: Callable[..., Any] | None = None  # set by Verifier.hook
 
-    @property
-    def next_note(self) -> int:
-        return self._next_note
-
-    @next_note.setter
-    def next_note(self, number: int) -> None:
-        self._next_note = number
-        self._set_until()
-
-    @property
-    def next_sample(self) -> int:
-        return self._next_sample
-
-    @next_sample.setter
-    def next_sample(self, number: int) -> None:
-        self._next_sample = number
-        self._set_until()
-
-    @property
-    def window(self) -> int:
-        return self._window
-
-    @window.setter
-    def window(self, calls: int) -> None:
-        self._window = calls
-        self._set_until()
+    next_note = _Scheduling()
+    next_sample = _Scheduling()
+    window = _Scheduling()
 
     def _set_until(self) -> None:
         self.until = min(self._next_note, self._next_sample) if self._window <= 0 else 0
