@@ -147,8 +147,8 @@ class _Scheduling:
     def __set_name__(self, owner: type, name: str) -> None:
         self._name = "_" + name
 
-    def __get__(self, policy: "Policy", owner: type | None = None) -> int:
-        return getattr(policy, self._name)
+    def __get__(self, policy: "Policy | None", owner: type | None = None) -> Any:
+        return self if policy is None else getattr(policy, self._name)
 
     def __set__(self, policy: "Policy", value: int) -> None:
         setattr(policy, self._name, value)
@@ -176,7 +176,7 @@ class Policy:
         self.numbers = itertools.count()  # next() is atomic: threads never share a call number
         # the calls before number `until` need neither the gate nor a check: what the wrapper of a
         # verified function compares a call's number with, before anything else (intercept.py);
-        # kept from the three below, each set through its property
+        # kept from the three below, each set through a _Scheduling
         self.until = 0
         self._next_note = sys.maxsize  # the number of the next call the gate reads (Verifier.schedule_note)
         self._window = 0  # calls still to check because the gate found an earlier one unusual
