@@ -228,6 +228,38 @@ def test_an_unchecked_call_of_a_verified_op_runs_no_python_of_the_verifiers(veri
     assert replay_python_called(lambda: rowscale_batched(x, 0.5)) == []
 
 
+def test_a_window_opened_while_another_thread_schedules_keeps_its_calls_checked() -> None:
+    # one program thread schedules its next sampled call while another's gate opens a window: the
+    # policy's `until` (what the op's wrapper compares a call's number with) must never be left as
+    # worked out from the window's old value, or the window's calls would all go unchecked
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        stale = 0
+        for _ in range(100):
+            policy = Policy(rowscale, 0.01, None, False)
+            policy.next_sample = 10 ** 9
+            stop = threading.Event()
+
+            def schedule(policy: Policy = policy, stop: threading.Event = stop) -> None:
+                n = 0
+                while not stop.is_set():
+                    policy.next_sample = 10 ** 9 + n
+                    n += 1
+            thread = threading.Thread(target=schedule)
+            thread.start()
+            for _ in range(200):  # windows opened and run out
+                policy.window = WINDOW
+                policy.window = 0
+            policy.window = WINDOW
+            stop.set()
+            thread.join()
+            stale += policy.until != 0
+    finally:
+        sys.setswitchinterval(switch)
+    assert stale == 0
+
+
 def test_no_false_alarm_over_ten_thousand_calls_of_a_right_kernel(verifying: Path) -> None:
     @replay.verify(reference=lambda x, w: (x.double() @ w.double()).float(), sample=0.01)
     def right_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -151,8 +151,11 @@ class _Scheduling:
         return self if policy is None else getattr(policy, self._name)
 
     def __set__(self, policy: "Policy", value: int) -> None:
-        setattr(policy, self._name, value)
-        policy._set_until()
+        # program threads set these at once (a sampled call's schedule, a gate's window): `until`
+        # worked out from one field's old value would let the calls of an open window go unchecked
+        with policy._scheduling:
+            setattr(policy, self._name, value)
+            policy._set_until()
 
 
 class Policy:
@@ -178,6 +181,7 @@ class Policy:
         # verified function compares a call's number with, before anything else (intercept.py);
         # kept from the three below, each set through a _Scheduling
         self.until = 0
+        self._scheduling = threading.Lock()
         self._next_note = sys.maxsize  # the number of the next call the gate reads (Verifier.schedule_note)
         self._window = 0  # calls still to check because the gate found an earlier one unusual
         self._next_sample = 0  # the number of the next sampled call (Verifier.schedule)
