@@ -319,6 +319,30 @@ def test_a_staged_store_whose_earlier_store_failed_is_refused_not_filled_with_ga
     assert released == [2 * PIECE] and history.staged is None  # its device memory goes back all the same
 
 
+def test_a_store_says_where_its_digests_are_unknown_as_the_list_itself_does() -> None:
+    # of six pieces, one unchanged, one now zeros, one known by its checksums, two alike and new: the
+    # places to hash travel with the list (a writer looks for them in no list as long as the tensor)
+    first_rows = np.array([[n + 1, n + 1, 0] for n in range(6)])
+    first = chunk_changes.PieceHistory(None, piece_batch.Place(piece_batch.Checksums.known(first_rows), 0, 6), False,
+                                       chunk_changes.KnownContent(), nbytes=6 * PIECE)
+    before = [f"{n:064x}" for n in range(6)]
+    first.hashed(list(before))
+    recorded = chunk_changes.KnownContent()
+    recorded.remember_pieces([((7, 7, PIECE), "known by its checksums")])
+    rows = np.array([[1, 1, 0], [0, 0, 1], [9, 9, 1], [7, 7, 1], [9, 9, 1], [6, 6, 0]])
+    staged = torch.zeros(6 * PIECE, dtype=torch.uint8)
+    staged[2 * PIECE:3 * PIECE] = 5
+    history = chunk_changes.PieceHistory(first, piece_batch.Place(piece_batch.Checksums.known(rows), 0, 6), True,
+                                         recorded, staged, 6 * PIECE)
+    known = history.known()
+    assert known is not None and known.unknown == [1, 2, 3, 4] == hashing.nones(known.digests)
+    found, resolved, _ = history.fetch(known, lambda n: torch.empty(n, dtype=torch.uint8))
+    assert resolved.digests == [before[0], hashing.zero_digest(PIECE), None, "known by its checksums", None, before[5]]
+    assert resolved.unknown == [2, 4] == hashing.nones(resolved.digests)
+    assert found[2] is found[4] and bool((found[2] == 5).all())
+    assert hashing.piece_digests(found, resolved) == hashing.piece_digests(found, resolved.digests)
+
+
 def test_a_store_copied_to_the_host_whole_skips_the_pieces_it_knows_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                          device: str) -> None:
     monkeypatch.setattr(chunk_changes, "DEVICES", ())
@@ -595,8 +619,8 @@ def test_a_store_copied_aside_is_written_whole_where_the_store_before_was_not(mo
     batch.flush()
     assert before is not None and before.changed.tolist() == [0, 1, 0]
     earlier.hashed(None)  # its writer failed: the unchanged pieces' digests are not known
-    found, resolved, _ = before.fetch(before.known(), lambda nbytes: torch.empty(nbytes, dtype=torch.uint8))
-    assert resolved == [None] * 3
+    found, known, _ = before.fetch(before.known(), lambda nbytes: torch.empty(nbytes, dtype=torch.uint8))
+    assert known.digests == [None] * 3 and known.unknown == [0, 1, 2]
     assert np.array_equal(np.concatenate([piece for piece in found if piece is not None]), span.cpu().numpy())
 
 

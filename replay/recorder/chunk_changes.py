@@ -58,6 +58,7 @@ from replay.recorder.latch import Latch
 from replay.recorder.piece_batch import SLOT, PieceBatch, Place, sums_kernel
 from replay.snapshot import hashing
 from replay.snapshot.chunk_lists import ChunkList
+from replay.snapshot.hashing import Known
 from replay.snapshot.tensors import Geometry, geometry_of
 from replay.snapshot.writer import CHUNK_BYTES
 
@@ -97,6 +98,7 @@ _ZEROS = np.zeros(CHUNK_BYTES, dtype=np.uint8)  # the bytes of a piece of zeros 
 
 
 Checksums = dict[tuple[int, int, int], str]  # (checksums, length) of a piece -> its sha256
+
 
 
 @dataclass
@@ -253,9 +255,9 @@ class PieceHistory:
         """Whether each piece differs from the store before (None: there was none to compare with)."""
         return self.place.rows()[:, 2] if self.compared else None
 
-    def known(self) -> list[str | None] | None:
-        """The sha256 of each piece that did not change since the store before (None where it did,
-        or for all when the store before was not hashed), waiting for that store's writer."""
+    def known(self) -> Known | None:
+        """The sha256 of each piece that did not change since the store before (None where it did),
+        and where it did; None when the store before was not hashed. Waits for that store's writer."""
         previous = self.leave_previous()  # the chain of stores is let go as it is written
         if previous is None or self.changed is None:
             return None
@@ -264,9 +266,10 @@ class PieceHistory:
         if before is None or len(before) != len(self.changed):
             return None
         known: list[str | None] = list(before)
-        for n in np.flatnonzero(self.changed).tolist():  # a few of a cache's many pieces: not a pass over each
+        changed = np.flatnonzero(self.changed).tolist()
+        for n in changed:  # a few of a cache's many pieces: not a pass over each
             known[n] = None
-        return known
+        return Known(known, changed)
 
     def stored_before(self) -> tuple[list[str], ChunkList] | None:
         """Where no piece changed since the store before, its digests and chunk list (waiting for
@@ -290,18 +293,19 @@ class PieceHistory:
             self._key = digest + self.nbytes.to_bytes(8, "little")
         return self._key
 
-    def plan(self, known: list[str | None] | None
+    def plan(self, known: Known | None
              ) -> tuple[list[str | None], dict[int, int], list[int], list[int]]:
         """What is known of each piece (`known`, the pieces any store hashed: the same checksums
         and length, and pieces of zeros, whose checksums are zero), which piece of this store holds
-        the bytes of each that is not (pieces alike in one store), those first pieces, the ones
-        wanted, and the pieces of zeros (named without their bytes, which a pack may still need:
-        they are zeros)."""
-        resolved: list[str | None] = list(known) if known is not None else [None] * len(self.sums)
+        the bytes of each that is not (pieces alike in one store; its keys, in order, are where the
+        first list holds None), those first pieces, the ones wanted, and the pieces of zeros (named
+        without their bytes, which a pack may still need: they are zeros)."""
+        pieces = len(self.sums)
+        resolved: list[str | None] = list(known.digests) if known is not None else [None] * pieces
         alike: dict[int, int] = {}
         firsts: dict[tuple[int, int, int], int] = {}
         wanted, zeros = [], []
-        for n, key in self._keys(hashing.nones(resolved)):
+        for n, key in self._keys(known.unknown if known is not None else list(range(pieces))):
             if key[0] == key[1] == 0:  # no other bytes sum to zero twice, but for the checksums' odds
                 resolved[n] = hashing.zero_digest(key[2])
                 zeros.append(n)
@@ -313,12 +317,13 @@ class PieceHistory:
                     wanted.append(n)
         return resolved, alike, wanted, zeros
 
-    def fetch(self, known: list[str | None] | None, take: Callable[[int], torch.Tensor]
-              ) -> tuple[list[np.ndarray | None], list[str | None], torch.Tensor | None]:
+    def fetch(self, known: Known | None, take: Callable[[int], torch.Tensor]
+              ) -> tuple[list[np.ndarray | None], Known, torch.Tensor | None]:
         """The staged pieces the plan wants, on the host (pieces alike listed as one array, None for
-        the known), what is known, and the host buffer (from `take`) the pieces are views into, to
-        give back once they are written. Called on a writer thread once the call's copies landed:
-        one gather and one copy on a stream of its own."""
+        the known), what is known of each (and where nothing is: the pieces to hash), and the host
+        buffer (from `take`) the pieces are views into, to give back once they are written. Called
+        on a writer thread once the call's copies landed: one gather and one copy on a stream of
+        its own."""
         resolved, alike, wanted, zeros = self.plan(known)
         found: list[np.ndarray | None] = [None] * len(resolved)
         held, buffer = self.held, None
@@ -342,7 +347,7 @@ class PieceHistory:
             found[n] = found[first]
         for n in zeros:
             found[n] = _ZEROS[:self._length(n)]
-        return found, resolved, buffer
+        return found, Known(resolved, list(alike)), buffer
 
     def landed(self) -> bool:
         """Whether its checksums (and staged pieces) are done, without waiting."""

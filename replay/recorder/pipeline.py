@@ -500,15 +500,16 @@ class CallWriter:
             pieces, known, buffer = history.fetch(history.known(), self.pool.take)
         else:  # on the host whole: pieces known by checksums, or alike, are not hashed
             pieces = cut_bytes(host_bytes(span))
-            known, alike, _, _ = history.plan(history.known())  # the pieces are all here
+            resolved, alike, _, _ = history.plan(history.known())  # the pieces are all here
             for n, first in alike.items():
                 pieces[n] = pieces[first]
+            known = hashing.Known(resolved, list(alike))
         try:
             listed, digests = self.writer.put_pieces(pieces, known, lineage)
         finally:
             if buffer is not None:
                 self.pool.give(buffer)
-        history.hashed(digests, listed, new=hashing.nones(known))
+        history.hashed(digests, listed, new=known.unknown)
         return listed
 
     def discard(self, pending: Pending, landed: bool = False) -> None:

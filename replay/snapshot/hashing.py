@@ -6,7 +6,7 @@ import itertools
 import operator
 import os
 import threading
-from typing import Any, Sequence, cast
+from typing import Any, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -24,13 +24,25 @@ _hashing_pool_lock = threading.Lock()
 _zero_digests: dict[int, str] = {}  # piece length -> the digest of that many zero bytes
 
 
-def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> list[str]:
+class Known(NamedTuple):
+    """Each piece's digest where it is known without hashing (None where not), and where it is not,
+    in order: a few places of a list as long as the tensor's pieces (81,920 for a cache of 5 GiB),
+    which each reader would otherwise look for again, a pass over the whole list each."""
+    digests: list[str | None]
+    unknown: list[int]
+
+
+def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | Known | None = None) -> list[str]:
     """The blob digest of each piece (a numpy uint8 array), where `known` does not give it; a
     piece listed at many places as the very same array is hashed once. Pieces of zeros are best
     named by the caller first, without reading them one by one (known_zeros, or a device's
     checksums): an output buffer's mask of unchanged elements is zeros at every step."""
-    found: list[str | None] = list(known) if known is not None else [None] * len(pieces)
-    unknown = nones(found)
+    if isinstance(known, Known):
+        found: list[str | None] = list(known.digests)
+        unknown = known.unknown
+    else:
+        found = list(known) if known is not None else [None] * len(pieces)
+        unknown = nones(found)
     first = {id(pieces[n]): n for n in reversed(unknown)}  # the first place each array is listed
     hashed = dict(zip(first.values(), hash_pieces([pieces[n] for n in first.values()])))
     for n in unknown:

@@ -38,7 +38,8 @@ class PiecePacks:
         self._landing: dict[bytes, threading.Event] = {}  # packs being written, set once whole or failed
         self._failed: set[bytes] = set()
 
-    def store(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None) -> tuple[list[str], bytes]:
+    def store(self, pieces: Sequence[Any], known: Sequence[str | None] | hashing.Known | None = None
+              ) -> tuple[list[str], bytes]:
         """Each piece's digest (hashed where `known` does not give it; a known piece may be None: a
         store of it wrote its bytes already), the new ones packed, and the chunk list's rows
         (digest and pack a piece), once every pack they name is whole."""

@@ -260,7 +260,7 @@ class SnapshotWriter:
         raw = host_bytes(span)
         return self.put_pieces(cut_bytes(raw), hashing.known_zeros(raw, CHUNK_BYTES), lineage)
 
-    def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | None = None,
+    def put_pieces(self, pieces: Sequence[Any], known: Sequence[str | None] | hashing.Known | None = None,
                    lineage: Hashable | None = None) -> tuple[ChunkList, list[str]]:
         """put_chunks for a span already cut into pieces (uint8 arrays); a piece whose digest
         `known` gives (the same bytes were stored before) is not hashed again, and may be None: a
