@@ -45,11 +45,13 @@ def stores(pieces: int, changed: int, folder: Path) -> Callable[[], object]:
     def store() -> object:
         after = chunk_changes.PieceHistory(before, piece_batch.Place(piece_batch.Checksums.known(rows), 0, pieces),
                                            True, chunk_changes.KnownContent(), nbytes=pieces * writer.CHUNK_BYTES)
-        resolved, alike, wanted, _ = after.plan(after.known())
+        before_known = after.known()
+        assert before_known is not None
+        resolved, alike, wanted, _ = after.plan(before_known)
         fetched: list[np.ndarray | None] = [None] * pieces
         for n in wanted:
             fetched[n] = bytes_of[n]
-        known = hashing.Known(resolved, list(alike))
+        known = hashing.Known(resolved, list(alike), before_known.fresh)  # as fetch() gives it
         listed, digests = snapshot.put_pieces(fetched, known, lineage)
         after.hashed(digests, listed, new=known.unknown)
         return listed

@@ -339,8 +339,24 @@ def test_a_store_says_where_its_digests_are_unknown_as_the_list_itself_does() ->
     found, resolved, _ = history.fetch(known, lambda n: torch.empty(n, dtype=torch.uint8))
     assert resolved.digests == [before[0], hashing.zero_digest(PIECE), None, "known by its checksums", None, before[5]]
     assert resolved.unknown == [2, 4] == hashing.nones(resolved.digests)
+    assert known.fresh == resolved.fresh == [1, 2, 3, 4]  # the zeros' piece may be in no pack yet: looked at
     assert found[2] is found[4] and bool((found[2] == 5).all())
     assert hashing.piece_digests(found, resolved) == hashing.piece_digests(found, resolved.digests)
+
+
+def test_a_store_puts_only_its_fresh_pieces_into_packs_and_names_every_piece(tmp_path: Path) -> None:
+    snapshot = writer.SnapshotWriter(tmp_path / "snapshot")
+    pieces = [np.full(PIECE, n, dtype=np.uint8) for n in range(4)]
+    listed, digests = snapshot.put_pieces(pieces, lineage=("op", "x"))
+    changed = [pieces[0], np.full(PIECE, 9, dtype=np.uint8), np.zeros(PIECE, dtype=np.uint8), pieces[3]]
+    known = hashing.Known([digests[0], None, hashing.zero_digest(PIECE), digests[3]], [1], [1, 2])
+    _, after = snapshot.put_pieces(changed, known, ("op", "x"))
+    assert after == hashing.piece_digests(changed)  # the zeros' piece packed too: it was in no pack
+    # a store whose fresh places leave out a piece no pack holds fails, never naming bytes nowhere stored
+    unwritten = np.full(PIECE, 77, dtype=np.uint8)  # bytes no store wrote
+    unstored = hashing.Known([digests[0], hashing.piece_digests([unwritten])[0], digests[2], digests[3]], [], [])
+    with pytest.raises(OSError, match="never written"):
+        snapshot.put_pieces([pieces[0], unwritten, pieces[2], pieces[3]], unstored, ("op", "x"))
 
 
 def test_a_store_copied_to_the_host_whole_skips_the_pieces_it_knows_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -100,7 +100,6 @@ _ZEROS = np.zeros(CHUNK_BYTES, dtype=np.uint8)  # the bytes of a piece of zeros 
 Checksums = dict[tuple[int, int, int], str]  # (checksums, length) of a piece -> its sha256
 
 
-
 @dataclass
 class KnownContent:
     """What the recording stored, named by device checksums: pieces (checksums and length ->
@@ -269,7 +268,7 @@ class PieceHistory:
         changed = np.flatnonzero(self.changed).tolist()
         for n in changed:  # a few of a cache's many pieces: not a pass over each
             known[n] = None
-        return Known(known, changed)
+        return Known(known, changed, changed)
 
     def stored_before(self) -> tuple[list[str], ChunkList] | None:
         """Where no piece changed since the store before, its digests and chunk list (waiting for
@@ -347,7 +346,7 @@ class PieceHistory:
             found[n] = found[first]
         for n in zeros:
             found[n] = _ZEROS[:self._length(n)]
-        return found, Known(resolved, list(alike)), buffer
+        return found, Known(resolved, list(alike), known.fresh if known is not None else None), buffer
 
     def landed(self) -> bool:
         """Whether its checksums (and staged pieces) are done, without waiting."""

@@ -500,10 +500,11 @@ class CallWriter:
             pieces, known, buffer = history.fetch(history.known(), self.pool.take)
         else:  # on the host whole: pieces known by checksums, or alike, are not hashed
             pieces = cut_bytes(host_bytes(span))
-            resolved, alike, _, _ = history.plan(history.known())  # the pieces are all here
+            before = history.known()
+            resolved, alike, _, _ = history.plan(before)  # the pieces are all here
             for n, first in alike.items():
                 pieces[n] = pieces[first]
-            known = hashing.Known(resolved, list(alike))
+            known = hashing.Known(resolved, list(alike), before.fresh if before is not None else None)
         try:
             listed, digests = self.writer.put_pieces(pieces, known, lineage)
         finally:

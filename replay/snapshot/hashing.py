@@ -27,9 +27,12 @@ _zero_digests: dict[int, str] = {}  # piece length -> the digest of that many ze
 class Known(NamedTuple):
     """Each piece's digest where it is known without hashing (None where not), and where it is not,
     in order: a few places of a list as long as the tensor's pieces (81,920 for a cache of 5 GiB),
-    which each reader would otherwise look for again, a pass over the whole list each."""
+    which each reader would otherwise look for again, a pass over the whole list each. `fresh`,
+    where given, holds every place whose digest may not be the store before's (the pieces that
+    changed since; None: any may be): the others' pieces are in packs already, whole."""
     digests: list[str | None]
     unknown: list[int]
+    fresh: list[int] | None = None
 
 
 def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | Known | None = None) -> list[str]:

@@ -19,6 +19,7 @@ import torch
 from replay.snapshot import callfile, hashing
 
 PACKS_DIR = "packs"
+_NEVER_WRITTEN = "a piece known from an earlier store of this tensor was never written"
 
 
 def pack_relpath(number: int) -> str:
@@ -44,25 +45,32 @@ class PiecePacks:
         store of it wrote its bytes already), the new ones packed, and the chunk list's rows
         (digest and pack a piece), once every pack they name is whole."""
         digests = hashing.piece_digests(pieces, known)
-        landing = self._pack_new(digests, pieces)
+        fresh = known.fresh if isinstance(known, hashing.Known) else None
+        landing = self._pack_new(digests, pieces, fresh)
         # a piece another store is packing right now: this call is indexed only once that pack is whole
         for landed in landing.values():
             landed.wait()
         if self._failed.intersection(landing):
             raise OSError(errno.EIO, "a pack holding some of this tensor's pieces could not be written")
-        return digests, b"".join(map(self._rows.__getitem__, digests))
+        try:
+            return digests, b"".join(map(self._rows.__getitem__, digests))
+        except KeyError:  # a piece said to be in a pack already that no store wrote: never silently lost
+            raise OSError(errno.EIO, _NEVER_WRITTEN) from None
 
-    def _pack_new(self, digests: list[str], pieces: Sequence[Any]) -> dict[bytes, threading.Event]:
+    def _pack_new(self, digests: list[str], pieces: Sequence[Any], fresh: list[int] | None
+                  ) -> dict[bytes, threading.Event]:
         """The pieces no store claimed yet written as one pack; the packs of other stores still
-        being written that hold the others."""
+        being written that hold the others. Only the `fresh` places are looked at, where given."""
         new: dict[str, Any] = {}
         packed = b""
+        if fresh is not None:  # the others are the store before's, in packs already whole
+            digests, pieces = [digests[n] for n in fresh], [pieces[n] for n in fresh]
         with self._lock:  # new pieces are claimed for this pack before it is written: no other packs them too
             homes = list(map(self._homes.get, digests))  # per piece: a decode step's list is long
             if None in homes:
                 new = {digest: piece for digest, piece, home in zip(digests, pieces, homes) if home is None}
             if any(piece is None for piece in new.values()):  # a known piece no store wrote: never silently lost
-                raise OSError(errno.EIO, "a piece known from an earlier store of this tensor was never written")
+                raise OSError(errno.EIO, _NEVER_WRITTEN)
             landing = {home: self._landing[home] for home in set(homes) if home in self._landing}
             if new:
                 number, self._packs = self._packs, self._packs + 1
