@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 
 from replay.recorder import chunk_changes, piece_batch
-from replay.snapshot import SnapshotWriter, hashing, writer
+from replay.snapshot import SnapshotWriter, writer
 
 DISTINCT = 64  # the first store's pieces repeat this many arrays: its bytes need not be GBs
 
@@ -51,7 +51,7 @@ def stores(pieces: int, changed: int, folder: Path) -> Callable[[], object]:
         fetched: list[np.ndarray | None] = [None] * pieces
         for n in wanted:
             fetched[n] = bytes_of[n]
-        known = hashing.Known(resolved, list(alike), before_known.fresh)  # as fetch() gives it
+        known = chunk_changes.after_plan(before_known, resolved, alike)  # as fetch() gives it
         listed, digests = snapshot.put_pieces(fetched, known, lineage)
         after.hashed(digests, listed, new=known.unknown)
         return listed

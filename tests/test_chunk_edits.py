@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import replay
 from replay.errors import SnapshotError
-from replay.snapshot import Snapshot, chunk_lists
+from replay.snapshot import Snapshot, SnapshotWriter, chunk_lists, hashing
 from replay.snapshot.writer import CHUNK_BYTES
 
 PIECES = 256  # a 16 MiB cache: whole lists of 9 KB, edits of at most 22 rows
@@ -192,6 +192,33 @@ def test_edits_between_two_lists_take_one_to_the_other(pieces: int, data: st.Dat
     assert edits is not None and len(edits) == changed
     if changed:
         assert chunk_lists.apply_edits(base.tobytes(), edits) == rows.tobytes()
+
+
+@settings(max_examples=25, deadline=None)
+@given(pieces=st.integers(2, 40), data=st.data())
+def test_a_list_patched_from_the_store_before_is_the_list_made_whole(tmp_path_factory: pytest.TempPathFactory,
+                                                                     pieces: int, data: st.DataObject) -> None:
+    # two memories of one lineage (two layers' caches), stored in turns: one writer told each store's
+    # fresh places and the store before's list, one told nothing, write the same lists
+    folder = tmp_path_factory.mktemp("lists")
+    told, untold = SnapshotWriter(folder / "told"), SnapshotWriter(folder / "untold")
+    values = {m: [0] * pieces for m in (0, 1)}
+    before: dict[int, tuple[list[str], chunk_lists.ChunkList]] = {}
+    for _ in range(data.draw(st.integers(1, 7))):
+        memory = data.draw(st.sampled_from((0, 1)))
+        fresh = sorted(data.draw(st.sets(st.integers(0, pieces - 1), max_size=pieces)))
+        for n in fresh:  # a fresh place may hold what it held: the device's flags are never fewer
+            values[memory][n] = data.draw(st.integers(0, 3))
+        cut = [np.full(CHUNK_BYTES, value, dtype=np.uint8) for value in values[memory]]
+        known = None
+        if memory in before:
+            digests, listed = before[memory]
+            known = hashing.Known([None if n in fresh else d for n, d in enumerate(digests)], fresh, fresh, listed)
+        listed, digests = told.put_pieces(cut, known, ("op", "cache"))
+        whole, whole_digests = untold.put_pieces(cut, None, ("op", "cache"))
+        assert digests == whole_digests and listed == whole
+        assert listed.rows is not None and whole.rows is not None and np.array_equal(listed.rows, whole.rows)
+        before[memory] = (digests, listed)
 
 
 def test_another_length_is_a_whole_list() -> None:

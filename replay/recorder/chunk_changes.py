@@ -268,7 +268,7 @@ class PieceHistory:
         changed = np.flatnonzero(self.changed).tolist()
         for n in changed:  # a few of a cache's many pieces: not a pass over each
             known[n] = None
-        return Known(known, changed, changed)
+        return Known(known, changed, changed, previous.chunk_list)
 
     def stored_before(self) -> tuple[list[str], ChunkList] | None:
         """Where no piece changed since the store before, its digests and chunk list (waiting for
@@ -346,7 +346,7 @@ class PieceHistory:
             found[n] = found[first]
         for n in zeros:
             found[n] = _ZEROS[:self._length(n)]
-        return found, Known(resolved, list(alike), known.fresh if known is not None else None), buffer
+        return found, after_plan(known, resolved, alike), buffer
 
     def landed(self) -> bool:
         """Whether its checksums (and staged pieces) are done, without waiting."""
@@ -569,6 +569,14 @@ def staging_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
     """Device memory the recording stages in (the changed pieces of a store, whole pieces; the
     checksums later stores compare with; output buffers held over their call), as bytes."""
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def after_plan(known: Known | None, resolved: list[str | None], alike: dict[int, int]) -> Known:
+    """What a plan leaves known of a store (`resolved`, its unknown places the keys of `alike`),
+    with what `known` said of the store before."""
+    if known is None:
+        return Known(resolved, list(alike))
+    return Known(resolved, list(alike), known.fresh, known.listed)
 
 
 def in_order(pieces: int) -> dict[int, int]:

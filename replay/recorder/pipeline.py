@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from replay.recorder.chunk_changes import PieceHistory
+from replay.recorder.chunk_changes import PieceHistory, after_plan
 from replay.recorder.copies import BlobRef, HostCopy, PinnedPool
 from replay.recorder.flight_pieces import FlightPieces
 from replay.recorder.repeats import Repeats, Site
@@ -504,7 +504,7 @@ class CallWriter:
             resolved, alike, _, _ = history.plan(before)  # the pieces are all here
             for n, first in alike.items():
                 pieces[n] = pieces[first]
-            known = hashing.Known(resolved, list(alike), before.fresh if before is not None else None)
+            known = after_plan(before, resolved, alike)
         try:
             listed, digests = self.writer.put_pieces(pieces, known, lineage)
         finally:

@@ -15,7 +15,7 @@ nothing of where the lists are stored.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,9 @@ class ChunkList:
     (stored in the call, under edits_key) that make it this tensor's."""
     whole: str  # the digest of a whole list's blob
     edits: np.ndarray | None = None  # [k, EDIT_ROW] uint8, when the pieces are the base's edited
+    # the list's rows ([n, ROW] uint8), where its writer kept them: the next list of the same memory
+    # is these with its fresh rows patched (never stored: the blob and the edits are what is)
+    rows: np.ndarray | None = field(default=None, repr=False)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ChunkList) or self.whole != other.whole:
@@ -62,7 +65,22 @@ def edits_between(base: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
     No rows changed: an empty [0, EDIT_ROW] table (the base is the list)."""
     if base.shape != rows.shape:
         return None
-    changed = np.flatnonzero((base != rows).any(axis=1))
+    return _edits(rows, np.flatnonzero((base != rows).any(axis=1)))
+
+
+def edits_at(base: np.ndarray, rows: np.ndarray, places: list[int]) -> np.ndarray | None:
+    """edits_between for `rows` that can differ from `base` only at `places` (increasing): only
+    those rows are compared (a decode step's list of a cache of GBs differs from its base in a few)."""
+    if base.shape != rows.shape:
+        return None
+    if len(places) > most_edits(len(rows)):  # the rows that differ may still be few: all compared
+        return edits_between(base, rows)
+    at = np.asarray(places, dtype=np.int64)
+    return _edits(rows, at[(base[at] != rows[at]).any(axis=1)] if len(at) else at)
+
+
+def _edits(rows: np.ndarray, changed: np.ndarray) -> np.ndarray | None:
+    """The edit list of `rows` at `changed` (increasing), or None past most_edits."""
     if len(changed) > most_edits(len(rows)):
         return None
     edits = np.empty((len(changed), EDIT_ROW), dtype=np.uint8)

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Sequence, cast
 import numpy as np
 
 from replay.snapshot import callfile
+from replay.snapshot.chunk_lists import ChunkList
 from replay.snapshot.files import sha256_parts
 
 # A chunked tensor's pieces are hashed this many to a task on a shared pool: sha256 lets go of the
@@ -29,10 +30,12 @@ class Known(NamedTuple):
     in order: a few places of a list as long as the tensor's pieces (81,920 for a cache of 5 GiB),
     which each reader would otherwise look for again, a pass over the whole list each. `fresh`,
     where given, holds every place whose digest may not be the store before's (the pieces that
-    changed since; None: any may be): the others' pieces are in packs already, whole."""
+    changed since; None: any may be): the others' pieces are in packs already, whole, and their
+    rows in the store before's list (`listed`)."""
     digests: list[str | None]
     unknown: list[int]
     fresh: list[int] | None = None
+    listed: ChunkList | None = None  # the store before's list, with its rows where its writer kept them
 
 
 def piece_digests(pieces: Sequence[Any], known: Sequence[str | None] | Known | None = None) -> list[str]:

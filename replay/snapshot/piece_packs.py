@@ -14,9 +14,11 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 from replay.snapshot import callfile, hashing
+from replay.snapshot.chunk_lists import ROW
 
 PACKS_DIR = "packs"
 _NEVER_WRITTEN = "a piece known from an earlier store of this tensor was never written"
@@ -40,10 +42,11 @@ class PiecePacks:
         self._failed: set[bytes] = set()
 
     def store(self, pieces: Sequence[Any], known: Sequence[str | None] | hashing.Known | None = None
-              ) -> tuple[list[str], bytes]:
+              ) -> tuple[list[str], np.ndarray]:
         """Each piece's digest (hashed where `known` does not give it; a known piece may be None: a
         store of it wrote its bytes already), the new ones packed, and the chunk list's rows
-        (digest and pack a piece), once every pack they name is whole."""
+        ([pieces, ROW] uint8: digest and pack a piece), once every pack they name is whole: the
+        store before's rows with the fresh ones set, where `known` has them."""
         digests = hashing.piece_digests(pieces, known)
         fresh = known.fresh if isinstance(known, hashing.Known) else None
         landing = self._pack_new(digests, pieces, fresh)
@@ -52,10 +55,20 @@ class PiecePacks:
             landed.wait()
         if self._failed.intersection(landing):
             raise OSError(errno.EIO, "a pack holding some of this tensor's pieces could not be written")
+        before = known.listed.rows if isinstance(known, hashing.Known) and known.listed is not None else None
         try:
-            return digests, b"".join(map(self._rows.__getitem__, digests))
+            if fresh is not None and before is not None and len(before) == len(digests):
+                rows = before.copy()  # the others' rows are the store before's: their digests are
+                rows[fresh] = self._rows_of([digests[n] for n in fresh])
+                return digests, rows
+            return digests, self._rows_of(digests)
         except KeyError:  # a piece said to be in a pack already that no store wrote: never silently lost
             raise OSError(errno.EIO, _NEVER_WRITTEN) from None
+
+    def _rows_of(self, digests: list[str]) -> np.ndarray:
+        """The chunk list's rows of `digests` ([len, ROW] uint8, writable); a KeyError for a piece in no pack."""
+        joined = bytearray(b"".join(map(self._rows.__getitem__, digests)))
+        return np.frombuffer(joined, dtype=np.uint8).reshape(len(digests), ROW)
 
     def _pack_new(self, digests: list[str], pieces: Sequence[Any], fresh: list[int] | None
                   ) -> dict[bytes, threading.Event]:

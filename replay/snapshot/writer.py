@@ -267,20 +267,23 @@ class SnapshotWriter:
         store of it wrote those bytes already. Stores of one `lineage` (a tensor of an op) name
         their list as edits of the lineage's last whole list where few rows changed (format 6,
         chunk_lists.py)."""
-        digests, rows = self._packs.store(pieces, known)
-        table = np.frombuffer(bytearray(rows), dtype=np.uint8).reshape(len(digests), chunk_lists.ROW)
+        digests, table = self._packs.store(pieces, known)
         # a base a lineage and length: a buffer's mask and the buffer may share a lineage
         key = (lineage, len(digests)) if lineage is not None else None
         with self._lock:
             base = self._list_bases.get(key) if key is not None else None
-        edits = chunk_lists.edits_between(base[1], table) if base is not None else None
+        edits = None
+        if base is not None:
+            places = _places_off_base(known, base[0])
+            edits = (chunk_lists.edits_at(base[1], table, places) if places is not None
+                     else chunk_lists.edits_between(base[1], table))
         if base is not None and edits is not None:
-            return ChunkList(base[0], edits if len(edits) else None), digests
+            return ChunkList(base[0], edits if len(edits) else None, rows=table), digests
         whole = self.put_blob(torch.from_numpy(table))
         if key is not None:  # a base once its blob is whole: a call naming it may be indexed before this one
             with self._lock:
                 self._list_bases[key] = (whole, table)
-        return ChunkList(whole), digests
+        return ChunkList(whole, rows=table), digests
 
     def _write(self, target: Path, data: Sequence[Any]) -> None:
         write_atomic(target, data, sync=self._sync)
@@ -431,6 +434,17 @@ class SnapshotWriter:
 def host_bytes(span: torch.Tensor) -> Any:
     """A host span's bytes, as a numpy uint8 array over its memory."""
     return span.reshape(-1).view(torch.uint8).numpy()
+
+
+def _places_off_base(known: Sequence[str | None] | hashing.Known | None, base: str) -> list[int] | None:
+    """Where a store's list can differ from the base list `base` names: the store before's edits of
+    that base and the fresh places, where `known` says both (None: anywhere)."""
+    if not isinstance(known, hashing.Known) or known.fresh is None or known.listed is None \
+            or known.listed.whole != base:
+        return None
+    edits = known.listed.edits
+    before = np.ascontiguousarray(edits[:, :4]).view("<u4").ravel().tolist() if edits is not None else []
+    return sorted({*before, *known.fresh})
 
 
 def cut_bytes(raw: Any) -> list[Any]:
