@@ -98,7 +98,10 @@ class PiecePacks:
                 self._write(self.path / pack_relpath(number), callfile.serialize_parts(
                     None, {digest: torch.from_numpy(piece) for digest, piece in new.items()}))
             except BaseException:
-                self._failed.add(packed)
+                with self._lock:  # a later store packs these pieces again: no list names bytes in no file
+                    self._failed.add(packed)
+                    for digest in new:
+                        del self._homes[digest], self._rows[digest]
                 raise
             finally:
                 with self._lock:
