@@ -32,13 +32,13 @@ _replay_is_compiling = torch.compiler.is_compiling  # traced by torch.compile: t
 def route(recording: Any, verifiers: dict[str, Callable[..., Any]]) -> None:
     """Where intercepted calls go from now on: the recording (or None) and each verified op's hook."""
     global _intercepting, _recording, _verifiers, _replay_policies
-    policies = {op: policy for op, hook in verifiers.items() if (policy := getattr(hook, "policy", None)) is not None}
     if recording is not None:  # a call made meanwhile on another thread goes to the hook, as before
         _replay_policies = {}
         _recording, _verifiers = recording, dict(verifiers)
     else:
         _recording, _verifiers = None, dict(verifiers)
-        _replay_policies = policies
+        _replay_policies = {op: policy for op, hook in verifiers.items()
+                            if (policy := getattr(hook, "policy", None)) is not None}
     _intercepting = recording is not None or bool(verifiers)
 
 

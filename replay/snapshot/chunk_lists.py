@@ -89,13 +89,18 @@ def _edits(rows: np.ndarray, changed: np.ndarray) -> np.ndarray | None:
     return edits
 
 
+def edited_places(edits: np.ndarray) -> np.ndarray:
+    """The piece numbers an edit list's rows name, in its order (int64)."""
+    return np.ascontiguousarray(edits[:, :4]).view("<u4").ravel().astype(np.int64)
+
+
 def apply_edits(base: bytes, edits: np.ndarray) -> bytes:
     """`base` (whole list rows, ROW bytes each) with `edits` applied; a ValueError saying what is
     wrong with an edit list that is not one of `base`."""
     if edits.dtype != np.uint8 or edits.ndim != 2 or edits.shape[1] != EDIT_ROW or edits.shape[0] == 0:
         raise ValueError(f"is not a [edits, {EDIT_ROW}] table of piece numbers and rows")
     pieces = len(base) // ROW
-    numbers = np.ascontiguousarray(edits[:, :4]).view("<u4").ravel().astype(np.int64)
+    numbers = edited_places(edits)
     if numbers[-1] >= pieces or (len(numbers) > 1 and bool((np.diff(numbers) <= 0).any())):
         raise ValueError(f"does not name pieces of a list of {pieces} in increasing order")
     listed = np.frombuffer(bytearray(base), dtype=np.uint8).reshape(pieces, ROW)

@@ -443,7 +443,7 @@ def _places_off_base(known: Sequence[str | None] | hashing.Known | None, base: s
             or known.listed.whole != base:
         return None
     edits = known.listed.edits
-    before = np.ascontiguousarray(edits[:, :4]).view("<u4").ravel().tolist() if edits is not None else []
+    before = chunk_lists.edited_places(edits).tolist() if edits is not None else []
     return sorted({*before, *known.fresh})
 
 

@@ -316,10 +316,7 @@ class Verifier:
                 return call(*args, **kwargs)  # the common case: no statistics, no check
             return noted(policy, number, spec, call, signature, args, kwargs)
 
-        def resume(number: int, spec: CallSpec, call: Callable[..., Any], signature: inspect.Signature,
-                   args: tuple, kwargs: dict) -> Any:
-            return noted(policy, number, spec, call, signature, args, kwargs)
-        policy.resume = resume
+        policy.resume = functools.partial(noted, policy)
         # the wrapper of a verified function with parameters of its own (intercept.py) reads the
         # policy itself: an unchecked call then runs no Python of the verifier's at all
         verified.policy = policy  # type: ignore[attr-defined]
