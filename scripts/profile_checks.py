@@ -20,8 +20,9 @@ the gate and unverified runs, alternating; each step's checks and their time ins
   burst-all   checked as built, sampling a tenth as often, each sampled call opening a window over
               the next call of every verified op
 
-Printed for each variant: the run's growth a sampled call (paired medians of runs), the variant's
-own time a call, what the rest of a step with one costs against an unverified step, and the steps
+Printed for each variant: the run's growth (the medians' difference, and the means': with checks
+in bursts a run holds few or many, and the mean says what they cost) and a sampled call's share of
+the mean, the variant's own time a call, what the rest of a step with one costs against an unverified step, and the steps
 after one. A step that costs more after a check than the variant's own time says the check slows
 the program's own code after it (caches it cooled, the driver's state); burn against footprint and
 driver says which part of a check does. A diagnosis, not a benchmark: the figures of record come
@@ -98,7 +99,7 @@ def driver_calls() -> Callable[[], None]:
     torch.cuda.synchronize()
     copied, done = torch.cuda.Event(), torch.cuda.Event()
 
-    def calls() -> None:
+    def calls(static: torch.Tensor = static) -> None:  # the graph's tensor kept alive: it writes there
         copied.record()
         side.wait_event(copied)
         graph.replay()
@@ -173,6 +174,8 @@ def timed_run(start: list[Step], steps: list[Step], counted: Counted, device: st
 def report(name: str, verified: list[tuple[float, list[tuple]]], plain: list[tuple[float, list[tuple]]]) -> str:
     unverified = statistics.median(seconds for _, steps in plain for seconds, _, _ in steps)
     growth = statistics.median(wall for wall, _ in verified) - statistics.median(wall for wall, _ in plain)
+    # with checks in bursts a run holds few or many: the mean run's growth is the cost of its checks
+    mean_growth = statistics.fmean(wall for wall, _ in verified) - statistics.fmean(wall for wall, _ in plain)
     checks = statistics.mean(sum(n for _, n, _ in steps) for _, steps in verified)
     kinds: dict[str, list[float]] = collections.defaultdict(list)
     for _, steps in verified:
@@ -187,8 +190,8 @@ def report(name: str, verified: list[tuple[float, list[tuple]]], plain: list[tup
                 kinds[f"step +{min(since, 3)}{'+' if since >= 3 else ''}"].append(seconds - unverified)
     parts = "; ".join(f"{kind} {statistics.median(values) * 1e6:+.0f} us (n={len(values)})"
                       for kind, values in sorted(kinds.items()))
-    return (f"{name}: run {growth * 1e6:+.0f} us, {checks:.1f} sampled calls a run, "
-            f"{growth / checks * 1e6 if checks else float('nan'):.0f} us each; unverified step "
+    return (f"{name}: run {growth * 1e6:+.0f} us (mean {mean_growth * 1e6:+.0f}), {checks:.1f} sampled calls a run, "
+            f"{mean_growth / checks * 1e6 if checks else float('nan'):.0f} us each (mean); unverified step "
             f"{unverified * 1e6:.0f} us; {parts}")
 
 
