@@ -447,6 +447,31 @@ def test_under_torch_compile_the_reference_launched_by_the_caller_runs_eagerly(
     replay.verify.stop(triple.__replay_spec__.op)
 
 
+def test_outside_compiled_code_a_check_launches_its_reference_without_torch_compiles_wrapper(
+        launched_by: Callable[[str, str], None], verifying: Path) -> None:
+    # the wrapper that keeps torch.compile from tracing the reference (above) costs a check ~10 us
+    # of frames of torch._dynamo's: taken only where a frame callback of torch.compile's is set
+    launched_by("cpu", "caller")
+    replay.verify("verify_rowscale", sample=1.0, outliers=False)
+    x = torch.randn(4, 16)
+    rowscale_batched(x, 2.0)  # the first check makes the launch (and imports torch._dynamo)
+    replay.verify.drain()
+    dynamo = str(Path(torch.__file__).parent / "_dynamo")
+    entered: list[str] = []
+
+    def profile(frame, event: str, arg: object) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(dynamo):
+            entered.append(frame.f_code.co_name)
+    before = replay.verify.counters()
+    sys.setprofile(profile)
+    try:
+        rowscale_batched(x, 2.0)
+    finally:
+        sys.setprofile(None)
+    replay.verify.drain()
+    assert delta(before)["checked"] == 1 and entered == []
+
+
 def test_a_reference_that_raises_on_the_calling_thread_holds_none_of_the_programs_memory(
         launched_by: Callable[[str, str], None], verifying: Path) -> None:
     """Its exception waits for the worker without its traceback, whose frames would keep the

@@ -237,8 +237,18 @@ class Verifier:
     def _launch_eagerly(self) -> Callable[[_Check], None]:
         """The calling thread's launch, never traced: torch.compile's graph break around a checked
         call (_call) would otherwise trace the reference too. Made at the first check: wrapping
-        imports torch._dynamo (~1 s), which every `replay` command would pay at `import replay`."""
-        return torch.compiler.disable(self._launch)
+        imports torch._dynamo (~1 s), which every `replay` command would pay at `import replay`.
+        Outside compiled code (no frame callback of torch.compile's set) the launch is called as
+        it is: the wrapper's own turns cost a check ~10 us."""
+        disabled = torch.compiler.disable(self._launch)
+        callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", None)
+        if callback is None:
+            return disabled
+        launch = self._launch
+
+        def eagerly(check: _Check) -> None:
+            (launch if callback() is None else disabled)(check)
+        return eagerly
 
     def seed(self, seed: int) -> None:
         """Make the sampling repeatable (tests)."""
