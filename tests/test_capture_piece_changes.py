@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import replay
 from replay.recorder import chunk_changes, copies, cuda_runtime, piece_batch, piece_sums
@@ -451,6 +452,26 @@ def test_a_store_of_bytes_the_recording_stored_before_takes_that_store_whole(tmp
     # the first step: before the row, the threes and the piece with the arange; after it, the row's
     # piece. The later steps' stores, before and after, are the first step's: nothing comes over
     assert counts == [2, 1] and fetched == counts and len(reused) == 4
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.integers(1, 40), seed=st.integers(0, 2 ** 32 - 1), data=st.data())
+def test_a_stores_content_key_names_its_checksums_place_by_place(pieces: int, seed: int, data: st.DataObject) -> None:
+    # equal checksums, equal keys, read from the table's strided columns as from a copy; a change
+    # of either checksum of one piece, or two pieces' checksums swapped, another key
+    rows = np.random.default_rng(seed).integers(-2 ** 63, 2 ** 63 - 1, size=(pieces, piece_batch.ROW), dtype=np.int64)
+    sums = rows[:, :2]
+    key = chunk_changes.sums_key(sums)
+    assert len(key) == 16 and chunk_changes.sums_key(sums.copy()) == key
+    changed = sums.copy()
+    place, column = data.draw(st.integers(0, pieces - 1)), data.draw(st.integers(0, 1))
+    changed[place, column] ^= np.int64(1) << np.int64(data.draw(st.integers(0, 62)))
+    assert chunk_changes.sums_key(changed) != key
+    other = data.draw(st.integers(0, pieces - 1))
+    if not np.array_equal(sums[place], sums[other]):
+        swapped = sums.copy()
+        swapped[[place, other]] = swapped[[other, place]]
+        assert chunk_changes.sums_key(swapped) != key
 
 
 @replay.capture("piece_row_sums")

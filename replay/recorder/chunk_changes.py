@@ -40,7 +40,6 @@ CUDA tensors are tracked (DEVICES).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import mmap
 import threading
 import time
@@ -286,10 +285,9 @@ class PieceHistory:
 
     def content_key(self) -> bytes:
         """What names this store's bytes, from the checksums on the host: equal keys, equal bytes
-        (but for the checksums' odds, piece_sums.py)."""
+        (but for the checksums' odds, piece_sums.py, and sums_key's)."""
         if self._key is None:
-            digest = hashlib.blake2b(np.ascontiguousarray(self.sums).tobytes(), digest_size=16).digest()
-            self._key = digest + self.nbytes.to_bytes(8, "little")
+            self._key = sums_key(self.sums) + self.nbytes.to_bytes(8, "little")
         return self._key
 
     def plan(self, known: Known | None
@@ -485,6 +483,39 @@ class PieceHistory:
     def _release_staged(self) -> None:
         self.staged = None
         self._hold.give_back()
+
+
+# odd 64-bit constants (golden-ratio and splitmix64's): the multipliers of sums_key and its mixer
+_MULTIPLIERS = [np.uint64(k) for k in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
+                                       0xD6E8FEB86659FD93, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)]
+_SHIFTS = [np.uint64(k) for k in (30, 27, 31)]
+
+
+def sums_key(sums: np.ndarray) -> bytes:
+    """16 bytes naming a store's checksums ([pieces, 2] int64, strided or not), in numpy with no
+    copy of them: two 64-bit sums over the pieces of splitmix64's mixer applied to each piece's two
+    checksums and its place, each sum mixing both checksums. Two different arrays collide only
+    where both sums of mixed values agree (~2^-128 for changes that are not built to collide: the
+    checksums themselves are no defence against that either). A blake2b of their bytes took ~10x
+    longer: 3 ms for a 5 GiB cache's 81,920 pieces on the 2-core CPU, at every store of it."""
+    words = sums.view(np.uint64)
+    first, second = words[:, 0], words[:, 1]
+    places = np.arange(len(words), dtype=np.uint64)
+    k = _MULTIPLIERS
+    with np.errstate(over="ignore"):  # arithmetic modulo 2^64 is the point
+        one = _mixed(first ^ (second * k[0]) ^ (places * k[1]))
+        two = _mixed(second ^ (first * k[2]) ^ (places * k[3]))
+        return int(one.sum(dtype=np.uint64)).to_bytes(8, "little") + int(two.sum(dtype=np.uint64)).to_bytes(8, "little")
+
+
+def _mixed(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, in place on `x` (a fresh array)."""
+    x ^= x >> _SHIFTS[0]
+    x *= _MULTIPLIERS[4]
+    x ^= x >> _SHIFTS[1]
+    x *= _MULTIPLIERS[5]
+    x ^= x >> _SHIFTS[2]
+    return x
 
 
 class _Hold:
