@@ -457,16 +457,26 @@ def test_a_store_of_bytes_the_recording_stored_before_takes_that_store_whole(tmp
 @settings(max_examples=200, deadline=None)
 @given(pieces=st.integers(1, 40), seed=st.integers(0, 2 ** 32 - 1), data=st.data())
 def test_a_stores_content_key_names_its_checksums_place_by_place(pieces: int, seed: int, data: st.DataObject) -> None:
-    # equal checksums, equal keys, read from the table's strided columns as from a copy; a change
-    # of either checksum of one piece, or two pieces' checksums swapped, another key
+    # equal checksums, equal keys, read from the table's strided columns as from a copy; another
+    # key for: a bit flipped in either checksum of one piece; one piece's checksums negated (an
+    # int32 tensor negated negates both), their sign bits flipped, or replaced; the whole store
+    # negated; two pieces' checksums swapped
     rows = np.random.default_rng(seed).integers(-2 ** 63, 2 ** 63 - 1, size=(pieces, piece_batch.ROW), dtype=np.int64)
     sums = rows[:, :2]
     key = chunk_changes.sums_key(sums)
     assert len(key) == 16 and chunk_changes.sums_key(sums.copy()) == key
-    changed = sums.copy()
     place, column = data.draw(st.integers(0, pieces - 1)), data.draw(st.integers(0, 1))
-    changed[place, column] ^= np.int64(1) << np.int64(data.draw(st.integers(0, 62)))
-    assert chunk_changes.sums_key(changed) != key
+    bit = np.int64(1) << np.int64(data.draw(st.integers(0, 62)))
+    drawn = np.array(data.draw(st.tuples(*[st.integers(-2 ** 63, 2 ** 63 - 1)] * 2)), dtype=np.int64)
+    for change in (lambda t: t.__setitem__((place, column), t[place, column] ^ bit),
+                   lambda t: t.__setitem__(place, -t[place]),
+                   lambda t: t.__setitem__(place, t[place] ^ np.int64(-2 ** 63)),
+                   lambda t: t.__setitem__(place, drawn),
+                   lambda t: t.__setitem__(slice(None), -t)):
+        changed = sums.copy()
+        change(changed)
+        if not np.array_equal(changed, sums):
+            assert chunk_changes.sums_key(changed) != key
     other = data.draw(st.integers(0, pieces - 1))
     if not np.array_equal(sums[place], sums[other]):
         swapped = sums.copy()
