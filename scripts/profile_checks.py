@@ -23,9 +23,9 @@ the gate and unverified runs, alternating; each step's checks and their time ins
 Printed for each variant: the run's growth (the medians' difference, and the means': with checks
 in bursts a run holds few or many, and the mean says what they cost) and a sampled call's share of
 the mean, the variant's own time a call, what the rest of a step with one costs against an
-unverified step, and the steps after one. A step that costs more after a check than the variant's own time says the check slows
-the program's own code after it (caches it cooled, the driver's state); burn against footprint and
-driver says which part of a check does. A diagnosis, not a benchmark: the figures of record come
+unverified step, and the steps after one. A step that costs more after a check than the variant's
+own time says the check slows the program's own code after it (caches it cooled, the driver's
+state); burn against footprint and driver says which part of a check does. A diagnosis, not a benchmark: the figures of record come
 from scripts/bench_verify.py (docs/PERFORMANCE.md, "A check's cost beyond its own time").
 """
 from __future__ import annotations

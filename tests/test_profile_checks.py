@@ -21,7 +21,8 @@ def test_each_variant_says_what_a_sampled_call_costs_its_step_and_the_steps_afte
     lines = {line.split(":")[0]: line for line in done.stdout.splitlines()[1:]}
     assert list(lines) == ["built", "burn", "burst-same"]  # the driver's variant needs a GPU: not asked for here
     for line in lines.values():
-        assert re.search(r"run [+-]\d+ us \(mean [+-]\d+\), [\d.]+ sampled calls a run, -?\d+ us each \(mean\); unverified step \d+ us; ", line)
+        assert re.search(r"run [+-]\d+ us \(mean [+-]\d+\), [\d.]+ sampled calls a run, "
+                         r"-?\d+ us each \(mean\); unverified step \d+ us; ", line)
         assert "own time a call" in line and "rest of its step" in line
     burned = float(re.search(r"own time a call \+(\d+) us", lines["burn"]).group(1))  # type: ignore[union-attr]
     assert burned >= 100  # the tight loop's own time, counted where it runs

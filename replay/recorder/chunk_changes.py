@@ -497,13 +497,12 @@ def sums_key(sums: np.ndarray) -> bytes:
     """16 bytes naming a store's checksums ([pieces, 2] int64, strided or not), in numpy with no
     copy of them: each checksum mixed with its piece's place by splitmix64's finaliser, the two
     mixed into each other both ways (a piece's two terms a one-to-one function of its checksums
-    at its place: _MULTIPLIERS), each way summed over the pieces modulo 2^64. Two different arrays collide only
-    where both sums of well-mixed terms agree (~2^-128 for changes not built to collide: the
-    checksums under it are no defence against built ones either). Each checksum is mixed on its
-    own first: a first version that mixed XORs of their multiples kept bit 0 of both terms the
-    same function of the two, so a piece's checksums negated (an int32 tensor's `neg_()` does
-    that) left a third of pieces' terms as they were (found by a helper's review). A blake2b of a
-    copy of the checksums took ~3x longer (a 5 GiB cache's 81,920 pieces, at every store)."""
+    at its place: _MULTIPLIERS), each way summed over the pieces modulo 2^64. Two different
+    arrays collide only where both sums of well-mixed terms agree (~2^-128 for changes not built
+    to collide: the checksums under it are no defence against built ones either). Each checksum
+    is mixed on its own first: mixing XORs of their multiples left structured changes (a piece's
+    checksums negated, as an int32 tensor's `neg_()` does) unseen. Faster than a blake2b of a
+    copy of the checksums, at every store of a cache of GBs (docs/PERFORMANCE.md)."""
     words = sums.view(np.uint64)
     places = np.arange(len(words), dtype=np.uint64)
     k = _MULTIPLIERS
