@@ -25,8 +25,9 @@ in bursts a run holds few or many, and the mean says what they cost) and a sampl
 the mean, the variant's own time a call, what the rest of a step with one costs against an
 unverified step, and the steps after one. A step that costs more after a check than the variant's
 own time says the check slows the program's own code after it (caches it cooled, the driver's
-state); burn against footprint and driver says which part of a check does. A diagnosis, not a benchmark: the figures of record come
-from scripts/bench_verify.py (docs/PERFORMANCE.md, "A check's cost beyond its own time").
+state); burn against footprint and driver says which part of a check does. A diagnosis, not a
+benchmark: the figures of record come from scripts/bench_verify.py (docs/PERFORMANCE.md, "A
+check's cost beyond its own time").
 """
 from __future__ import annotations
 
