@@ -67,7 +67,7 @@ def test_replay_record_keeps_every_launch_with_its_grid_and_config(good: Project
     assert f"launch  grid (2); autotuned: BLOCK={chosen}" in shell(f"replay show {snapshot}", good.path).stdout
 
 
-def test_an_off_by_one_mask_is_named_by_call_kernel_and_element(good: Project, tmp_path: Path) -> None:
+def test_an_off_by_one_mask_is_named_by_call_kernel_rows_and_element(good: Project, tmp_path: Path) -> None:
     edited = edited_copy(good, tmp_path, OFF_BY_ONE[1], OFF_BY_ONE[2])
     done = shell(f"replay run snapshots/serve_001 --code {edited} --json -", good.path)
     assert done.returncode == 1, done.stderr
@@ -78,7 +78,8 @@ def test_an_off_by_one_mask_is_named_by_call_kernel_and_element(good: Project, t
     assert {c["op"] for c in failing} == {SCALE}
     assert [c["index"] for c in failing] == ([2, 4] if torch.cuda.is_available() else [0, 2, 4])
     detail = " ".join(json.dumps(failing[0]).split())
-    assert "'out_ptr' differs in 2/64 elements; first at [0, 31]" in detail  # the last column of each row
+    assert "'out_ptr' differs in 2/64 elements; rows 0-1 of 2 wrong; first at [0, 31]" in detail  # the last column of each row
+    assert report["first_divergence"]["rows"] == [0, 1]  # a kernel's rows: its outputs' leading axis
 
 
 @pytest.mark.parametrize("call, edited, code", [(1, False, 0), (2, True, 1)])

@@ -78,6 +78,8 @@ def op_for(code: KernelCode, record: CallRecord, where: str, tolerance: Toleranc
     config_args = _config_args(launch, info, recorded, where)
     outputs = tuple(n for n in record.role("out") if n in recorded)
     op = Op(record.op, module, state=tuple(record.role("state")), mutates=outputs,
+            # a kernel's rows: its outputs' leading axis (a vector's would be its elements)
+            batch_axes={name: 0 for name, value in record.role("out").items() if name in outputs and value.dim() > 1},
             tolerance={dtype: tolerance for dtype in DEFAULT} if tolerance else {}, rerun_tolerance=tolerance or EXACT)
     op.variant(VARIANT)(_relaunch(kernel, launch, {**options, **config_args}, _dtypes(launch, where)))
     reference = _references.get(record.op)
