@@ -42,7 +42,8 @@ def command(a: Path, b: Path | None, atol: float | None, rtol: float | None, met
 
     Calls whose inputs already differ only carry an earlier difference along: they
     are counted, not listed (--all lists them). A later call whose inputs agree but
-    whose outputs differ is a divergence of its own, and is listed.
+    whose outputs differ is a divergence of its own, and is listed. Two batch
+    sizes (A of 1 row, B of 8) are compared on the rows both hold.
 
     B is compared against A (a relative tolerance is of A's values): a first
     difference reads "first at [i, j]: A <value> vs B <value>", and in --json

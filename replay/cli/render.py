@@ -109,5 +109,7 @@ def describe_difference(d: dict[str, Any], sides: tuple[str, str] | None = None)
     text = f"{c['mismatches']}/{c['numel']} elements, max abs {c['max_abs']:.3g}"
     if c.get("bad_rows"):
         text += f", rows {row_ranges(c['bad_rows'])}"
+    if d.get("row_counts"):  # compared in the rows both hold
+        text = f"{d['problem']}: {text}"
     first = Comparison(**c).first_difference(sides)
     return f"{text}; {first}" if first else text

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from replay.compare import Comparison, compare
 from replay.engine.evidence import Evidence, gather
 from replay.metrics import Metric
@@ -35,9 +37,18 @@ class CallDiff:
 
     @property
     def knock_on(self) -> bool:
-        """Its inputs differ: what it computed differs at least in part because an earlier call's did."""
-        return any(d["tensor"] == "args" or d["tensor"].partition("/")[0] in ("in", "state")
-                   for d in self.differences)
+        """Its inputs differ: what it computed differs at least in part because an earlier call's did
+        (or differs only in size, as its inputs do)."""
+        of_values = self.of_values()
+        return not of_values or any(_is_input(d) for d in of_values)
+
+    def of_values(self) -> list[dict[str, Any]]:
+        """Its differences of values: all of them, but where its inputs differ only in how many rows
+        they hold (a batch of 1 against one of 8), only those in the rows both hold: the rest (a
+        cache the larger batch filled more of, a row count passed as a scalar) is size."""
+        if any(d.get("rows_only") for d in self.differences if _is_input(d)):
+            return [d for d in self.differences if d.get("row_counts") and not d.get("rows_only")]
+        return list(self.differences)
 
     def to_json(self) -> dict[str, Any]:
         return {"position": self.position, "index_a": self.index_a, "index_b": self.index_b,
@@ -62,16 +73,23 @@ class DiffReport:
         return [c for i, c in enumerate(self.calls) if i == 0 or not c.knock_on]
 
     def first(self) -> dict[str, Any] | None:
+        """The first difference of values (CallDiff.of_values); else one of the first call's (of sizes)."""
         if self.calls:
-            call = self.calls[0]
+            opening = self.calls[0].differences  # of sizes alone: rows counted say more than a scalar
+            first = self.calls[0], next((d for d in opening if d.get("row_counts")), opening[0])
+            call, d = next(((call, d) for call in self.calls for d in call.of_values()), first)
             return {"position": call.position, "op": call.op, "ordinal": call.ordinal, "index_a": call.index_a,
-                    "index_b": call.index_b, **call.differences[0]}
+                    "index_b": call.index_b, **d}
         return {"structural": self.structural[0]} if self.structural else None
 
     def to_json(self) -> dict[str, Any]:
         return {"a": self.a, "b": self.b, "identical": self.identical, "calls_compared": self.calls_compared,
                 "first_divergence": self.first(), "structural": self.structural,
                 "calls": [c.to_json() for c in self.calls]}
+
+
+def _is_input(difference: dict[str, Any]) -> bool:
+    return difference["tensor"] == "args" or difference["tensor"].partition("/")[0] in ("in", "state")
 
 
 def _difference(key: str, problem: str, comparison: Comparison | None = None) -> dict[str, Any]:
@@ -100,14 +118,40 @@ def diff_call(a: CallRecord, b: CallRecord, tolerance: Tolerance | None,
             if name not in tb or name not in ta:
                 found.append(_difference(key, f"only in {'A' if name in ta else 'B'}"))
                 continue
-            c = compare(tb[name], ta[name], tolerance, 0 if ta[name].dim() else None)
+            va, vb = ta[name], tb[name]
+            rows = _row_counts(va, vb)
+            if rows is not None:  # a batch of 1 against one of 8: the rows both hold are compared
+                va, vb = va[:min(rows)], vb[:min(rows)]
+            c = compare(vb, va, tolerance, 0 if va.dim() else None)
             if metric is not None and not metric.needs_float64_run:
                 c.judged_by(metric)
-            if not c.passed:
+            if rows is not None:
+                found.append(_rows_difference(key, rows, c))
+            elif not c.passed:
                 found.append(_difference(key, "values differ", c))
-                if drawn is not None:
-                    gathered = gather(a.index, key, "B vs A", tb[name], ta[name])
-                    drawn += [gathered] if gathered is not None else []
+            if drawn is not None and not c.passed:
+                gathered = gather(a.index, key, "B vs A", vb, va)
+                drawn += [gathered] if gathered is not None else []
+    return found
+
+
+def _row_counts(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int] | None:
+    """The rows of `a` and `b` where they differ only in how many rows (leading axis) they hold."""
+    if a.dim() and a.dim() == b.dim() and a.shape[0] != b.shape[0] and a.shape[1:] == b.shape[1:]:
+        return a.shape[0], b.shape[0]
+    return None
+
+
+def _rows_difference(key: str, rows: tuple[int, int], common: Comparison) -> dict[str, Any]:
+    """A tensor whose row counts differ: what the rows both hold say. Where they agree it is a
+    difference only of size (`rows_only`), which a first divergence passes over for one of values."""
+    held = min(rows)
+    if common.passed:
+        found = _difference(key, f"A has {rows[0]} rows, B {rows[1]}; the {held} both hold agree")
+        found["rows_only"] = True
+    else:
+        found = _difference(key, f"A has {rows[0]} rows, B {rows[1]}; the {held} both hold differ", common)
+    found["row_counts"] = list(rows)
     return found
 
 

@@ -55,3 +55,28 @@ def test_launches_are_paired_by_kernel_and_ordinal(tmp_path: Path, device: str) 
     assert first["comparison"]["bad_rows"] == [5]
     assert f"first divergence: call #2 ({CAST}, its call 1), in/x_ptr: 1/32 elements" in shown and "rows 5" in shown
     assert "first at [5, 2]: A 22.0 vs B 23.0" in shown  # each value named by its snapshot, A's first
+
+
+def test_a_batch_of_one_against_one_of_eight_compares_the_rows_both_hold(tmp_path: Path, device: str) -> None:
+    x = torch.arange(32.0, device=device).view(8, 4)
+
+    def record_rows(path: Path, rows: int, n: int) -> None:
+        with replay.recording(path):
+            k.cast_kernel[(2,)](x[:rows], torch.zeros_like(x[:rows]), n, OUT_DTYPE=tl.float32, BLOCK=16)
+            k.double(x[:rows].flatten())
+
+    record_rows(tmp_path / "one", 1, 4)
+    record_rows(tmp_path / "eight", 8, 32)
+    code, report, shown = diff(tmp_path / "one", tmp_path / "eight")
+    first = report["first_divergence"]
+    assert code == 1 and all(call["knock_on"] for call in report["calls"])  # sizes alone differ
+    assert (first["position"], first["tensor"], first["row_counts"], first["rows_only"]) == (0, "in/x_ptr", [1, 8], True)
+    assert "in/x_ptr: A has 1 rows, B 8; the 1 both hold agree" in shown
+
+    record_rows(tmp_path / "short", 8, 3)  # leaves row 0's last element as torch.zeros made it
+    code, report, shown = diff(tmp_path / "one", tmp_path / "short")
+    first = report["first_divergence"]
+    assert code == 1 and not report["calls"][0]["knock_on"]  # its own: the scalar n is the batch's size
+    assert (first["position"], first["tensor"], first["row_counts"]) == (0, "out/out_ptr", [1, 8])
+    assert first["comparison"]["bad_rows"] == [0] and first["comparison"]["first_index"] == [0, 3]
+    assert "out/out_ptr: A has 1 rows, B 8; the 1 both hold differ: 1/4 elements" in shown
