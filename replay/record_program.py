@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,11 +41,14 @@ class RecordedProgram:
 
 
 def default_snapshot(command: list[str], root: Path = Path("snapshots")) -> Path:
-    """snapshots/<program>_NNN, the first number not taken: `prog` for `python prog.py`, `pkg.mod`
-    for `python -m pkg.mod`, else the command's own name."""
-    words = [w for w in command[1:] if not w.startswith("-")] if Path(command[0]).name.startswith("python") else command
+    """snapshots/<program>_NNN, the first number not taken: `pkg.mod` for `python -m pkg.mod`, `prog`
+    for the first script the command names (a .py or a file: `python -u prog.py`, `torchrun
+    --nproc-per-node 2 train.py`), else the command's own name (`python -c CODE`: python), in
+    characters a folder's name may hold anywhere."""
     module = command[command.index("-m") + 1] if "-m" in command[:-1] else None
-    stem = module or (Path(words[0]).stem if words else Path(command[0]).name)
+    script = next((Path(word).stem for word in command[1:] if word.endswith(".py") or Path(word).is_file()), None)
+    named = module or script or Path(command[0]).name
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", named).strip("._-") or "program"
     for number in range(1, 10_000):
         candidate = root / f"{stem}_{number:03d}"
         if not candidate.exists():

@@ -1,4 +1,5 @@
-"""`replay record`'s options: refused before the program runs when malformed (exit 2, naming the option)."""
+"""`replay record`: its options refused before the program runs when malformed (exit 2, naming the option), its
+default snapshot's name, signals passed on to the program."""
 from __future__ import annotations
 
 import signal
@@ -10,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from replay.cli import main
+from replay.record_program import default_snapshot
 from replay.snapshot import Snapshot
 from user_shell import shell
 
@@ -99,3 +101,17 @@ def test_sigusr1_sent_to_replay_record_makes_the_flight_recording_write_and_the_
     assert recording.returncode == 0 and out.strip() == "went on", err
     assert [record.index for record in Snapshot(tmp_path / "snap")] == [7, 8, 9]  # the launch after it: not written
     assert "the flight recorder wrote its last 3 calls into snap" in err
+
+
+@pytest.mark.parametrize("command, name", [
+    (["python", "serve.py", "--port", "8"], "serve_001"),
+    (["python3", "-u", "-X", "dev", "tools/serve.py"], "serve_001"),
+    (["python", "-m", "pkg.serve"], "pkg.serve_001"),
+    (["torchrun", "--nproc-per-node", "2", "train.py"], "train_001"),
+    (["python", "-c", "import torch\nprint(torch.ones(2))"], "python_001"),  # the code is no folder's name
+    (["./run me.sh"], "run_me.sh_001"),
+])
+def test_the_default_snapshot_is_named_after_the_program(tmp_path: Path, command: list[str], name: str) -> None:
+    assert default_snapshot(command, tmp_path) == tmp_path / name
+    (tmp_path / name).mkdir()
+    assert default_snapshot(command, tmp_path).name == name.replace("_001", "_002")  # the next number free
