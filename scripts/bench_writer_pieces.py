@@ -1,9 +1,9 @@
 """What a recording's writer spends in Python on a tracked store of many pieces of which few
-changed (a KV cache of GBs that a decode step writes a row of): the digests known from the store
-before, the plan of what to fetch, every piece's digest (the new ones hashed), their packs and
-chunk list (an edit of the list before), and the store remembered, for a store of `--pieces`
-64 KiB pieces with `--changed` of them new, into a snapshot in a temporary folder. No GPU: the
-checksums are made up on the host.
+changed (a KV cache of GBs that a decode step writes a row of): its content key looked up, the
+digests known from the store before, the plan of what to fetch, every piece's digest (the new
+ones hashed), their packs and chunk list (an edit of the list before), and the store remembered,
+for a store of `--pieces` 64 KiB pieces with `--changed` of them new, into a snapshot in a
+temporary folder. No GPU: the checksums are made up on the host.
 
     python scripts/bench_writer_pieces.py [--pieces 81920] [--changed 1] [--repeat 5]
 
@@ -45,6 +45,10 @@ def stores(pieces: int, changed: int, folder: Path) -> Callable[[], object]:
     def store() -> object:
         after = chunk_changes.PieceHistory(before, piece_batch.Place(piece_batch.Checksums.known(rows), 0, pieces),
                                            True, chunk_changes.KnownContent(), nbytes=pieces * writer.CHUNK_BYTES)
+        same = after.stored_before()  # as a writer asks first (no piece changed; or bytes stored before)
+        if same is not None:
+            after.hashed(*same, new=[])
+            return same[1]
         before_known = after.known()
         assert before_known is not None
         resolved, alike, wanted, _ = after.plan(before_known)

@@ -929,3 +929,49 @@ def test_a_store_unchanged_since_the_one_before_takes_its_content_key_unhashed(t
             rec.flush()
     # the first call's stores: before it (nothing to compare with) and after it (a row changed)
     assert keyed == [16, 16] and len(reused) == 6
+
+
+def test_a_store_of_few_changed_pieces_moves_the_key_of_the_store_before(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         device: str) -> None:
+    # a decode step's row of a cache: its store's key is the store before's, moved by the terms of
+    # the pieces that changed, and the very key a pass over all its checksums gives; that pass is
+    # made only for the first call's stores, which compare with nothing
+    monkeypatch.setattr(chunk_changes, "DEVICES", (device,))
+    full = chunk_changes.sums_key
+    passes: list[int] = []  # the pieces of each store keyed by a pass over its checksums
+    moved: list[bool] = []  # each key moved from the store before's: whether it is the pass's
+    monkeypatch.setattr(chunk_changes, "sums_key", lambda sums: passes.append(len(sums)) or full(sums))
+    real = chunk_changes.PieceHistory._key_from_previous
+
+    def checked(self: chunk_changes.PieceHistory) -> bytes | None:
+        key = real(self)
+        if key is not None:
+            moved.append(key == full(self.sums) + self.nbytes.to_bytes(8, "little"))
+        return key
+    monkeypatch.setattr(chunk_changes.PieceHistory, "_key_from_previous", checked)
+    with replay.recording(tmp_path / "snap", chunk_threshold=1) as rec:
+        cache = torch.zeros(64, 4096, device=device)  # 16 pieces, a row a quarter of one
+        for step in range(6):
+            write_row(cache, torch.full((4096,), step + 1.0, device=device), step * 9)
+            rec.flush()
+    # each later call's store after it moves the key of the store before it, which is the last
+    # call's after, unchanged, whose key it takes whole
+    assert passes == [16, 16] and moved == [True] * 5
+    calls = list(Snapshot(tmp_path / "snap"))
+    assert [float(call.tensors["out/cache"][step * 9, 0]) for step, call in enumerate(calls)] == \
+        [step + 1.0 for step in range(6)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.integers(1, 40), seed=st.integers(0, 2 ** 32 - 1), data=st.data())
+def test_a_key_moved_by_changed_rows_is_the_key_of_the_rows_after(pieces: int, seed: int,
+                                                                 data: st.DataObject) -> None:
+    generator = np.random.default_rng(seed)
+    before = generator.integers(-2 ** 63, 2 ** 63 - 1, size=(pieces, piece_batch.ROW), dtype=np.int64)
+    changed = np.array(sorted(data.draw(st.sets(st.integers(0, pieces - 1)))), dtype=np.int64)
+    after = before.copy()
+    after[changed, :2] = generator.integers(-2 ** 63, 2 ** 63 - 1, size=(len(changed), 2), dtype=np.int64)
+    key = chunk_changes.moved_key(chunk_changes.sums_key(before[:, :2]), before[changed, :2], after[changed, :2],
+                                  changed)
+    assert key == chunk_changes.sums_key(after[:, :2])  # the table's strided columns, as the writer reads them

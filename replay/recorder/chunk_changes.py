@@ -40,6 +40,7 @@ CUDA tensors are tracked (DEVICES).
 from __future__ import annotations
 
 import contextlib
+import functools
 import mmap
 import threading
 import time
@@ -253,18 +254,26 @@ class PieceHistory:
         """Whether each piece differs from the store before (None: there was none to compare with)."""
         return self.place.rows()[:, 2] if self.compared else None
 
+    @functools.cached_property
+    def changed_pieces(self) -> np.ndarray | None:
+        """The pieces that differ from the store before, by number (None: there was none to compare
+        with): found once, for the key, the digests known and those remembered."""
+        changed = self.changed
+        return np.flatnonzero(changed) if changed is not None else None
+
     def known(self) -> Known | None:
         """The sha256 of each piece that did not change since the store before (None where it did),
         and where it did; None when the store before was not hashed. Waits for that store's writer."""
         previous = self.leave_previous()  # the chain of stores is let go as it is written
-        if previous is None or self.changed is None:
+        pieces = self.changed_pieces
+        if previous is None or pieces is None:
             return None
         previous._done.wait()
         before = previous.digests
-        if before is None or len(before) != len(self.changed):
+        if before is None or len(before) != self.place.pieces:
             return None
         known: list[str | None] = list(before)
-        changed = np.flatnonzero(self.changed).tolist()
+        changed = pieces.tolist()
         for n in changed:  # a few of a cache's many pieces: not a pass over each
             known[n] = None
         return Known(known, changed, changed, previous.chunk_list)
@@ -275,7 +284,8 @@ class PieceHistory:
         before (every checksum alike), that store's. A decode step's cache as the step before left
         it, or a training step's activations alike each step, cost no work a piece."""
         previous = self.previous
-        if previous is not None and self.changed is not None and not bool(self.changed.any()):
+        changed = self.changed_pieces
+        if previous is not None and changed is not None and not len(changed):
             previous._done.wait()
             if previous.digests is not None and previous.chunk_list is not None:
                 if self.nbytes == previous.nbytes:  # its checksums are the store before's: so is its key
@@ -287,8 +297,20 @@ class PieceHistory:
         """What names this store's bytes, from the checksums on the host: equal keys, equal bytes
         (but for the checksums' odds, piece_sums.py, and sums_key's)."""
         if self._key is None:
-            self._key = sums_key(self.sums) + self.nbytes.to_bytes(8, "little")
+            self._key = self._key_from_previous() or sums_key(self.sums) + self.nbytes.to_bytes(8, "little")
         return self._key
+
+    def _key_from_previous(self) -> bytes | None:
+        """The store before's key (when its writer worked it out already) moved by the pieces that
+        changed since, where they are few: a decode step's row of a cache of GBs costs its changed
+        pieces' terms, not a pass over every checksum (sums_key is a sum of a term a piece)."""
+        previous, pieces = self.previous, self.changed_pieces
+        known = previous._key if previous is not None else None  # read once: another writer may set it
+        if known is None or pieces is None or previous is None or previous.nbytes != self.nbytes:
+            return None
+        if len(pieces) * _FEW_CHANGED > self.place.pieces:
+            return None
+        return moved_key(known[:16], previous.sums[pieces], self.sums[pieces], pieces) + known[16:]
 
     def plan(self, known: Known | None
              ) -> tuple[list[str | None], dict[int, int], list[int], list[int]]:
@@ -471,8 +493,8 @@ class PieceHistory:
         if digests is not None:
             if new is None:
                 every = range(len(digests))
-                changed = self.changed
-                new = np.flatnonzero(changed).tolist() if changed is not None else list(every)
+                changed = self.changed_pieces
+                new = changed.tolist() if changed is not None else list(every)
             if new:
                 self.recorded.remember_pieces([(key, digests[n]) for n, key in self._keys(new)])
             if chunk_list is not None:
@@ -493,6 +515,11 @@ _MULTIPLIERS = [np.uint64(k) for k in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0
 _SHIFTS = [np.uint64(k) for k in (30, 27, 31)]
 
 
+# a store's key is moved from the store before's where at most one piece in this many changed: past
+# that, terms of both stores' changed pieces cost about what one pass over every checksum does
+_FEW_CHANGED = 4
+
+
 def sums_key(sums: np.ndarray) -> bytes:
     """16 bytes naming a store's checksums ([pieces, 2] int64, strided or not), in numpy with no
     copy of them: each checksum mixed with its piece's place by splitmix64's finaliser, the two
@@ -503,15 +530,34 @@ def sums_key(sums: np.ndarray) -> bytes:
     is mixed on its own first: mixing XORs of their multiples left structured changes (a piece's
     checksums negated, as an int32 tensor's `neg_()` does) unseen. Faster than a blake2b of a
     copy of the checksums, at every store of a cache of GBs (docs/PERFORMANCE.md)."""
+    one, two = _terms(sums, np.arange(len(sums), dtype=np.uint64))
+    return int(one).to_bytes(8, "little") + int(two).to_bytes(8, "little")
+
+
+def moved_key(key: bytes, before: np.ndarray, after: np.ndarray, pieces: np.ndarray) -> bytes:
+    """sums_key of an array whose key was `key` and whose rows `pieces` were `before` and are
+    `after` now: each sum less those rows' old terms, plus their new ones, modulo 2^64."""
+    places = pieces.astype(np.uint64)
+    (old_one, old_two), (new_one, new_two) = _terms(before, places), _terms(after, places)
+    one = (int.from_bytes(key[:8], "little") - old_one + new_one) % _WORDS
+    two = (int.from_bytes(key[8:16], "little") - old_two + new_two) % _WORDS
+    return one.to_bytes(8, "little") + two.to_bytes(8, "little")
+
+
+_WORDS = 1 << 64
+
+
+def _terms(sums: np.ndarray, places: np.ndarray) -> tuple[int, int]:
+    """The sums, modulo 2^64, of the two terms of each piece of `sums` (rows of two checksums) at
+    its place (`places`, uint64)."""
     words = sums.view(np.uint64)
-    places = np.arange(len(words), dtype=np.uint64)
     k = _MULTIPLIERS
     with np.errstate(over="ignore"):  # arithmetic modulo 2^64 is the point
         first = _mixed(words[:, 0] ^ (places * k[0]))
         second = _mixed(words[:, 1] ^ (places * k[1]))
         one = _mixed(first ^ (second * k[2]))
         two = _mixed(second ^ (first * k[3]))
-        return int(one.sum(dtype=np.uint64)).to_bytes(8, "little") + int(two.sum(dtype=np.uint64)).to_bytes(8, "little")
+        return int(one.sum(dtype=np.uint64)), int(two.sum(dtype=np.uint64))
 
 
 def _mixed(x: np.ndarray) -> np.ndarray:
