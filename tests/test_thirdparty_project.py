@@ -82,6 +82,15 @@ def test_an_off_by_one_mask_is_named_by_call_kernel_rows_and_element(good: Proje
     assert report["first_divergence"]["rows"] == [0, 1]  # a kernel's rows: its outputs' leading axis
 
 
+def test_replay_ptx_compiles_the_recorded_launches_and_names_what_each_reads(good: Project) -> None:
+    done = shell("replay ptx --snapshot snapshots/serve_001 --code . --json -", good.path)
+    assert done.returncode == 0, done.stderr
+    kernels = {kernel["name"]: kernel for kernel in json.loads(done.stdout)["kernels"]}
+    assert set(kernels) == {"scale_rows_kernel", "append_kv_kernel"}  # each once, however many launches
+    assert kernels["append_kv_kernel"]["arguments_read"] == ["k_ptr", "position_buf"]
+    assert kernels["scale_rows_kernel"]["params_written"] == ["out_ptr"]
+
+
 @pytest.mark.parametrize("call, edited, code", [(1, False, 0), (2, True, 1)])
 def test_a_launch_reproduces_without_kernel_replay(good: Project, tmp_path: Path, bare_python: Path, call: int,
                                                    edited: bool, code: int) -> None:
@@ -137,6 +146,7 @@ def test_the_readme_commands_as_written_find_the_planted_mask(tmp_path: Path) ->
         ("replay record -- python serve.py", 0, f"recorded 6 calls into snapshots/serve_001: 3 {SCALE} 3 {APPEND}"),
         ("replay show snapshots/serve_001", 0, "grid (2); autotuned: BLOCK="),
         ("replay run snapshots/serve_001 --code .", 0, "all 6 calls passed"),
+        ("replay ptx --snapshot snapshots/serve_001 --code .", 0, "k_ptr, position_buf"),
         ("replay bisect --good v1.0 --bad HEAD snapshots/serve_001", 0, f"First bad commit {project.commits['mask']}"),
     ]
     run_as_written(readme_lines(), expected, project.path)

@@ -21,7 +21,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 @click.command("ptx")
 @click.argument("targets", nargs=-1, metavar="[OP ...] [FILE.ptx ...]")
 @click.option("--snapshot", type=click.Path(path_type=Path), metavar="DIR",
-              help="Compile exactly the Triton kernels and constexprs that ran in snapshot DIR (its launch records).")
+              help="Compile exactly the Triton kernels and constexprs that ran in snapshot DIR (its launch records, "
+                   "or the Triton launches `replay record` recorded).")
 @click.option("--arch", "archs", default="sm_90", show_default=True, metavar="sm_80,sm_89,...",
               help="CUDA targets to compile for, comma-separated.")
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True,
@@ -58,6 +59,7 @@ def command(targets: tuple[str, ...], snapshot: Path | None, archs: str, dtype: 
       replay ptx                                   # every registered op, sm_90
       replay ptx q6k_gemv kv_scatter --arch sm_80,sm_89,sm_90
       replay ptx --snapshot snapshots/prefill_001 --arch sm_90
+      replay ptx --snapshot snapshots/serve_001 --code .      # a program recorded by `replay record`
       replay ptx build/gemv.ptx --row-axis y --variant batched --json -
 
     Compiling takes seconds a kernel on a CPU core, spread over the cores; Triton's cache

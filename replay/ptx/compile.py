@@ -35,6 +35,7 @@ class CompileJob:
     constexprs: tuple[tuple[str, Any], ...]
     arch: int
     options: tuple[tuple[str, int], ...] = ()
+    dtypes: tuple[str, ...] = ()  # the constexprs that are Triton dtypes, given by name ("fp16")
 
     @classmethod
     def from_launch(cls, launch: Mapping[str, Any], arch: int) -> CompileJob | None:
@@ -47,7 +48,12 @@ class CompileJob:
         if not all(isinstance(value, (bool, int, float, str)) for _, value in constexprs):
             return None  # a value a recording could not have compiled with: not a record this reads
         options = tuple((name, launch[name]) for name in _OPTIONS if isinstance(launch.get(name), int))
-        return cls(launch["module"], str(launch["kernel"]), tuple(signature.items()), constexprs, arch, options)
+        dtypes = launch.get("dtypes", [])
+        if not isinstance(dtypes, list) or not all(isinstance(value, str) for name, value in constexprs
+                                                   if name in dtypes):
+            return None
+        return cls(launch["module"], str(launch["kernel"]), tuple(signature.items()), constexprs, arch, options,
+                   tuple(name for name, _ in constexprs if name in dtypes))
 
     def param_names(self) -> list[str]:
         """The kernel's runtime arguments in order: PTX calls them <kernel>_param_0, _param_1, ..."""
@@ -75,7 +81,8 @@ def compile_jobs(jobs: list[CompileJob], timeout: float | None = None, workers: 
 
 def _compile_in_child(jobs: list[CompileJob], timeout: float | None) -> list[Compiled]:
     payload = json.dumps([{"module": j.module, "kernel": j.kernel, "signature": dict(j.signature),
-                           "constexprs": dict(j.constexprs), "arch": j.arch, "options": dict(j.options)} for j in jobs])
+                           "constexprs": dict(j.constexprs), "arch": j.arch, "options": dict(j.options),
+                           "dtypes": list(j.dtypes)} for j in jobs])
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": os.environ.get(
         "TRITON_DEFAULT_FP_FUSION", "1"), "PYTHONPATH": os.pathsep.join(sys.path)}
     # -c, with its working directory taken off the path: only what the parent resolved is imported
@@ -97,12 +104,17 @@ def _compile_in_child(jobs: list[CompileJob], timeout: float | None) -> list[Com
 
 def _compile(job: dict[str, Any]) -> dict[str, str]:
     import triton
+    import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     try:
-        fn = getattr(importlib.import_module(job["module"]), job["kernel"])
-        source = ASTSource(fn=fn, signature=job["signature"], constexprs=job["constexprs"])
+        from replay.triton_launches.kernels import unwrap
+
+        fn = unwrap(getattr(importlib.import_module(job["module"]), job["kernel"]))  # inside autotune, heuristics
+        constexprs = {name: tl.dtype(value) if name in job.get("dtypes", ()) else value
+                      for name, value in job["constexprs"].items()}
+        source = ASTSource(fn=fn, signature=job["signature"], constexprs=constexprs)
         compiled = triton.compile(source, target=GPUTarget("cuda", job["arch"], 32), options=job["options"])
         binary = compiled.asm.get("cubin", b"")
         return {"ptx": compiled.asm["ptx"], "registers": cubin.registers(binary), "stack": cubin.stack_bytes(binary),

@@ -1,0 +1,48 @@
+"""`replay ptx --snapshot` on a recording of Triton launches (`replay record`'s calls): each
+kernel compiled again for a CUDA target from the call alone (its arguments' types, its
+constexprs, a dtype among them by name, the autotune config chosen), and its pointer parameters
+named as the arguments it reads and writes. No GPU: Triton compiles PTX on the CPU."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import triton.language as tl
+from click.testing import CliRunner
+
+import replay
+from replay.cli import main
+
+import door_kernels as k
+
+
+def test_recorded_launches_compile_again_with_their_types_constexprs_and_config(tmp_path: Path) -> None:
+    x = torch.linspace(-2, 2, 40)
+    with replay.recording(tmp_path / "snap"):
+        k.cast_kernel[(3,)](x, torch.empty(40, dtype=torch.float16), 40, OUT_DTYPE=tl.float16, BLOCK=16)
+        k.tuned_kernel[(2,)](x, torch.empty_like(x), 40)
+    done = CliRunner().invoke(main, ["ptx", "--snapshot", str(tmp_path / "snap"), "--provider", "door_kernels",
+                                     "--json", "-"])
+    assert done.exit_code == 0, done.output
+    kernels = {kernel["name"]: kernel for kernel in json.loads(done.stdout)["kernels"]}
+    assert set(kernels) == {"cast_kernel", "tuned_kernel"}
+    cast, tuned = kernels["cast_kernel"], kernels["tuned_kernel"]
+    assert cast["constexprs"] == {"OUT_DTYPE": "fp16", "BLOCK": 16} and tuned["constexprs"] == {"BLOCK": 16}
+    assert (cast["params_read"], cast["params_written"]) == (["x_ptr"], ["out_ptr"])
+    assert "cvt.rn.f16.f32" in open_ptx(tmp_path / "snap", "cast_kernel")  # compiled to store halves
+
+
+def open_ptx(snapshot: Path, kernel: str) -> str:
+    """The PTX `replay ptx` compiled for `kernel`, through the function the command uses."""
+    from replay.ptx.sources import snapshot_ptx
+
+    (source,) = [s for s in snapshot_ptx(snapshot, [90], ["door_kernels"]) if f".entry {kernel}" in s.text]
+    return source.text
+
+
+def test_a_kernel_the_trust_rule_does_not_name_is_not_compiled(tmp_path: Path) -> None:
+    with replay.recording(tmp_path / "snap"):
+        k.tuned_kernel[(2,)](torch.zeros(8), torch.empty(8), 8)
+    done = CliRunner().invoke(main, ["ptx", "--snapshot", str(tmp_path / "snap")])
+    assert done.exit_code == 2 and "provider module 'door_kernels' is not trusted" in done.output
