@@ -158,6 +158,10 @@ def test_the_command_says_which_file_and_line_is_malformed(tmp_path: Path) -> No
     assert result.exit_code == 2 and result.stderr.strip() == f"replay: error: {bad}:3: missing ';' after 'ret'"
     missing = CliRunner().invoke(main, ["ptx", str(tmp_path / "none.ptx")])
     assert missing.exit_code == 2 and "none.ptx: unreadable" in missing.stderr
+    source = tmp_path / "kernels.py"  # a kernel's Python source is not what this reads
+    source.write_text("import triton\n")
+    python = CliRunner().invoke(main, ["ptx", str(source)])
+    assert python.exit_code == 2 and f"{source} is Python, not PTX" in python.stderr and "--snapshot" in python.stderr
 
 
 @settings(max_examples=150, deadline=None)

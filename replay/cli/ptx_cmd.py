@@ -68,6 +68,11 @@ def command(targets: tuple[str, ...], snapshot: Path | None, archs: str, dtype: 
     """
     files = [Path(t) for t in targets if t.endswith(".ptx") or Path(t).is_file()]
     op_names = [t for t in targets if not (t.endswith(".ptx") or Path(t).is_file())]
+    python = [str(path) for path in files if path.suffix == ".py"]
+    if python:
+        raise click.BadParameter(f"{python[0]} is Python, not PTX: check the kernels a program ran with "
+                                 "`replay record -- python PROG.py` and then --snapshot DIR, or name a registered op",
+                                 param_hint="FILE")
     if variant is not None and row_axis is None:
         raise click.BadParameter("needs --row-axis, the axis the rule is about", param_hint="--variant")
     targets_archs = cuda_targets(archs, "--arch")
