@@ -14,7 +14,8 @@ from replay.kernel_rules import KernelRules
 from replay.ptx.compile import CompileJob, compile_jobs
 from replay.code import KernelCode
 from replay.registry import REFERENCE, SINGLE, Op, get_op
-from replay.snapshot import CallRecord, Snapshot
+from replay.snapshot import Snapshot
+from replay.triton_launches.launch_record import launch_record
 
 BATCH_ROWS = 5  # rows a batched variant's example gets: more than one program's worth in every kernel here
 
@@ -73,7 +74,7 @@ def snapshot_ptx(path: Path, archs: Iterable[int], providers: Iterable[str] = ()
         op = _registered(entry.op, call.provider, code)
         where = f"{path}: call {entry.index} ({entry.op} {entry.variant})"
         given = frozenset(a["name"] for a in call.args if "tensor" in a or a.get("json") is not None)
-        records = call.launch if call.triton is None else _launch_of_triton_call(call)
+        records = call.launch if call.triton is None else [launch_record(call)]
         for record in records:
             if isinstance(record.get("module"), str):
                 code.trust.check(record["module"], f"{path}: call {entry.index}")
@@ -84,28 +85,6 @@ def snapshot_ptx(path: Path, archs: Iterable[int], providers: Iterable[str] = ()
                           "record with kernels/launch.py's run, or pass record_launch(module=, signature=); "
                           "a Triton launch `replay record` made says it, unless its kernel was generated)")
     return found
-
-
-def _launch_of_triton_call(call: CallRecord) -> list[dict[str, Any]]:
-    """A recorded Triton launch (`replay record`'s call) as the launch record that compiles its
-    kernel again: Triton's signature of its recorded arguments, its constexprs' values (a dtype by
-    its name, made again in the compiling child), warps and stages from its options or the
-    autotune config chosen; each pointer bound to the argument of its name. None for a kernel
-    generated while the program ran (torch.compile's): its module cannot be imported."""
-    from triton.runtime.jit import mangle_type
-
-    launch = call.triton or {}
-    if launch.get("generated") or not call.provider:
-        return []
-    constexprs = set(launch.get("constexprs", ()))
-    arguments = call.arguments()
-    signature = {name: "constexpr" if name in constexprs else mangle_type(value) for name, value in arguments.items()}
-    chosen = {**dict(launch.get("autotune") or {}), **dict(launch.get("options") or {})}
-    return [{**{name: arguments[name] for name in constexprs if name in arguments},
-             **{name: chosen[name] for name in ("num_warps", "num_stages") if name in chosen},
-             "module": call.provider, "kernel": launch.get("qualname"), "signature": signature,
-             "dtypes": sorted(dict(launch.get("dtypes") or {})), "grid": launch.get("grid"),
-             "binds": {name: name for name, value in arguments.items() if isinstance(value, torch.Tensor)}}]
 
 
 def op_ptx(ops: Iterable[Op], archs: Iterable[int], dtype: torch.dtype, device: str) -> list[PtxSource]:

@@ -13,6 +13,7 @@ from replay.errors import ReplayError
 from replay.summary import key_params
 from replay.snapshot import Snapshot
 from replay.snapshot.reader import CallEntry
+from replay.triton_launches.launch_record import launch_record
 
 LAUNCH_FIELDS = ("kernel", "grid", "num_warps", "num_stages", "registers", "shared", "stack", "path", "hash",
                  "binds", "resources_from")
@@ -57,7 +58,8 @@ def build_timeline(snapshot: Snapshot, wanted: Callable[[CallEntry], bool] = lam
             continue
         calls.append(TimelineCall(entry.index, entry.op, entry.variant, scope, _number(meta.get("start_s")),
                                   _number(meta.get("duration_s")), key_params(record.arguments()),
-                                  [launch_summary(launch) for launch in record.launch]))
+                                  [launch_summary(launch) for launch in
+                                   (record.launch if record.triton is None else [launch_record(record)])]))
     return calls
 
 

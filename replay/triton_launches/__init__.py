@@ -5,4 +5,5 @@
     kernels.py    what a kernel is: its module, name, parameters, constexprs and source
     writes.py     which pointer parameters a kernel writes through, read from its source
     relaunch.py   a recorded launch as an op: the kernel found in trusted code and launched again
+    launch_record.py  a recorded launch as a launch record: what `replay ptx` compiles and `replay trace` shows
 """

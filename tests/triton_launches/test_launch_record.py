@@ -1,7 +1,9 @@
-"""`replay ptx --snapshot` on a recording of Triton launches (`replay record`'s calls): each
-kernel compiled again for a CUDA target from the call alone (its arguments' types, its
-constexprs, a dtype among them by name, the autotune config chosen), and its pointer parameters
-named as the arguments it reads and writes. No GPU: Triton compiles PTX on the CPU."""
+"""A recording of Triton launches (`replay record`'s calls) read as launch records
+(replay/triton_launches/launch_record.py): `replay ptx --snapshot` compiles each kernel again for a
+CUDA target from the call alone (its arguments' types, its constexprs, a dtype among them by name,
+the autotune config chosen) and names the arguments it reads and writes; `replay trace` shows each
+launch's kernel, grid and warps, and with --resources its registers. No GPU: Triton compiles PTX
+on the CPU."""
 from __future__ import annotations
 
 import json
@@ -46,3 +48,17 @@ def test_a_kernel_the_trust_rule_does_not_name_is_not_compiled(tmp_path: Path) -
         k.tuned_kernel[(2,)](torch.zeros(8), torch.empty(8), 8)
     done = CliRunner().invoke(main, ["ptx", "--snapshot", str(tmp_path / "snap")])
     assert done.exit_code == 2 and "provider module 'door_kernels' is not trusted" in done.output
+
+
+def test_the_trace_shows_each_launch_and_its_resources_compiled_for_a_target(tmp_path: Path) -> None:
+    x = torch.linspace(-2, 2, 40)
+    with replay.recording(tmp_path / "snap"):
+        k.tuned_kernel[(3,)](x, torch.empty_like(x), 40)
+    done = CliRunner().invoke(main, ["trace", str(tmp_path / "snap"), "--resources", "sm_90",
+                                     "--provider", "door_kernels", "--json", "-"])
+    assert done.exit_code == 0, done.output
+    (call,) = json.loads(done.stdout)["calls"]
+    (launch,) = call["launches"]
+    assert (launch["kernel"], launch["grid"], launch["num_warps"], launch["constexprs"]) == \
+        ("tuned_kernel", [3], 4, {"BLOCK": 16})  # warps: the autotune config's
+    assert launch["registers"] > 0 and launch["resources_from"] == "compiled for sm_90 (no GPU)"
