@@ -83,7 +83,8 @@ def snapshot_ptx(path: Path, archs: Iterable[int], providers: Iterable[str] = ()
     if not found:
         raise ReplayError(f"{path}: no launch record says how to compile its kernel (module and signature: "
                           "record with kernels/launch.py's run, or pass record_launch(module=, signature=); "
-                          "a Triton launch `replay record` made says it, unless its kernel was generated)")
+                          "a Triton launch `replay record` made says it, unless its kernel was generated, or "
+                          "defined in the program's own script: move it into a module the script imports)")
     return found
 
 

@@ -4,8 +4,8 @@ again and `replay trace` shows. Triton's signature comes again from the recorded
 constexprs' values from them too (a dtype by its name, listed in `dtypes`), warps and stages from
 what the launch ran with (the compiled kernel's details where a GPU reported them, else the
 options or the autotune config chosen), and each pointer parameter binds the argument of its
-name. A kernel generated while the program ran (torch.compile's) has no `module`: no import
-finds it, so it is shown and never compiled again."""
+name. A kernel generated while the program ran (torch.compile's) or defined in the program's own
+script (`__main__`) has no `module`: no import finds it, so it is shown and never compiled again."""
 from __future__ import annotations
 
 from typing import Any
@@ -33,6 +33,6 @@ def launch_record(call: CallRecord) -> dict[str, Any]:
                              for name, value in arguments.items()},
                   dtypes=sorted(dict(launch.get("dtypes") or {})),
                   binds={name: name for name, value in arguments.items() if isinstance(value, torch.Tensor)})
-    if call.provider and not launch.get("generated"):
+    if call.provider and call.provider != "__main__" and not launch.get("generated"):
         record["module"] = call.provider
     return record

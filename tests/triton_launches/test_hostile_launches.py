@@ -62,3 +62,5 @@ def test_a_kernel_in_the_programs_own_script_is_untestable_and_says_why(tmp_path
     assert shell("replay record -o snap -- python script.py", tmp_path).returncode == 0
     done = shell("replay run snap", tmp_path)
     assert done.returncode == 125 and "defined in the recorded program's own script" in " ".join(done.stdout.split())
+    compiled = shell("replay ptx --snapshot snap --code .", tmp_path)  # never `import __main__`: it is no module
+    assert compiled.returncode == 2 and "defined in the program's own script" in " ".join(compiled.stderr.split())
