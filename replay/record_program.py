@@ -41,19 +41,41 @@ class RecordedProgram:
 
 
 def default_snapshot(command: list[str], root: Path = Path("snapshots")) -> Path:
-    """snapshots/<program>_NNN, the first number not taken: `pkg.mod` for `python -m pkg.mod`, `prog`
-    for the first script the command names (a .py or a file: `python -u prog.py`, `torchrun
-    --nproc-per-node 2 train.py`), else the command's own name (`python -c CODE`: python), in
-    characters a folder's name may hold anywhere."""
-    module = command[command.index("-m") + 1] if "-m" in command[:-1] else None
-    script = next((Path(word).stem for word in command[1:] if word.endswith(".py") or Path(word).is_file()), None)
-    named = module or script or Path(command[0]).name
-    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", named).strip("._-") or "program"
+    """snapshots/<program>_NNN, the first number not taken, <program> in characters a folder's name
+    may hold anywhere (_program_name)."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", _program_name(command)).strip("._-") or "program"
     for number in range(1, 10_000):
         candidate = root / f"{stem}_{number:03d}"
         if not candidate.exists():
             return candidate
     raise ReplayError(f"{root}: {stem}_001 to {stem}_9999 are all taken; give -o DIR")
+
+
+def _program_name(command: list[str]) -> str:
+    """What a command runs: for Python, `pkg.mod` of `-m pkg.mod`, `prog` of its script (`python -X
+    dev prog.py`), or `python` for `-c CODE`; for any other command (`torchrun --nproc-per-node 2
+    train.py`, `./serve.py`), the first .py script it names, else the module after its `-m`, else
+    its own name."""
+    first = Path(command[0])
+    if first.name.startswith("python"):
+        words = iter(command[1:])
+        for word in words:
+            if word == "-m":
+                return next(words, first.name)
+            if word == "-c":
+                return first.name
+            if word in _VALUED_OPTIONS:
+                next(words, None)
+            elif not word.startswith("-"):
+                return Path(word).stem
+        return first.name
+    script = next((word for word in command if word.endswith(".py")), None)
+    if script is not None:
+        return Path(script).stem
+    return command[command.index("-m") + 1] if "-m" in command[:-1] else first.name
+
+
+_VALUED_OPTIONS = ("-X", "-W", "--check-hash-based-pycs")  # the interpreter's options that take a value
 
 
 def record_program(command: list[str], snapshot: Path, environment: dict[str, str]) -> RecordedProgram:

@@ -110,6 +110,9 @@ def test_sigusr1_sent_to_replay_record_makes_the_flight_recording_write_and_the_
     (["torchrun", "--nproc-per-node", "2", "train.py"], "train_001"),
     (["python", "-c", "import torch\nprint(torch.ones(2))"], "python_001"),  # the code is no folder's name
     (["./run me.sh"], "run_me.sh_001"),
+    (["./serve.py", "--port", "8"], "serve_001"),
+    (["python", "-X", "dev", "serve.py", "-m", "big"], "serve_001"),  # -X's value; the script's own -m
+    (["accelerate", "launch", "--config_file", "cfg.yaml", "train.py"], "train_001"),
 ])
 def test_the_default_snapshot_is_named_after_the_program(tmp_path: Path, command: list[str], name: str) -> None:
     assert default_snapshot(command, tmp_path) == tmp_path / name

@@ -21,8 +21,10 @@ DTYPES = ("float32", "bfloat16", "float16")
 @click.command("ptx")
 @click.argument("targets", nargs=-1, metavar="[OP ...] [FILE.ptx ...]")
 @click.option("--snapshot", type=click.Path(path_type=Path), metavar="DIR",
-              help="Compile exactly the Triton kernels and constexprs that ran in snapshot DIR (its launch records, "
-                   "or the Triton launches `replay record` recorded).")
+              help="Compile the Triton kernels that ran in snapshot DIR with their recorded constexprs and argument "
+                   "types (its launch records, or the Triton launches `replay record` recorded); the "
+                   "specialisations a launch makes of values (an int divisible by 16, or equal to 1) are not "
+                   "applied.")
 @click.option("--arch", "archs", default="sm_90", show_default=True, metavar="sm_80,sm_89,...",
               help="CUDA targets to compile for, comma-separated.")
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True,
@@ -49,7 +51,7 @@ def command(targets: tuple[str, ...], snapshot: Path | None, archs: str, dtype: 
     What is checked:
       OP ...        the kernels each op's single and batched variants launch on its registered
                     examples (Op.example), compiled for each --arch; no OP and no FILE: every op
-      --snapshot    exactly the kernels and constexprs a recording ran
+      --snapshot    the kernels and constexprs a recording ran
       FILE.ptx      PTX from any compiler (nvcc, Triton's cache, by hand)
     An op's rules come from its registration (replay.KernelRules); an op's batched and single
     kernels are then listed side by side where they differ.

@@ -44,10 +44,13 @@ class CallDiff:
 
     def of_values(self) -> list[dict[str, Any]]:
         """Its differences of values: all of them, but where its inputs differ only in how many rows
-        they hold (a batch of 1 against one of 8), only those in the rows both hold: the rest (a
-        cache the larger batch filled more of, a row count passed as a scalar) is size."""
+        they hold (a batch of 1 against one of 8), those in the rows both hold and its inputs'
+        (`in/`: carried in, so knock-on): its state, scalars and outputs of one shape in both (a
+        row count passed as a scalar, a cache the larger batch filled more of; a sum over the
+        rows too, which a batch of another size must change) are size."""
         if any(d.get("rows_only") for d in self.differences if _is_input(d)):
-            return [d for d in self.differences if d.get("row_counts") and not d.get("rows_only")]
+            return [d for d in self.differences if not d.get("rows_only") and
+                    (d.get("row_counts") or d["tensor"].startswith("in/"))]
         return list(self.differences)
 
     def to_json(self) -> dict[str, Any]:

@@ -44,8 +44,10 @@ class CompileJob:
         if not isinstance(signature, dict) or not isinstance(launch.get("module"), str) or \
                 not isinstance(launch.get("kernel"), str) or not all(isinstance(k, str) for k in signature.values()):
             return None
-        constexprs = tuple((name, launch.get(name)) for name, kind in signature.items() if kind == "constexpr")
-        if not all(isinstance(value, (bool, int, float, str)) for _, value in constexprs):
+        nested = launch.get("constexprs")  # a recorded Triton launch's (launch_record.py); else at the top level
+        values = nested if isinstance(nested, dict) else launch
+        constexprs = tuple((name, values.get(name)) for name, kind in signature.items() if kind == "constexpr")
+        if not all(value is None or isinstance(value, (bool, int, float, str)) for _, value in constexprs):
             return None  # a value a recording could not have compiled with: not a record this reads
         options = tuple((name, launch[name]) for name in _OPTIONS if isinstance(launch.get(name), int))
         dtypes = launch.get("dtypes", [])
@@ -54,6 +56,11 @@ class CompileJob:
             return None
         return cls(launch["module"], str(launch["kernel"]), tuple(signature.items()), constexprs, arch, options,
                    tuple(name for name, _ in constexprs if name in dtypes))
+
+    @property
+    def entry(self) -> str:
+        """The kernel's name in PTX: its function's own (`Kernels.rope` is `rope` there)."""
+        return self.kernel.rpartition(".")[2]
 
     def param_names(self) -> list[str]:
         """The kernel's runtime arguments in order: PTX calls them <kernel>_param_0, _param_1, ..."""
@@ -111,7 +118,10 @@ def _compile(job: dict[str, Any]) -> dict[str, str]:
     try:
         from replay.triton_launches.kernels import unwrap
 
-        fn = unwrap(getattr(importlib.import_module(job["module"]), job["kernel"]))  # inside autotune, heuristics
+        fn = importlib.import_module(job["module"])
+        for part in job["kernel"].split("."):  # a kernel on a class: its qualified name, walked
+            fn = getattr(fn, part)
+        fn = unwrap(fn)  # inside autotune, heuristics
         constexprs = {name: tl.dtype(value) if name in job.get("dtypes", ()) else value
                       for name, value in job["constexprs"].items()}
         source = ASTSource(fn=fn, signature=job["signature"], constexprs=constexprs)

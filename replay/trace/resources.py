@@ -16,8 +16,7 @@ def fill_resources(calls: Iterable[TimelineCall], arch: int, trust: ProviderTrus
     pending = []
     for call in calls:
         for launch in call.launches:
-            record = {**launch, **launch.get("constexprs", {})}
-            job = CompileJob.from_launch(record, arch) if launch.get("registers") is None else None
+            job = CompileJob.from_launch(launch, arch) if launch.get("registers") is None else None
             if job is not None:
                 trust.check(job.module, f"call {call.index}")
                 pending.append((launch, job))

@@ -64,13 +64,16 @@ def build_timeline(snapshot: Snapshot, wanted: Callable[[CallEntry], bool] = lam
 
 
 def launch_summary(launch: dict[str, Any]) -> dict[str, Any]:
-    """What a timeline shows of a launch record: its fields above, and its block sizes (the
-    upper-case constexprs kernels/launch.py records)."""
+    """What a timeline shows of a launch record: its fields above, and its constexprs (those its
+    signature names, and the upper-case ones kernels/launch.py records: block sizes)."""
     summary = {key: launch[key] for key in LAUNCH_FIELDS if key in launch}
-    constexprs = {key: value for key, value in launch.items() if key.isupper()}
+    kinds = signature if isinstance(signature := launch.get("signature"), dict) else {}
+    nested = launch.get("constexprs")  # a recorded Triton launch's (triton_launches/launch_record.py)
+    constexprs = dict(nested) if isinstance(nested, dict) else \
+        {key: value for key, value in launch.items() if key.isupper() or kinds.get(key) == "constexpr"}
     if constexprs:
         summary["constexprs"] = constexprs
-    for key in ("module", "signature"):  # what compiling it again needs (--resources)
+    for key in ("module", "signature", "dtypes"):  # what compiling it again needs (--resources)
         if key in launch:
             summary[key] = launch[key]
     return summary

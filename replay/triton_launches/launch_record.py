@@ -4,8 +4,10 @@ again and `replay trace` shows. Triton's signature comes again from the recorded
 constexprs' values from them too (a dtype by its name, listed in `dtypes`), warps and stages from
 what the launch ran with (the compiled kernel's details where a GPU reported them, else the
 options or the autotune config chosen), and each pointer parameter binds the argument of its
-name. A kernel generated while the program ran (torch.compile's) or defined in the program's own
-script (`__main__`) has no `module`: no import finds it, so it is shown and never compiled again."""
+name. A kernel generated while the program ran (torch.compile's), defined in the program's own
+script (`__main__`) or made in a function has no `module`: no import finds it, so it is shown and
+never compiled again. Its constexprs' values are under `constexprs` (a record of `replay.launch`
+keeps them at its top level)."""
 from __future__ import annotations
 
 from typing import Any
@@ -26,13 +28,16 @@ def launch_record(call: CallRecord) -> dict[str, Any]:
     arguments = call.arguments()
     ran = {**dict(launch.get("autotune") or {}), **dict(launch.get("options") or {}),
            **dict(launch.get("compiled") or {})}
-    record: dict[str, Any] = {name: arguments[name] for name in constexprs if name in arguments}
-    record.update({name: ran[name] for name in _COMPILED if name in ran})
-    record.update(kernel=launch.get("qualname"), grid=launch.get("grid"),
+    qualname = str(launch.get("qualname", ""))
+    record: dict[str, Any] = {name: ran[name] for name in _COMPILED if name in ran}
+    record.update(kernel=qualname, grid=launch.get("grid"),
                   signature={name: "constexpr" if name in constexprs else mangle_type(value)
                              for name, value in arguments.items()},
+                  # apart from the record's own keys: a kernel may call a constexpr `kernel` or `binds`
+                  constexprs={name: arguments[name] for name in constexprs if name in arguments},
                   dtypes=sorted(dict(launch.get("dtypes") or {})),
                   binds={name: name for name, value in arguments.items() if isinstance(value, torch.Tensor)})
-    if call.provider and call.provider != "__main__" and not launch.get("generated"):
+    importable = "<locals>" not in qualname and not launch.get("generated")  # a kernel made in a function
+    if call.provider and call.provider != "__main__" and importable:
         record["module"] = call.provider
     return record

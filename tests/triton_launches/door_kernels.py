@@ -78,3 +78,42 @@ def tuned_heuristic_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr, EVEN: tl.cons
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
     tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask) - 1, mask=mask)
+
+
+@triton.jit
+def odd_names_kernel(x_ptr, out_ptr, scale, kernel: tl.constexpr, binds: tl.constexpr, block: tl.constexpr):
+    """Constexprs named like a launch record's own keys, lower-case; `scale` may be None."""
+    offs = tl.arange(0, block)
+    y = tl.load(x_ptr + offs) * kernel + binds
+    if scale is not None:
+        y = y * scale
+    tl.store(out_ptr + offs, y)
+
+
+class Kernels:
+    """A kernel kept on a class: its qualified name has a dot."""
+
+    @staticmethod
+    @triton.jit
+    def nested(x_ptr, out_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs) - 1)
+
+
+def made_in_a_function():
+    """A kernel made each time this runs: no import finds it by its qualified name."""
+    @triton.jit
+    def local_kernel(x_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs) * 3)
+    return local_kernel
+
+
+@triton.jit
+def scaled_rows_kernel(x_ptr, w_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+    """Each row of x times w (one program a row)."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask)
+    tl.store(out_ptr + row * n_cols + cols, x * tl.load(w_ptr + cols, mask=mask), mask=mask)

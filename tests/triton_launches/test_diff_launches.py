@@ -80,3 +80,20 @@ def test_a_batch_of_one_against_one_of_eight_compares_the_rows_both_hold(tmp_pat
     assert (first["position"], first["tensor"], first["row_counts"]) == (0, "out/out_ptr", [1, 8])
     assert first["comparison"]["bad_rows"] == [0] and first["comparison"]["first_index"] == [0, 3]
     assert "out/out_ptr: A has 1 rows, B 8; the 1 both hold differ: 1/4 elements" in shown
+
+
+def test_an_input_of_one_shape_that_differs_beside_a_batch_of_another_size_is_carried_in(tmp_path: Path,
+                                                                                         device: str) -> None:
+    x = torch.arange(32.0, device=device).view(8, 4)
+    w = torch.ones(4, device=device)
+
+    def record_rows(path: Path, rows: int, weight: torch.Tensor) -> None:
+        with replay.recording(path):
+            k.scaled_rows_kernel[(rows,)](x[:rows], weight, torch.empty_like(x[:rows]), 4, BLOCK=4)
+
+    record_rows(tmp_path / "one", 1, w)
+    record_rows(tmp_path / "eight", 8, w * 2)  # the weight differs: every row's output follows it
+    code, report, shown = diff(tmp_path / "one", tmp_path / "eight")
+    first = report["first_divergence"]
+    assert code == 1 and report["calls"][0]["knock_on"]  # what differs came in with the weight
+    assert first["tensor"] == "in/w_ptr" and first["comparison"]["mismatches"] == 4

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import triton.language as tl
 from click.testing import CliRunner
@@ -19,7 +20,11 @@ from replay.cli import main
 import door_kernels as k
 
 
-def test_recorded_launches_compile_again_with_their_types_constexprs_and_config(tmp_path: Path) -> None:
+def test_recorded_launches_compile_again_with_their_types_constexprs_and_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a cache of its own: Triton keys "fp16" and tl.float16 alike, so a cached kernel would hide a
+    # dtype compiled from its name
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     x = torch.linspace(-2, 2, 40)
     with replay.recording(tmp_path / "snap"):
         k.cast_kernel[(3,)](x, torch.empty(40, dtype=torch.float16), 40, OUT_DTYPE=tl.float16, BLOCK=16)
@@ -50,15 +55,32 @@ def test_a_kernel_the_trust_rule_does_not_name_is_not_compiled(tmp_path: Path) -
     assert done.exit_code == 2 and "provider module 'door_kernels' is not trusted" in done.output
 
 
-def test_the_trace_shows_each_launch_and_its_resources_compiled_for_a_target(tmp_path: Path) -> None:
+def test_the_trace_shows_each_launch_and_its_resources_compiled_for_a_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))  # a dtype by name would fail to compile
     x = torch.linspace(-2, 2, 40)
     with replay.recording(tmp_path / "snap"):
         k.tuned_kernel[(3,)](x, torch.empty_like(x), 40)
+        k.cast_kernel[(3,)](x, torch.empty(40, dtype=torch.float16), 40, OUT_DTYPE=tl.float16, BLOCK=16)
+        k.odd_names_kernel[(1,)](x, torch.empty_like(x), None, kernel=2, binds=3, block=16)
     done = CliRunner().invoke(main, ["trace", str(tmp_path / "snap"), "--resources", "sm_90",
                                      "--provider", "door_kernels", "--json", "-"])
     assert done.exit_code == 0, done.output
-    (call,) = json.loads(done.stdout)["calls"]
-    (launch,) = call["launches"]
-    assert (launch["kernel"], launch["grid"], launch["num_warps"], launch["constexprs"]) == \
+    tuned, cast, odd = [call["launches"][0] for call in json.loads(done.stdout)["calls"]]
+    assert (tuned["kernel"], tuned["grid"], tuned["num_warps"], tuned["constexprs"]) == \
         ("tuned_kernel", [3], 4, {"BLOCK": 16})  # warps: the autotune config's
-    assert launch["registers"] > 0 and launch["resources_from"] == "compiled for sm_90 (no GPU)"
+    assert odd["constexprs"] == {"kernel": 2, "binds": 3, "block": 16} and odd["kernel"] == "odd_names_kernel"
+    for launch in (tuned, cast, odd):
+        assert launch["registers"] > 0 and launch["resources_from"] == "compiled for sm_90 (no GPU)"
+
+
+def test_kernels_on_a_class_or_made_in_a_function_are_compiled_where_an_import_finds_them(tmp_path: Path) -> None:
+    x = torch.arange(16.0)
+    with replay.recording(tmp_path / "snap"):
+        k.Kernels.nested[(1,)](x, torch.empty_like(x), BLOCK=16)
+        k.made_in_a_function()[(1,)](x.clone(), BLOCK=16)
+    done = CliRunner().invoke(main, ["ptx", "--snapshot", str(tmp_path / "snap"), "--provider", "door_kernels",
+                                     "--json", "-"])
+    assert done.exit_code == 0, done.output
+    (nested,) = json.loads(done.stdout)["kernels"]  # the one made in a function: shown by trace, not compiled
+    assert nested["name"] == "nested" and nested["params_read"] == ["x_ptr"] and nested["params_written"] == ["out_ptr"]
