@@ -15,6 +15,7 @@ from replay.cli import main
 from replay.errors import RegistryError
 from replay.kernel_rules import KernelRules
 from replay.ptx import PTXError, analyse, parse
+from replay.ptx.compile import CompileJob
 from replay.ptx.cubin import registers, stack_bytes
 from replay.ptx.rules import op_rule_findings
 
@@ -199,7 +200,7 @@ def test_a_compile_that_runs_out_of_time_is_a_clear_error(monkeypatch: pytest.Mo
     import subprocess
 
     from replay.errors import ReplayError
-    from replay.ptx.compile import CompileJob, compile_jobs
+    from replay.ptx.compile import compile_jobs
 
     def too_slow(*args: object, **kwargs: object) -> None:
         raise subprocess.TimeoutExpired("python", 5)
@@ -207,3 +208,13 @@ def test_a_compile_that_runs_out_of_time_is_a_clear_error(monkeypatch: pytest.Mo
     job = CompileJob("replay_kernels.rmsnorm", "_rmsnorm_rows_kernel", (("x_ptr", "*fp32"),), (), 90)
     with pytest.raises(ReplayError, match=r"compiling 1 kernel\(s\) for PTX took more than 5 s"):
         compile_jobs([job], timeout=5)
+
+
+def test_a_launch_record_compiles_only_with_every_constexpr_value_it_names() -> None:
+    record = {"module": "m", "kernel": "k", "signature": {"x_ptr": "*fp32", "BLOCK": "constexpr", "scale": "constexpr"},
+              "BLOCK": 32}  # replay.launch keeps no float: `scale`'s value is not there
+    assert CompileJob.from_launch(record, 90) is None  # never compiled with a None it did not run with
+    job = CompileJob.from_launch({**record, "scale": None}, 90)  # a None argument: a constexpr Triton compiles
+    assert job is not None and dict(job.constexprs) == {"BLOCK": 32, "scale": None}
+    nested = CompileJob.from_launch({**record, "constexprs": {"BLOCK": 16, "scale": 2}}, 90)  # launch_record.py's
+    assert nested is not None and dict(nested.constexprs) == {"BLOCK": 16, "scale": 2}

@@ -46,7 +46,10 @@ class CompileJob:
             return None
         nested = launch.get("constexprs")  # a recorded Triton launch's (launch_record.py); else at the top level
         values = nested if isinstance(nested, dict) else launch
-        constexprs = tuple((name, values.get(name)) for name, kind in signature.items() if kind == "constexpr")
+        names = [name for name, kind in signature.items() if kind == "constexpr"]
+        if any(name not in values for name in names):
+            return None  # a value the record does not hold (replay.launch keeps no float's): not compiled
+        constexprs = tuple((name, values[name]) for name in names)
         if not all(value is None or isinstance(value, (bool, int, float, str)) for _, value in constexprs):
             return None  # a value a recording could not have compiled with: not a record this reads
         options = tuple((name, launch[name]) for name in _OPTIONS if isinstance(launch.get(name), int))

@@ -30,11 +30,11 @@ def launch_record(call: CallRecord) -> dict[str, Any]:
            **dict(launch.get("compiled") or {})}
     qualname = str(launch.get("qualname", ""))
     record: dict[str, Any] = {name: ran[name] for name in _COMPILED if name in ran}
-    record.update(kernel=qualname, grid=launch.get("grid"),
-                  signature={name: "constexpr" if name in constexprs else mangle_type(value)
-                             for name, value in arguments.items()},
-                  # apart from the record's own keys: a kernel may call a constexpr `kernel` or `binds`
-                  constexprs={name: arguments[name] for name in constexprs if name in arguments},
+    signature = {name: "constexpr" if name in constexprs else mangle_type(value) for name, value in arguments.items()}
+    record.update(kernel=qualname, grid=launch.get("grid"), signature=signature,
+                  # apart from the record's own keys: a kernel may call a constexpr `kernel` or `binds`;
+                  # a None argument is one too
+                  constexprs={name: arguments[name] for name, kind in signature.items() if kind == "constexpr"},
                   dtypes=sorted(dict(launch.get("dtypes") or {})),
                   binds={name: name for name, value in arguments.items() if isinstance(value, torch.Tensor)})
     importable = "<locals>" not in qualname and not launch.get("generated")  # a kernel made in a function

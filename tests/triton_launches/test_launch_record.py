@@ -69,7 +69,7 @@ def test_the_trace_shows_each_launch_and_its_resources_compiled_for_a_target(
     tuned, cast, odd = [call["launches"][0] for call in json.loads(done.stdout)["calls"]]
     assert (tuned["kernel"], tuned["grid"], tuned["num_warps"], tuned["constexprs"]) == \
         ("tuned_kernel", [3], 4, {"BLOCK": 16})  # warps: the autotune config's
-    assert odd["constexprs"] == {"kernel": 2, "binds": 3, "block": 16} and odd["kernel"] == "odd_names_kernel"
+    assert odd["constexprs"] == {"scale": None, "kernel": 2, "binds": 3, "block": 16} and odd["kernel"] == "odd_names_kernel"
     for launch in (tuned, cast, odd):
         assert launch["registers"] > 0 and launch["resources_from"] == "compiled for sm_90 (no GPU)"
 
