@@ -21,13 +21,14 @@ import door_kernels as k
 
 
 def test_recorded_launches_compile_again_with_their_types_constexprs_and_config(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     # a cache of its own: Triton keys "fp16" and tl.float16 alike, so a cached kernel would hide a
     # dtype compiled from its name
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    x = torch.linspace(-2, 2, 40)
+    x = torch.linspace(-2, 2, 40, device=device)
     with replay.recording(tmp_path / "snap"):
-        k.cast_kernel[(3,)](x, torch.empty(40, dtype=torch.float16), 40, OUT_DTYPE=tl.float16, BLOCK=16)
+        k.cast_kernel[(3,)](x, torch.empty(40, dtype=torch.float16, device=device), 40, OUT_DTYPE=tl.float16,
+                            BLOCK=16)
         k.tuned_kernel[(2,)](x, torch.empty_like(x), 40)
     done = CliRunner().invoke(main, ["ptx", "--snapshot", str(tmp_path / "snap"), "--provider", "door_kernels",
                                      "--json", "-"])
@@ -48,20 +49,21 @@ def open_ptx(snapshot: Path, kernel: str) -> str:
     return source.text
 
 
-def test_a_kernel_the_trust_rule_does_not_name_is_not_compiled(tmp_path: Path) -> None:
+def test_a_kernel_the_trust_rule_does_not_name_is_not_compiled(tmp_path: Path, device: str) -> None:
     with replay.recording(tmp_path / "snap"):
-        k.tuned_kernel[(2,)](torch.zeros(8), torch.empty(8), 8)
+        k.tuned_kernel[(2,)](torch.zeros(8, device=device), torch.empty(8, device=device), 8)
     done = CliRunner().invoke(main, ["ptx", "--snapshot", str(tmp_path / "snap")])
     assert done.exit_code == 2 and "provider module 'door_kernels' is not trusted" in done.output
 
 
 def test_the_trace_shows_each_launch_and_its_resources_compiled_for_a_target(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str) -> None:
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))  # a dtype by name would fail to compile
-    x = torch.linspace(-2, 2, 40)
+    x = torch.linspace(-2, 2, 40, device=device)
     with replay.recording(tmp_path / "snap"):
         k.tuned_kernel[(3,)](x, torch.empty_like(x), 40)
-        k.cast_kernel[(3,)](x, torch.empty(40, dtype=torch.float16), 40, OUT_DTYPE=tl.float16, BLOCK=16)
+        k.cast_kernel[(3,)](x, torch.empty(40, dtype=torch.float16, device=device), 40, OUT_DTYPE=tl.float16,
+                            BLOCK=16)
         k.odd_names_kernel[(1,)](x, torch.empty_like(x), None, kernel=2, binds=3, block=16)
     done = CliRunner().invoke(main, ["trace", str(tmp_path / "snap"), "--resources", "sm_90",
                                      "--provider", "door_kernels", "--json", "-"])
@@ -70,12 +72,14 @@ def test_the_trace_shows_each_launch_and_its_resources_compiled_for_a_target(
     assert (tuned["kernel"], tuned["grid"], tuned["num_warps"], tuned["constexprs"]) == \
         ("tuned_kernel", [3], 4, {"BLOCK": 16})  # warps: the autotune config's
     assert odd["constexprs"] == {"scale": None, "kernel": 2, "binds": 3, "block": 16} and odd["kernel"] == "odd_names_kernel"
-    for launch in (tuned, cast, odd):
-        assert launch["registers"] > 0 and launch["resources_from"] == "compiled for sm_90 (no GPU)"
+    for launch in (tuned, cast, odd):  # on a GPU the recording has them from the kernel it ran
+        assert launch["registers"] > 0
+        assert launch.get("resources_from") == (None if device == "cuda" else "compiled for sm_90 (no GPU)")
 
 
-def test_kernels_on_a_class_or_made_in_a_function_are_compiled_where_an_import_finds_them(tmp_path: Path) -> None:
-    x = torch.arange(16.0)
+def test_kernels_on_a_class_or_made_in_a_function_are_compiled_where_an_import_finds_them(tmp_path: Path,
+                                                                                         device: str) -> None:
+    x = torch.arange(16.0, device=device)
     with replay.recording(tmp_path / "snap"):
         k.Kernels.nested[(1,)](x, torch.empty_like(x), BLOCK=16)
         k.made_in_a_function()[(1,)](x.clone(), BLOCK=16)
