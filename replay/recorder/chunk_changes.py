@@ -40,7 +40,6 @@ CUDA tensors are tracked (DEVICES).
 from __future__ import annotations
 
 import contextlib
-import functools
 import mmap
 import threading
 import time
@@ -227,6 +226,7 @@ class PieceHistory:
     # gives the staged buffer back for reuse (DeviceBuffers): held by the _Hold alone, which lets go of it
     give_staged: InitVar[Callable[[], None]] = nothing
     _key: bytes | None = None
+    _changed_pieces: np.ndarray | None = None  # changed_pieces, once found
     # stores that compare with this one and were neither written, nor failed, nor forgotten by a flight
     # recording's ring (which keeps the bytes of a store it forgets while some are left: flight_pieces.py)
     successors: int = 0
@@ -254,13 +254,19 @@ class PieceHistory:
         """Whether each piece differs from the store before (None: there was none to compare with)."""
         return self.place.rows()[:, 2] if self.compared else None
 
-    @functools.cached_property
+    @property
     def changed_pieces(self) -> np.ndarray | None:
         """The pieces that differ from the store before, by number (None: there was none to compare
-        with): found once, for the key, the digests known and those remembered."""
+        with): found once, for the key, the digests known and those remembered. (Not a
+        cached_property: in Python 3.11 that holds one lock for every store while `changed` may
+        wait for a launch, and two writers finding the same array is harmless.)"""
         changed = self.changed
-        # compared to zero first: numpy finds the true ones of a bool array in a third of the time
-        return np.flatnonzero(changed != 0) if changed is not None else None
+        if changed is None:
+            return None
+        if self._changed_pieces is None:
+            # compared to zero first: numpy finds the true ones of a bool array in a third of the time
+            self._changed_pieces = np.flatnonzero(changed != 0)
+        return self._changed_pieces
 
     def known(self) -> Known | None:
         """The sha256 of each piece that did not change since the store before (None where it did),
