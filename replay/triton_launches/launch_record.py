@@ -21,8 +21,6 @@ _COMPILED = ("num_warps", "num_stages", "registers", "shared", "hash")
 
 def launch_record(call: CallRecord) -> dict[str, Any]:
     """The launch record of `call`, a recorded Triton launch (its `triton` field set)."""
-    from triton.runtime.jit import mangle_type
-
     launch = call.triton or {}
     constexprs = set(launch.get("constexprs", ()))
     arguments = call.arguments()
@@ -30,7 +28,7 @@ def launch_record(call: CallRecord) -> dict[str, Any]:
            **dict(launch.get("compiled") or {})}
     qualname = str(launch.get("qualname", ""))
     record: dict[str, Any] = {name: ran[name] for name in _COMPILED if name in ran}
-    signature = {name: "constexpr" if name in constexprs else mangle_type(value) for name, value in arguments.items()}
+    signature = {name: "constexpr" if name in constexprs else _triton_type(value) for name, value in arguments.items()}
     record.update(kernel=qualname, grid=launch.get("grid"), signature=signature,
                   # apart from the record's own keys: a kernel may call a constexpr `kernel` or `binds`;
                   # a None argument is one too
@@ -41,3 +39,16 @@ def launch_record(call: CallRecord) -> dict[str, Any]:
     if call.provider and call.provider != "__main__" and importable:
         record["module"] = call.provider
     return record
+
+
+def _triton_type(value: Any) -> str | None:
+    """Triton's type of an argument as it specialises one at a launch; None for a value no launch
+    passes (a snapshot is untrusted input: a string, a list, an int past 64 bits), which leaves the
+    record uncompiled (CompileJob.from_launch wants every type) and shown, never a traceback."""
+    from triton.runtime.jit import mangle_type
+
+    try:
+        kind = mangle_type(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return kind if isinstance(kind, str) else None

@@ -64,3 +64,16 @@ def test_a_kernel_in_the_programs_own_script_is_untestable_and_says_why(tmp_path
     assert done.returncode == 125 and "defined in the recorded program's own script" in " ".join(done.stdout.split())
     compiled = shell("replay ptx --snapshot snap --code .", tmp_path)  # never `import __main__`: it is no module
     assert compiled.returncode == 2 and "defined in the program's own script" in " ".join(compiled.stderr.split())
+
+
+def test_an_argument_no_launch_passes_leaves_the_launch_shown_and_uncompiled(tmp_path: Path) -> None:
+    x = torch.ones(16)
+    snap = crafted(tmp_path / "snap", "writes_cases.plain", "triton", "writes_cases",
+                   [{"name": "x_ptr", "tensor": "in/x_ptr"}, {"name": "out_ptr", "tensor": "in/out_ptr"},
+                    {"name": "n", "json": "sixteen"}, {"name": "BLOCK", "json": 16}],  # Triton takes no str
+                   {"triton": {"qualname": "plain", "grid": [1], "constexprs": ["BLOCK"]}},
+                   {"in/x_ptr": x, "in/out_ptr": x.clone(), "out/out_ptr": x * 2})
+    traced = CliRunner().invoke(main, ["trace", str(snap), "--resources", "sm_90", "--provider", "writes_cases"])
+    assert traced.exit_code == 0 and "plain" in traced.output  # shown, its registers unknown
+    compiled = CliRunner().invoke(main, ["ptx", "--snapshot", str(snap), "--provider", "writes_cases"])
+    assert compiled.exit_code == 2 and "no launch record says how to compile its kernel" in compiled.stderr
