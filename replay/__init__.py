@@ -10,8 +10,9 @@
     with replay.recording("snapshots/my_run"):
         model.prefill(tokens)
 
-REPLAY_CAPTURE=path records the whole process from import on; REPLAY_VERIFY=op1,op2@0.05
-checks a share of those ops' calls against their references (replay.verify).
+REPLAY_CAPTURE=path records the whole process, from its start where kernel-replay is installed
+(replay_autostart.py), else from import on; REPLAY_VERIFY=op1,op2@0.05 checks a share of those
+ops' calls against their references (replay.verify).
 
 On a machine with no GPU, importing replay sets TRITON_INTERPRET=1 (unless it is set), so that
 Triton kernels defined after it run in Triton's interpreter on CPU tensors.

@@ -82,3 +82,52 @@ def test_a_byte_budget_stops_a_strict_recording_without_raising(tmp_path: Path) 
                        REPLAY_CAPTURE_STRICT="1")
     assert done.returncode == 0 and done.stdout.strip() == "[3.0, 3.0, 3.0]", done.stderr
     assert len(Snapshot(tmp_path / "snap")) == 2 and "the byte budget is spent" in done.stderr
+
+
+UNCHANGED_PROGRAM = textwrap.dedent("""
+    import os, subprocess, sys
+    import torch, triton, triton.language as tl
+
+    @triton.jit
+    def double(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
+
+    x = torch.arange(8, dtype=torch.float32)
+    out = torch.empty_like(x)
+    double[(1,)](x, out, 8, BLOCK=8)
+    child = "import os, sys; print('replay' in sys.modules, os.environ.get('REPLAY_CAPTURE'))"
+    print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip())
+""")
+
+
+def test_replay_capture_records_a_program_that_never_imports_replay(tmp_path: Path) -> None:
+    """kernel_replay.pth (installed beside replay) starts the recording before the program's first
+    line: its Triton launch is a call, and the child it starts neither records nor loads replay."""
+    (tmp_path / "prog.py").write_text(UNCHANGED_PROGRAM)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # replay's import sets it here
+    done = subprocess.run([sys.executable, "prog.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**env, "REPLAY_CAPTURE": "snap"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "None"]
+    (record,) = Snapshot(tmp_path / "snap")
+    assert record.op == "__main__.double" and record.variant == "triton"
+    assert record.tensors["out/out_ptr"].tolist() == [2.0 * i for i in range(8)]
+
+
+@pytest.mark.parametrize("argv, records", [
+    (["python", "prog.py"], True),
+    (["python", "-m", "torch.distributed.run", "--nproc-per-node", "2", "prog.py"], False),
+    (["/venv/bin/python3", "/venv/bin/torchrun", "prog.py"], False),  # a console script: python runs it
+])
+def test_a_distributed_launcher_leaves_replay_capture_to_its_ranks(argv: list[str], records: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import replay_autostart
+
+    monkeypatch.setattr(sys, "orig_argv", argv)
+    monkeypatch.setenv("REPLAY_CAPTURE", "snap")
+    monkeypatch.setitem(sys.modules, "replay", None)  # an import that fails: said, not raised
+    replay_autostart.start("here")
+    assert ("REPLAY_CAPTURE" in os.environ) is not records  # taken by the process that records
+    assert ("here: could not start recording: ModuleNotFoundError" in capsys.readouterr().err) is records

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -45,7 +46,7 @@ def test_the_wheel_holds_every_package_and_no_top_level_kernels(wheel: Path) -> 
     packaged = {Path(n).parent.as_posix().replace("/", ".") for n in names if n.endswith("/__init__.py")}
     assert packaged == repository_packages()  # a package folder missing from pyproject.toml fails here
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
-    assert tops == {"replay", "replay_kernels", "replay_launcher.py"}
+    assert tops == {"replay", "replay_kernels", "replay_launcher.py", "replay_autostart.py", "kernel_replay.pth"}
     assert {"replay/py.typed", "replay/snapshot/format.schema.json", "replay/bootstrap/sitecustomize.py"} <= set(names)
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -74,3 +75,30 @@ def test_hugging_face_kernels_and_kernel_replay_import_side_by_side(wheel: Path,
     assert seen["replay"].startswith(str(target)) and seen["ours"].startswith(str(target))
     assert "rmsnorm" in seen["ops"] and seen["rmsnorm"] == "rmsnorm"
     assert "replay_kernels" in seen["providers"]
+
+
+def test_the_wheel_starts_a_recording_from_replay_capture_in_the_site_it_is_installed_in(
+        wheel: Path, tmp_path: Path) -> None:
+    """Its kernel_replay.pth, listed in its RECORD (uninstalling removes it), runs where Python
+    reads a site folder: with REPLAY_CAPTURE set, that loads replay, which starts the recording."""
+    names = zipfile.ZipFile(wheel).namelist()
+    record = next(n for n in names if n.endswith(".dist-info/RECORD"))
+    assert "kernel_replay.pth," in zipfile.ZipFile(wheel).read(record).decode()
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                           str(wheel)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    # -S: no site folder read at start (this environment's own kernel_replay.pth would start the
+    # recording first); its packages (torch) reached through PYTHONPATH, which reads no .pth
+    probe = ("import os, site, sys\n"
+             f"site.addsitedir({str(target)!r})\n"  # as the interpreter's start does for site-packages
+             "replay = sys.modules.get('replay')\n"
+             "print(replay is not None and replay.__file__, os.environ.get('REPLAY_CAPTURE'))\n")
+    packages = os.pathsep.join(p for p in sys.path if p.endswith("site-packages"))
+    ran = subprocess.run([sys.executable, "-S", "-c", probe], cwd=tmp_path, capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1", "REPLAY_CAPTURE": "snap",
+                              "PYTHONPATH": packages})
+    assert ran.returncode == 0, ran.stderr
+    loaded, left = ran.stdout.split()
+    assert loaded.startswith(str(target)) and left == "None", ran.stdout
+    assert (tmp_path / "snap" / "manifest.json").exists()  # the recording, written out at exit
