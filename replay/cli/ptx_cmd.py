@@ -8,8 +8,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from replay.cli.common import chosen_device, cuda_targets, device_option, finish, json_option, kernel_trust_options
-from replay.errors import EXIT_DIVERGED, EXIT_PASS
+from replay.cli.common import (chosen_device, cuda_targets, device_option, error, finish, json_option,
+                               kernel_trust_options)
+from replay.errors import EXIT_BAD_INPUT, EXIT_DIVERGED, EXIT_PASS
 from replay.kernel_rules import AXES, KernelRules
 from replay.ptx.analysis import PtxReport, check_sources
 from replay.ptx.sources import file_ptx, op_ptx, snapshot_ptx
@@ -66,7 +67,8 @@ def command(targets: tuple[str, ...], snapshot: Path | None, archs: str, dtype: 
 
     Compiling takes seconds a kernel on a CPU core, spread over the cores; Triton's cache
     makes a second run fast. Exit 0 when every rule holds, 1 on a violation, 2 on bad input
-    (a malformed file: one line naming the file and line).
+    (a malformed file: one line naming the file and line; a kernel that does not compile from
+    what its launch recorded: its row says why, the others are checked all the same).
     """
     files = [Path(t) for t in targets if t.endswith(".ptx") or Path(t).is_file()]
     op_names = [t for t in targets if not (t.endswith(".ptx") or Path(t).is_file())]
@@ -90,8 +92,11 @@ def command(targets: tuple[str, ...], snapshot: Path | None, archs: str, dtype: 
         ops = KernelCode(code_dir, providers).ops(op_names)
         sources += op_ptx(ops, targets_archs, getattr(torch, dtype), examples_device)
     report = check_sources(sources, kernel_glob)
+    for source in report.uncompiled:  # the others are reported all the same
+        error(f"{source.where}: did not compile: {source.error}")
+    exit_code = EXIT_DIVERGED if not report.passed else EXIT_BAD_INPUT if report.uncompiled else EXIT_PASS
     finish(json_target, {**report.to_json(), "examples_device": examples_device},
-           lambda console: _print(console, report, examples_device), EXIT_PASS if report.passed else EXIT_DIVERGED)
+           lambda console: _print(console, report, examples_device), exit_code)
 
 
 def _print(console: Console, report: PtxReport, examples_device: str | None) -> None:
@@ -111,6 +116,9 @@ def _print(console: Console, report: PtxReport, examples_device: str | None) -> 
         table.add_row(escape(s.where), f"sm_{s.arch}" if s.arch else "-", escape(r.name), ", ".join(r.axes_read) or "-",
                       _named(r.params_read, s.binds), _named(r.params_written, s.binds), _shown(s.registers),
                       _shown(s.stack), _shown(s.shared), str(r.local_accesses), verdict)
+    for s in report.uncompiled:
+        table.add_row(escape(s.where), f"sm_{s.arch}" if s.arch else "-", "-", *["-"] * 7,
+                      "[red]did not compile: " + escape(s.error or "") + "[/]")
     console.print(table)
     pairs = [p for p in report.pairs() if p.differences]
     if pairs:

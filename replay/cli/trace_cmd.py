@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from replay.cli.common import cuda_targets, finish, json_option, kernel_trust_options
+from replay.cli.common import cuda_targets, finish, json_option, kernel_trust_options, warn
 from replay.errors import EXIT_PASS, ReplayError
 from replay.snapshot import Snapshot
 from replay.snapshot.files import write_atomic
@@ -63,7 +63,8 @@ def command(snapshot: Path, ops: tuple[str, ...], calls: tuple[int, ...], steps:
                               (not calls or e.index in wanted_calls), scope_filter(steps, layers))
     if resources_arch is not None:
         (arch,) = cuda_targets(resources_arch, "--resources", one=True)
-        fill_resources(timeline, arch, KernelCode(code_dir, providers).trust)
+        for reason in fill_resources(timeline, arch, KernelCode(code_dir, providers).trust):
+            warn(f"--resources: {reason}; its launches are shown without registers")
     failing = failing_calls(report_file) if report_file else set()
     slices = timeline_slices(timeline, failing)
     title = f"replay trace {snapshot}"

@@ -55,6 +55,7 @@ class PairDifference:
 @dataclass
 class PtxReport:
     kernels: list[CheckedKernel]
+    uncompiled: list[PtxSource] = field(default_factory=list)  # launches whose kernel did not compile (their `error`)
 
     @property
     def passed(self) -> bool:
@@ -78,15 +79,21 @@ class PtxReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "kernels": [k.to_json() for k in self.kernels],
-                "pairs": [p.to_json() for p in self.pairs()]}
+                "pairs": [p.to_json() for p in self.pairs()],
+                "uncompiled": [{"file": s.where, "arch": f"sm_{s.arch}" if s.arch else None, "op": s.op,
+                                "variant": s.variant, "error": s.error} for s in self.uncompiled]}
 
 
 def check_sources(sources: Iterable[PtxSource], kernel_glob: str = "*") -> PtxReport:
-    """Every kernel matching `kernel_glob` in `sources`, analysed, with its op's rules applied."""
+    """Every kernel matching `kernel_glob` in `sources`, analysed, with its op's rules applied; the
+    sources whose kernel did not compile, set apart."""
     sources = list(sources)
     checked = []
+    uncompiled = [source for source in sources if source.error is not None]
     modules: dict[str, Module] = {}  # single and batched launches, and targets, often share PTX
     for source in sources:
+        if source.error is not None:
+            continue
         if source.text not in modules:
             modules[source.text] = parse(source.text, source.where)
         for kernel in modules[source.text].kernels:
@@ -96,6 +103,6 @@ def check_sources(sources: Iterable[PtxSource], kernel_glob: str = "*") -> PtxRe
                     report.violations += op_rule_findings(report, source.rules, source.variant, source.grid,
                                                           source.binds, source.given)
                 checked.append(CheckedKernel(source, report))
-    if not checked:
+    if not checked and not uncompiled:
         raise ReplayError(f"no kernel matching {kernel_glob!r} in {', '.join(s.where for s in sources)}")
-    return PtxReport(checked)
+    return PtxReport(checked, uncompiled)

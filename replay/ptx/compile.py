@@ -76,11 +76,13 @@ class Compiled:
     registers: int | None  # per thread, from the cubin
     stack: int | None  # bytes of local memory (spills, local arrays) a thread, from the cubin
     shared: int | None  # bytes of shared memory a program uses
+    error: str | None = None  # why the kernel did not compile ("module.kernel for sm_90: ..."); nothing else is set
 
 
 def compile_jobs(jobs: list[CompileJob], timeout: float | None = None, workers: int | None = None) -> list[Compiled]:
-    """Each job compiled, in child processes (at most `workers`, default one a core); a ReplayError
-    names the first failure. A GEMV configuration takes seconds on a CPU core."""
+    """Each job compiled, in child processes (at most `workers`, default one a core). A kernel that
+    does not compile is a Compiled with its `error`, the others compiled all the same; a ReplayError
+    only where a child process itself fails. A GEMV configuration takes seconds on a CPU core."""
     workers = max(1, min(len(jobs), workers or os.cpu_count() or 1))
     shares = [jobs[i::workers] for i in range(workers)]
     with ThreadPoolExecutor(workers) as pool:
@@ -105,11 +107,9 @@ def _compile_in_child(jobs: list[CompileJob], timeout: float | None) -> list[Com
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ReplayError(f"compiling {len(jobs)} kernel(s) for PTX failed: {tail}")
-    results = json.loads(done.stdout)
-    for job, result in zip(jobs, results):
-        if "error" in result:
-            raise ReplayError(f"{job.module}.{job.kernel} for sm_{job.arch}: {result['error']}")
-    return [Compiled(r["ptx"], r["registers"], r["stack"], r["shared"]) for r in results]
+    return [Compiled("", None, None, None, f"{job.module}.{job.kernel} for sm_{job.arch}: {r['error']}")
+            if "error" in r else Compiled(r["ptx"], r["registers"], r["stack"], r["shared"])
+            for job, r in zip(jobs, json.loads(done.stdout))]
 
 
 def _compile(job: dict[str, Any]) -> dict[str, str]:

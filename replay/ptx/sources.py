@@ -40,6 +40,7 @@ class PtxSource:
     registers: int | None = None
     stack: int | None = None  # bytes of local memory a thread (spills), from the cubin
     shared: int | None = None
+    error: str | None = None  # the kernel did not compile (compile.Compiled.error): `text` is empty
 
 
 @dataclass
@@ -169,5 +170,6 @@ def _compiled(launches: list[_Launch], archs: list[int]) -> list[PtxSource]:
         sources.append(PtxSource(launch.where, compiled.ptx, names, binds,
                                  launch.op.name if launch.op else None, launch.variant, launch.example, job.arch,
                                  grid, path, launch.given, launch.op.kernel_rules if launch.op else None,
-                                 dict(job.constexprs), compiled.registers, compiled.stack, compiled.shared))
+                                 dict(job.constexprs), compiled.registers, compiled.stack, compiled.shared,
+                                 compiled.error))
     return sources

@@ -10,9 +10,10 @@ from replay.trace.timeline import TimelineCall
 from replay.trust import ProviderTrust
 
 
-def fill_resources(calls: Iterable[TimelineCall], arch: int, trust: ProviderTrust) -> int:
-    """Give each launch without `registers` the figures of its kernel compiled for `arch`; returns
-    how many launches were filled. The kernels' modules must be trusted."""
+def fill_resources(calls: Iterable[TimelineCall], arch: int, trust: ProviderTrust) -> list[str]:
+    """Give each launch without `registers` the figures of its kernel compiled for `arch` (one whose
+    kernel did not compile is left without them, its `resources_from` saying why); returns why
+    kernels did not compile, each reason once. The kernels' modules must be trusted."""
     pending = []
     for call in calls:
         for launch in call.launches:
@@ -25,5 +26,6 @@ def fill_resources(calls: Iterable[TimelineCall], arch: int, trust: ProviderTrus
     for launch, job in pending:
         result = compiled[job]
         launch.update(registers=result.registers, shared=result.shared, stack=result.stack,
-                      resources_from=f"compiled for sm_{arch} (no GPU)")
-    return len(pending)
+                      resources_from=f"did not compile: {result.error}" if result.error
+                      else f"compiled for sm_{arch} (no GPU)")
+    return list(dict.fromkeys(result.error for result in compiled.values() if result.error))

@@ -88,3 +88,51 @@ def test_kernels_on_a_class_or_made_in_a_function_are_compiled_where_an_import_f
     assert done.exit_code == 0, done.output
     (nested,) = json.loads(done.stdout)["kernels"]  # the one made in a function: shown by trace, not compiled
     assert nested["name"] == "nested" and nested["params_read"] == ["x_ptr"] and nested["params_written"] == ["out_ptr"]
+
+
+TWO_KERNELS = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def good_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1, mask=i < n)
+
+
+@triton.jit
+def later_broken_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
+'''
+
+
+def test_a_kernel_that_no_longer_compiles_is_its_own_row_and_the_others_are_checked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str) -> None:
+    import importlib
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "two_kernels_49.py").write_text(TWO_KERNELS)
+    kernels = importlib.import_module("two_kernels_49")
+    x = torch.arange(16.0, device=device)
+    with replay.recording(tmp_path / "snap"):
+        kernels.good_kernel[(1,)](x, torch.empty_like(x), 16, BLOCK=16)
+        kernels.later_broken_kernel[(1,)](x, torch.empty_like(x), 16, BLOCK=16)
+    (tmp_path / "two_kernels_49.py").write_text(TWO_KERNELS.replace("* 2", "* tl.no_such_thing"))
+    code = ["--code", str(tmp_path)]
+    done = CliRunner().invoke(main, ["ptx", "--snapshot", str(tmp_path / "snap"), *code, "--json", "-"])
+    assert done.exit_code == 2, done.output  # bad input, said, after the others were checked
+    report = json.loads(done.stdout)
+    assert [kernel["name"] for kernel in report["kernels"]] == ["good_kernel"]
+    (uncompiled,) = report["uncompiled"]
+    assert "two_kernels_49.later_broken_kernel for sm_90" in uncompiled["error"]
+    assert "no_such_thing" in uncompiled["error"]
+    assert "did not compile: two_kernels_49.later_broken_kernel" in done.stderr
+    done = CliRunner().invoke(main, ["trace", str(tmp_path / "snap"), "--resources", "sm_90", *code, "--json", "-"])
+    assert done.exit_code == 0, done.output
+    good, broken = [call["launches"][0] for call in json.loads(done.stdout)["calls"]]
+    assert good["registers"] > 0
+    if device != "cuda":  # on a GPU the recording has them from the kernel it ran: nothing compiled
+        assert broken["registers"] is None and broken["resources_from"].startswith("did not compile: two_kernels_49")
+        assert "--resources: two_kernels_49.later_broken_kernel" in done.stderr
