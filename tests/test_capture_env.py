@@ -131,3 +131,12 @@ def test_a_distributed_launcher_leaves_replay_capture_to_its_ranks(argv: list[st
     replay_autostart.start("here")
     assert ("REPLAY_CAPTURE" in os.environ) is not records  # taken by the process that records
     assert ("here: could not start recording: ModuleNotFoundError" in capsys.readouterr().err) is records
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU nothing is said: Triton compiles for it")
+def test_triton_imported_before_replay_without_a_gpu_is_told_what_to_do(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "REPLAY_CAPTURE", "REPLAY_VERIFY")}
+    done = subprocess.run([sys.executable, "-c", "import triton\nimport replay"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "import replay before triton, or set TRITON_INTERPRET=1" in done.stderr
