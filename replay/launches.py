@@ -39,9 +39,20 @@ def launch(kernel: Any, grid: Sequence[int], *args: Any, path: str | None = None
         info["path"] = path
     pointers = {name: getattr(value, "base", value) for name, value in zip(kernel.arg_names, args)
                 if isinstance(getattr(value, "base", value), torch.Tensor)}  # a tensor descriptor: its base
+    specialisations = {name: key for name, value in zip(kernel.arg_names, args)
+                       if (key := specialisation(value, value.data_ptr() if isinstance(value, torch.Tensor) else None))}
     record_launch(kernel.fn.__name__, grid, compiled=compiled, pointers=pointers, module=kernel.fn.__module__,
-                  signature=signature(kernel, args, meta), **info)
+                  signature=signature(kernel, args, meta), specialisations=specialisations, **info)
     return compiled
+
+
+def specialisation(value: Any, address: int | None = None) -> str | None:
+    """What Triton's launch specialises an argument on beyond its type (replay/ptx/compile.py):
+    "1" for an int equal to 1, "D" for an int divisible by 16 or a tensor at an `address` aligned
+    to 16 bytes; None for anything else."""
+    if type(value) is int:
+        return "1" if value == 1 else "D" if value % 16 == 0 else None
+    return "D" if address is not None and address % 16 == 0 else None
 
 
 def signature(kernel: Any, args: Sequence[Any], meta: dict[str, Any]) -> dict[str, str]:

@@ -23,9 +23,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 @click.argument("targets", nargs=-1, metavar="[OP ...] [FILE.ptx ...]")
 @click.option("--snapshot", type=click.Path(path_type=Path), metavar="DIR",
               help="Compile the Triton kernels that ran in snapshot DIR with their recorded constexprs and argument "
-                   "types (its launch records, or the Triton launches `replay record` recorded); the "
-                   "specialisations a launch makes of values (an int divisible by 16, or equal to 1) are not "
-                   "applied.")
+                   "types (its launch records, or the Triton launches `replay record` recorded), and "
+                   "specialised as the launch was (an int equal to 1 compiled in, ints divisible by 16 and "
+                   "pointers aligned to 16 bytes known so), unless the snapshot predates that record.")
 @click.option("--arch", "archs", default="sm_90", show_default=True, metavar="sm_80,sm_89,...",
               help="CUDA targets to compile for, comma-separated.")
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True,

@@ -2,7 +2,11 @@
 
 A launch record that carries `module`, `signature` and the constexpr values (kernels/launch.py
 records them) says how to compile that kernel again: `triton.compile(ASTSource(fn, signature,
-constexprs), target=GPUTarget("cuda", arch, 32), options={"num_warps": ...})`. That runs in
+constexprs, attrs), target=GPUTarget("cuda", arch, 32), options={"num_warps": ...})`. Its
+`specialisations` say what Triton's launch specialised on besides the types (`specialisation`):
+an int argument equal to 1 compiled in as a constant, an int divisible by 16 or a pointer aligned
+to 16 bytes known so (what lets Triton vectorise loads), each as the kernel's own parameter allows
+(`do_not_specialize`): without them the PTX would be another binary than the one that ran. That runs in
 child processes with the Triton interpreter off (a process that chose the interpreter has no
 compilable kernels), the jobs dealt out over the cores; the modules they import must be
 trusted (replay/trust.py). Triton's own cache (TRITON_CACHE_DIR) makes a second run fast.
@@ -36,6 +40,7 @@ class CompileJob:
     arch: int
     options: tuple[tuple[str, int], ...] = ()
     dtypes: tuple[str, ...] = ()  # the constexprs that are Triton dtypes, given by name ("fp16")
+    specialisations: tuple[tuple[str, str], ...] = ()  # runtime parameter -> "1" or "D" (specialisation)
 
     @classmethod
     def from_launch(cls, launch: Mapping[str, Any], arch: int) -> CompileJob | None:
@@ -57,8 +62,12 @@ class CompileJob:
         if not isinstance(dtypes, list) or not all(isinstance(value, str) for name, value in constexprs
                                                    if name in dtypes):
             return None
+        given = launch.get("specialisations")
+        specialisations = tuple((name, key) for name, key in given.items()
+                                if signature.get(name) not in (None, "constexpr") and key in ("1", "D")) \
+            if isinstance(given, dict) else ()  # a hint: what no launch could have specialised on is left out
         return cls(launch["module"], str(launch["kernel"]), tuple(signature.items()), constexprs, arch, options,
-                   tuple(name for name, _ in constexprs if name in dtypes))
+                   tuple(name for name, _ in constexprs if name in dtypes), specialisations)
 
     @property
     def entry(self) -> str:
@@ -77,6 +86,9 @@ class Compiled:
     stack: int | None  # bytes of local memory (spills, local arrays) a thread, from the cubin
     shared: int | None  # bytes of shared memory a program uses
     error: str | None = None  # why the kernel did not compile ("module.kernel for sm_90: ..."); nothing else is set
+    # the kernel's runtime parameters in PTX order (<kernel>_param_<i>): an argument specialised as
+    # the constant 1 is none
+    params: tuple[str, ...] = ()
 
 
 def compile_jobs(jobs: list[CompileJob], timeout: float | None = None, workers: int | None = None) -> list[Compiled]:
@@ -94,7 +106,7 @@ def compile_jobs(jobs: list[CompileJob], timeout: float | None = None, workers: 
 def _compile_in_child(jobs: list[CompileJob], timeout: float | None) -> list[Compiled]:
     payload = json.dumps([{"module": j.module, "kernel": j.kernel, "signature": dict(j.signature),
                            "constexprs": dict(j.constexprs), "arch": j.arch, "options": dict(j.options),
-                           "dtypes": list(j.dtypes)} for j in jobs])
+                           "dtypes": list(j.dtypes), "specialisations": dict(j.specialisations)} for j in jobs])
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": os.environ.get(
         "TRITON_DEFAULT_FP_FUSION", "1"), "PYTHONPATH": os.pathsep.join(sys.path)}
     # -c, with its working directory taken off the path: only what the parent resolved is imported
@@ -108,7 +120,7 @@ def _compile_in_child(jobs: list[CompileJob], timeout: float | None) -> list[Com
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ReplayError(f"compiling {len(jobs)} kernel(s) for PTX failed: {tail}")
     return [Compiled("", None, None, None, f"{job.module}.{job.kernel} for sm_{job.arch}: {r['error']}")
-            if "error" in r else Compiled(r["ptx"], r["registers"], r["stack"], r["shared"])
+            if "error" in r else Compiled(r["ptx"], r["registers"], r["stack"], r["shared"], params=tuple(r["params"]))
             for job, r in zip(jobs, json.loads(done.stdout))]
 
 
@@ -127,13 +139,36 @@ def _compile(job: dict[str, Any]) -> dict[str, str]:
         fn = unwrap(fn)  # inside autotune, heuristics
         constexprs = {name: tl.dtype(value) if name in job.get("dtypes", ()) else value
                       for name, value in job["constexprs"].items()}
-        source = ASTSource(fn=fn, signature=job["signature"], constexprs=constexprs)
+        signature, attrs = _specialised(fn, dict(job["signature"]), constexprs, job.get("specialisations", {}))
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
         compiled = triton.compile(source, target=GPUTarget("cuda", job["arch"], 32), options=job["options"])
         binary = compiled.asm.get("cubin", b"")
         return {"ptx": compiled.asm["ptx"], "registers": cubin.registers(binary), "stack": cubin.stack_bytes(binary),
-                "shared": getattr(compiled.metadata, "shared", None)}
+                "shared": getattr(compiled.metadata, "shared", None),
+                "params": [name for name, kind in signature.items() if kind != "constexpr"]}
     except Exception as exc:  # the kernel's own compile error, reported against it
         return {"error": " ".join(f"{type(exc).__name__}: {exc}".split())[:500]}
+
+
+def _specialised(fn: Any, signature: dict[str, str], constexprs: dict[str, Any],
+                 specialisations: dict[str, str]) -> tuple[dict[str, str], dict[tuple[int, ...], Any]]:
+    """The signature and attributes Triton's launch would have compiled `fn` with, given what its
+    arguments were ("1": an int equal to 1, "D": an int divisible by 16 or a pointer aligned to 16),
+    as each parameter allows: `do_not_specialize` none of it, `do_not_specialize_on_alignment` no "D"
+    (JITFunction.run's rules). `constexprs` gains the arguments compiled in as 1."""
+    from triton.backends.compiler import BaseBackend
+
+    attrs: dict[tuple[int, ...], Any] = {}
+    for param in getattr(fn, "params", ()):
+        key = specialisations.get(param.name)
+        if key is None or getattr(param, "do_not_specialize", False):
+            continue
+        if key == "1":
+            signature[param.name] = "constexpr"
+            constexprs[param.name] = 1
+        elif key == "D" and not getattr(param, "do_not_specialize_on_alignment", False):
+            attrs[(param.num,)] = BaseBackend.parse_attr("D")
+    return signature, attrs
 
 
 def main() -> None:

@@ -163,7 +163,7 @@ def _compiled(launches: list[_Launch], archs: list[int]) -> list[PtxSource]:
     sources = []
     for launch, job in pending:
         compiled, record = results[job], launch.record
-        names = {f"{job.entry}_param_{i}": name for i, name in enumerate(job.param_names())}
+        names = {f"{job.entry}_param_{i}": name for i, name in enumerate(compiled.params or job.param_names())}
         binds = given if isinstance(given := record.get("binds"), dict) else {}
         grid = record.get("grid") if isinstance(record.get("grid"), list) else None
         path = record.get("path") if isinstance(record.get("path"), str) else None

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from replay.launches import specialisation
 from replay.snapshot import CallRecord
 
 _COMPILED = ("num_warps", "num_stages", "registers", "shared", "hash")
@@ -34,11 +35,28 @@ def launch_record(call: CallRecord) -> dict[str, Any]:
                   # a None argument is one too
                   constexprs={name: arguments[name] for name, kind in signature.items() if kind == "constexpr"},
                   dtypes=sorted(dict(launch.get("dtypes") or {})),
-                  binds={name: name for name, value in arguments.items() if isinstance(value, torch.Tensor)})
+                  binds={name: name for name, value in arguments.items() if isinstance(value, torch.Tensor)},
+                  specialisations=_specialisations(call, arguments))
     importable = "<locals>" not in qualname and not launch.get("generated")  # a kernel made in a function
     if call.provider and call.provider != "__main__" and importable:
         record["module"] = call.provider
     return record
+
+
+def _specialisations(call: CallRecord, arguments: dict[str, Any]) -> dict[str, str]:
+    """What the launch specialised on (launches.specialisation): its ints' values, and the address
+    each tensor argument had, from the call's memory footprint (absent there: not known aligned)."""
+    recorded = call.meta.get("memory")
+    memory = recorded if isinstance(recorded, dict) else {}
+    keys = {a["name"]: a["tensor"] for a in call.args if "tensor" in a}
+    found = {}
+    for name, value in arguments.items():
+        where = memory.get(keys.get(name))
+        start = where.get("start") if isinstance(where, dict) else None
+        key = specialisation(value, start if type(start) is int else None)
+        if key is not None:
+            found[name] = key
+    return found
 
 
 def _triton_type(value: Any) -> str | None:

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 import replay
 from replay.cli import main
+from replay.snapshot import Snapshot
 
 import door_kernels as k
 
@@ -136,3 +137,26 @@ def test_a_kernel_that_no_longer_compiles_is_its_own_row_and_the_others_are_chec
     if device != "cuda":  # on a GPU the recording has them from the kernel it ran: nothing compiled
         assert broken["registers"] is None and broken["resources_from"].startswith("did not compile: two_kernels_49")
         assert "--resources: two_kernels_49.later_broken_kernel" in done.stderr
+
+
+def test_ptx_from_a_record_is_specialised_as_the_launch_was(tmp_path: Path, device: str) -> None:
+    """An int argument of 1 compiled in as a constant, ints divisible by 16 and aligned pointers
+    known so: Triton's own launch specialises on them (vectorised loads follow), and the PTX of a
+    record must be that binary's; a parameter marked do_not_specialize stays a parameter."""
+    x = torch.arange(2048.0, device=device)  # 8 elements a thread: room for 4-wide loads
+    with replay.recording(tmp_path / "snap"):
+        k.strided_copy_kernel[(1,)](x, torch.empty(1024, device=device), 1, 1024, BLOCK=1024)
+        k.strided_copy_kernel[(1,)](x, torch.empty(1024, device=device), 2, 1024, BLOCK=1024)
+        k.unspecialised_copy_kernel[(1,)](x, torch.empty(1024, device=device), 1, 1024, BLOCK=1024)
+    from replay.ptx.sources import snapshot_ptx
+
+    contiguous, strided, unspecialised = snapshot_ptx(tmp_path / "snap", [90], ["door_kernels"])
+    assert ".param .u32 strided_copy_kernel_param_2" in contiguous.text  # n: stride compiled in as 1
+    assert list(contiguous.param_names.values())[:3] == ["x_ptr", "out_ptr", "n"]
+    assert "ld.global.v4" in contiguous.text and "ld.global.v4" not in strided.text
+    assert list(strided.param_names.values())[:4] == ["x_ptr", "out_ptr", "stride", "n"]
+    assert list(unspecialised.param_names.values())[:4] == ["x_ptr", "out_ptr", "stride", "n"]
+    assert "ld.global.v4" not in unspecialised.text
+    if device == "cuda":  # the binary that ran reported its registers: the record's compile is that binary
+        ran = [call.triton["compiled"]["registers"] for call in Snapshot(tmp_path / "snap")]
+        assert [contiguous.registers, strided.registers, unspecialised.registers] == ran
