@@ -90,8 +90,9 @@ def _range(raw: str) -> tuple[int, int | None]:
     return start, stop
 
 
-CAPTURE = Setting("REPLAY_CAPTURE", str, "", "record the whole process into this snapshot directory, from "
-                  "`import replay` on (written out at exit)", "a directory path")
+CAPTURE = Setting("REPLAY_CAPTURE", str, "", "record the whole process into this snapshot directory (written out "
+                  "at exit), from the interpreter's start where kernel-replay is installed in site-packages, else "
+                  "from `import replay` on; its child processes are not recorded", "a directory path")
 CAPTURE_STRICT = Setting("REPLAY_CAPTURE_STRICT", _flag, False, "a capture error raises in the call that met it "
                          "instead of being reported once and skipped", "1 or 0")
 TAGS = Setting("REPLAY_TAGS", _choice(0, 1, 2), 1, "which tags a recording keeps: 0 none, 1 those tagged at level 1, "
