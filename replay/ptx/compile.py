@@ -3,11 +3,11 @@
 A launch record that carries `module`, `signature` and the constexpr values (kernels/launch.py
 records them) says how to compile that kernel again: `triton.compile(ASTSource(fn, signature,
 constexprs, attrs), target=GPUTarget("cuda", arch, 32), options={"num_warps": ...})`. Its
-`specialisations` say what Triton's launch specialised on besides the types (`specialisation`):
-an int argument equal to 1 compiled in as a constant, an int divisible by 16 or a pointer aligned
-to 16 bytes known so (what lets Triton vectorise loads), each as the kernel's own parameter allows
-(`do_not_specialize`): without them the PTX would be another binary than the one that ran. That runs in
-child processes with the Triton interpreter off (a process that chose the interpreter has no
+`specialisations` say what Triton's launch specialised on besides the types: an int argument
+equal to 1 compiled in as a constant, an int divisible by 16 or a pointer aligned to 16 bytes
+known so (what lets Triton vectorise loads), each as the kernel's own parameter allows
+(`do_not_specialize`): without them the PTX would be another binary than the one that ran. That
+runs in child processes with the Triton interpreter off (a process that chose the interpreter has no
 compilable kernels), the jobs dealt out over the cores; the modules they import must be
 trusted (replay/trust.py). Triton's own cache (TRITON_CACHE_DIR) makes a second run fast.
 
