@@ -975,3 +975,15 @@ def test_a_key_moved_by_changed_rows_is_the_key_of_the_rows_after(pieces: int, s
     key = chunk_changes.moved_key(chunk_changes.sums_key(before[:, :2]), before[changed, :2], after[changed, :2],
                                   changed)
     assert key == chunk_changes.sums_key(after[:, :2])  # the table's strided columns, as the writer reads them
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.integers(1, chunk_changes._FEW_TERMS), seed=st.integers(0, 2 ** 32 - 1))
+def test_a_few_pieces_terms_in_python_ints_are_numpys_bits(pieces: int, seed: int) -> None:
+    generator = np.random.default_rng(seed)
+    rows = generator.integers(-2 ** 63, 2 ** 63 - 1, size=(pieces, piece_batch.ROW), dtype=np.int64)[:, :2]
+    places = generator.integers(0, 2 ** 63, size=pieces, dtype=np.uint64)
+    few = chunk_changes._terms(rows, places)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chunk_changes, "_FEW_TERMS", 0)  # every piece through numpy
+        assert chunk_changes._terms(rows, places) == few

@@ -260,10 +260,10 @@ class PieceHistory:
         with): found once, for the key, the digests known and those remembered. (Not a
         cached_property: in Python 3.11 that holds one lock for every store while `changed` may
         wait for a launch, and two writers finding the same array is harmless.)"""
-        changed = self.changed
-        if changed is None:
-            return None
-        if self._changed_pieces is None:
+        if self._changed_pieces is None:  # looked at first: the flags' column is a view made at each reading
+            changed = self.changed
+            if changed is None:
+                return None
             # compared to zero first: numpy finds the true ones of a bool array in a third of the time
             self._changed_pieces = np.flatnonzero(changed != 0)
         return self._changed_pieces
@@ -325,9 +325,11 @@ class PieceHistory:
         and length, and pieces of zeros, whose checksums are zero), which piece of this store holds
         the bytes of each that is not (pieces alike in one store; its keys, in order, are where the
         first list holds None), those first pieces, the ones wanted, and the pieces of zeros (named
-        without their bytes, which a pack may still need: they are zeros)."""
+        without their bytes, which a pack may still need: they are zeros). `known`'s list is made
+        the first list, not copied (as long as the store's pieces: 81,920 for a cache of 5 GiB, each
+        copy ~0.1 ms): after it, only `known.fresh` and `known.listed` are read (after_plan)."""
         pieces = len(self.sums)
-        resolved: list[str | None] = list(known.digests) if known is not None else [None] * pieces
+        resolved: list[str | None] = known.digests if known is not None else [None] * pieces
         alike: dict[int, int] = {}
         firsts: dict[tuple[int, int, int], int] = {}
         wanted, zeros = [], []
@@ -519,7 +521,8 @@ class PieceHistory:
 # gives y's, then the first x's: each depends on lower bits only), with both odd it is not
 _MULTIPLIERS = [np.uint64(k) for k in (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
                                        0xD6E8FEB86659FD92, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)]
-_SHIFTS = [np.uint64(k) for k in (30, 27, 31)]
+_SHIFT_BITS = (30, 27, 31)
+_SHIFTS = [np.uint64(k) for k in _SHIFT_BITS]
 
 
 # a store's key is moved from the store before's where at most one piece in this many changed: past
@@ -554,9 +557,16 @@ def moved_key(key: bytes, before: np.ndarray, after: np.ndarray, pieces: np.ndar
 _WORDS = 1 << 64
 
 
+_FEW_TERMS = 8  # up to this many pieces, their terms in Python's ints: numpy's fixed cost a call is more
+_MASK = _WORDS - 1
+_K = [int(k) for k in _MULTIPLIERS]
+
+
 def _terms(sums: np.ndarray, places: np.ndarray) -> tuple[int, int]:
     """The sums, modulo 2^64, of the two terms of each piece of `sums` (rows of two checksums) at
     its place (`places`, uint64)."""
+    if len(places) <= _FEW_TERMS:  # a decode step's changed pieces: ~10 us against ~50 in numpy
+        return _terms_of_few(sums, places)
     words = sums.view(np.uint64)
     k = _MULTIPLIERS
     with np.errstate(over="ignore"):  # arithmetic modulo 2^64 is the point
@@ -565,6 +575,27 @@ def _terms(sums: np.ndarray, places: np.ndarray) -> tuple[int, int]:
         one = _mixed(first ^ (second * k[2]))
         two = _mixed(second ^ (first * k[3]))
         return int(one.sum(dtype=np.uint64)), int(two.sum(dtype=np.uint64))
+
+
+def _terms_of_few(sums: np.ndarray, places: np.ndarray) -> tuple[int, int]:
+    """_terms in Python's ints, the same bits: each value masked to its 64 bits (an int64's
+    two's complement is its uint64 view), every product reduced modulo 2^64."""
+    one = two = 0
+    for (a, b), place in zip(sums.tolist(), places.tolist()):
+        first = _mixed_int((a & _MASK) ^ (place * _K[0] & _MASK))
+        second = _mixed_int((b & _MASK) ^ (place * _K[1] & _MASK))
+        one += _mixed_int(first ^ (second * _K[2] & _MASK))
+        two += _mixed_int(second ^ (first * _K[3] & _MASK))
+    return one & _MASK, two & _MASK
+
+
+def _mixed_int(x: int) -> int:
+    """_mixed of one 64-bit word."""
+    x ^= x >> _SHIFT_BITS[0]
+    x = x * _K[4] & _MASK
+    x ^= x >> _SHIFT_BITS[1]
+    x = x * _K[5] & _MASK
+    return x ^ x >> _SHIFT_BITS[2]
 
 
 def _mixed(x: np.ndarray) -> np.ndarray:
