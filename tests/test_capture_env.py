@@ -93,7 +93,7 @@ UNCHANGED_PROGRAM = textwrap.dedent("""
         i = tl.arange(0, BLOCK)
         tl.store(out_ptr + i, tl.load(x_ptr + i, mask=i < n) * 2, mask=i < n)
 
-    x = torch.arange(8, dtype=torch.float32)
+    x = torch.arange(8, dtype=torch.float32, device="cuda" if torch.cuda.is_available() else "cpu")
     out = torch.empty_like(x)
     double[(1,)](x, out, 8, BLOCK=8)
     child = "import os, sys; print('replay' in sys.modules, os.environ.get('REPLAY_CAPTURE'))"
