@@ -694,10 +694,11 @@ def staging_buffer(nbytes: int, device: torch.device) -> torch.Tensor:
 
 def after_plan(known: Known | None, resolved: list[str | None], alike: dict[int, int]) -> Known:
     """What a plan leaves known of a store (`resolved`, its unknown places the keys of `alike`),
-    with what `known` said of the store before."""
+    with what `known` said of the store before; `resolved` is its own (plan() made it), for the
+    digests to be filled in place."""
     if known is None:
-        return Known(resolved, list(alike))
-    return Known(resolved, list(alike), known.fresh, known.listed)
+        return Known(resolved, list(alike), owned=True)
+    return Known(resolved, list(alike), known.fresh, known.listed, owned=True)
 
 
 def in_order(pieces: int) -> dict[int, int]:
