@@ -140,3 +140,17 @@ def test_triton_imported_before_replay_without_a_gpu_is_told_what_to_do(tmp_path
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "import replay before triton, or set TRITON_INTERPRET=1" in done.stderr
+
+
+def test_a_process_that_records_no_call_leaves_the_directory_to_the_program_after_it(tmp_path: Path) -> None:
+    """REPLAY_CAPTURE exported, a helper Python run first (a `pip`, a script that launches no
+    kernel) takes back the recording it started, so the program the variable was meant for finds
+    the directory free."""
+    helper = subprocess.run([sys.executable, "-c", "print('helper')"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120, env={**os.environ, "REPLAY_CAPTURE": "snap"})
+    assert helper.returncode == 0 and helper.stdout.strip() == "helper", helper.stderr
+    assert not (tmp_path / "snap").exists()
+    done = subprocess.run([sys.executable, "-c", PROGRAM], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "REPLAY_CAPTURE": "snap"})
+    assert done.returncode == 0 and "not recording" not in done.stderr, done.stderr
+    assert len(Snapshot(tmp_path / "snap")) == 3

@@ -89,16 +89,26 @@ def test_the_wheel_starts_a_recording_from_replay_capture_in_the_site_it_is_inst
                            str(wheel)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     # -S: no site folder read at start (this environment's own kernel_replay.pth would start the
-    # recording first); its packages (torch) reached through PYTHONPATH, which reads no .pth
+    # recording first); then the wheel's folder, and after it the one holding torch, as a venv's
+    # system site-packages come after its own: the recording starts only when site looks for
+    # sitecustomize, every folder added
+    packages = [p for p in sys.path if p.endswith("site-packages")]
     probe = ("import os, site, sys\n"
-             f"site.addsitedir({str(target)!r})\n"  # as the interpreter's start does for site-packages
+             f"site.addsitedir({str(target)!r})\n"
+             "early = 'replay' in sys.modules\n"
+             f"for folder in {packages!r}:\n"
+             "    site.addsitedir(folder)\n"
+             "try:\n"
+             "    import sitecustomize\n"  # as site.main() does last
+             "except ImportError:\n"
+             "    pass\n"
              "replay = sys.modules.get('replay')\n"
-             "print(replay is not None and replay.__file__, os.environ.get('REPLAY_CAPTURE'))\n")
-    packages = os.pathsep.join(p for p in sys.path if p.endswith("site-packages"))
+             "print(early, replay is not None and replay.__file__, os.environ.get('REPLAY_CAPTURE'))\n"
+             "import torch, replay\n"
+             "replay.capture('noted')(lambda x: x + 1)(torch.zeros(2))\n")  # a call: the snapshot is kept
     ran = subprocess.run([sys.executable, "-S", "-c", probe], cwd=tmp_path, capture_output=True, text=True,
-                         env={"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1", "REPLAY_CAPTURE": "snap",
-                              "PYTHONPATH": packages})
+                         env={"PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1", "REPLAY_CAPTURE": "snap"})
     assert ran.returncode == 0, ran.stderr
-    loaded, left = ran.stdout.split()
-    assert loaded.startswith(str(target)) and left == "None", ran.stdout
+    early, loaded, left = ran.stdout.split()
+    assert early == "False" and loaded.startswith(str(target)) and left == "None", ran.stdout
     assert (tmp_path / "snap" / "manifest.json").exists()  # the recording, written out at exit

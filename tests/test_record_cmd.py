@@ -118,3 +118,9 @@ def test_the_default_snapshot_is_named_after_the_program(tmp_path: Path, command
     assert default_snapshot(command, tmp_path) == tmp_path / name
     (tmp_path / name).mkdir()
     assert default_snapshot(command, tmp_path).name == name.replace("_001", "_002")  # the next number free
+
+
+def test_a_recording_of_no_call_is_kept_for_replay_record_to_report(tmp_path: Path) -> None:
+    done = shell("replay record -o snap -- python -c pass", tmp_path)
+    assert done.returncode == 0 and "recorded 0 calls into snap" in done.stderr, done.stderr
+    assert len(Snapshot(tmp_path / "snap")) == 0

@@ -2,8 +2,9 @@
 replay before its own code, and replay starts recording from REPLAY_CAPTURE (with the
 REPLAY_CAPTURE_* options) at import (replay_autostart.py says which process records). The
 sitecustomize this one shadows, if the environment has one, runs first. In an environment where
-kernel-replay is installed, its `kernel_replay.pth` has started the recording already, earlier
-still, and taken REPLAY_CAPTURE out of the environment: this one then finds nothing to do.
+kernel-replay is installed, its `kernel_replay.pth` has started the recording already (as site
+looked for this module) and taken REPLAY_CAPTURE out of the environment: this one then finds
+nothing to do but run the one it shadows.
 """
 import importlib
 import os

@@ -117,7 +117,7 @@ def _print(console: Console, report: PtxReport, examples_device: str | None) -> 
                       _named(r.params_read, s.binds), _named(r.params_written, s.binds), _shown(s.registers),
                       _shown(s.stack), _shown(s.shared), str(r.local_accesses), verdict)
     for s in report.uncompiled:
-        table.add_row(escape(s.where), f"sm_{s.arch}" if s.arch else "-", "-", *["-"] * 7,
+        table.add_row(escape(s.where), f"sm_{s.arch}" if s.arch else "-", escape(s.kernel or "-"), *["-"] * 7,
                       "[red]did not compile: " + escape(s.error or "") + "[/]")
     console.print(table)
     pairs = [p for p in report.pairs() if p.differences]

@@ -89,7 +89,8 @@ def check_sources(sources: Iterable[PtxSource], kernel_glob: str = "*") -> PtxRe
     sources whose kernel did not compile, set apart."""
     sources = list(sources)
     checked = []
-    uncompiled = [source for source in sources if source.error is not None]
+    uncompiled = [source for source in sources
+                  if source.error is not None and fnmatch.fnmatchcase(source.kernel or "", kernel_glob)]
     modules: dict[str, Module] = {}  # single and batched launches, and targets, often share PTX
     for source in sources:
         if source.error is not None:

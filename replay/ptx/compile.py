@@ -154,14 +154,22 @@ def _specialised(fn: Any, signature: dict[str, str], constexprs: dict[str, Any],
                  specialisations: dict[str, str]) -> tuple[dict[str, str], dict[tuple[int, ...], Any]]:
     """The signature and attributes Triton's launch would have compiled `fn` with, given what its
     arguments were ("1": an int equal to 1, "D": an int divisible by 16 or a pointer aligned to 16),
-    as each parameter allows: `do_not_specialize` none of it, `do_not_specialize_on_alignment` no "D"
-    (JITFunction.run's rules). `constexprs` gains the arguments compiled in as 1."""
+    as each parameter allows (JITFunction.run's rules, triton/runtime/jit.py): `do_not_specialize`
+    none of it, `do_not_specialize_on_alignment` no "D"; a parameter annotated with a type
+    (`n: tl.int64`) is launched as that type and never as the constant 1, a float or bool one is
+    never specialised. `constexprs` gains the arguments compiled in as 1."""
     from triton.backends.compiler import BaseBackend
 
     attrs: dict[tuple[int, ...], Any] = {}
     for param in getattr(fn, "params", ()):
+        annotated = getattr(param, "annotation_type", None)
+        annotated = annotated if isinstance(annotated, str) and annotated else None
+        if annotated is not None and signature.get(param.name) not in (None, "constexpr"):
+            signature[param.name] = annotated
         key = specialisations.get(param.name)
         if key is None or getattr(param, "do_not_specialize", False):
+            continue
+        if annotated is not None and (key == "1" or annotated == "u1" or annotated[:2] in ("fp", "bf")):
             continue
         if key == "1":
             signature[param.name] = "constexpr"

@@ -41,6 +41,7 @@ class PtxSource:
     stack: int | None = None  # bytes of local memory a thread (spills), from the cubin
     shared: int | None = None
     error: str | None = None  # the kernel did not compile (compile.Compiled.error): `text` is empty
+    kernel: str | None = None  # the kernel's name in PTX, where it did not compile (its PTX would say it)
 
 
 @dataclass
@@ -163,7 +164,7 @@ def _compiled(launches: list[_Launch], archs: list[int]) -> list[PtxSource]:
     sources = []
     for launch, job in pending:
         compiled, record = results[job], launch.record
-        names = {f"{job.entry}_param_{i}": name for i, name in enumerate(compiled.params or job.param_names())}
+        names = {f"{job.entry}_param_{i}": name for i, name in enumerate(compiled.params)}
         binds = given if isinstance(given := record.get("binds"), dict) else {}
         grid = record.get("grid") if isinstance(record.get("grid"), list) else None
         path = record.get("path") if isinstance(record.get("path"), str) else None
@@ -171,5 +172,5 @@ def _compiled(launches: list[_Launch], archs: list[int]) -> list[PtxSource]:
                                  launch.op.name if launch.op else None, launch.variant, launch.example, job.arch,
                                  grid, path, launch.given, launch.op.kernel_rules if launch.op else None,
                                  dict(job.constexprs), compiled.registers, compiled.stack, compiled.shared,
-                                 compiled.error))
+                                 compiled.error, job.entry if compiled.error else None))
     return sources

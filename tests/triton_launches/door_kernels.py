@@ -130,3 +130,10 @@ def strided_copy_kernel(x_ptr, out_ptr, stride, n, BLOCK: tl.constexpr):
 def unspecialised_copy_kernel(x_ptr, out_ptr, stride, n, BLOCK: tl.constexpr):
     i = tl.arange(0, BLOCK)
     tl.store(out_ptr + i, tl.load(x_ptr + i * stride, mask=i < n), mask=i < n)
+
+
+@triton.jit
+def annotated_copy_kernel(x_ptr, out_ptr, stride: tl.int32, n, BLOCK: tl.constexpr):
+    """A parameter annotated with its type is launched as that type, never as the constant 1."""
+    i = tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, tl.load(x_ptr + i * stride, mask=i < n), mask=i < n)

@@ -130,6 +130,9 @@ def test_a_kernel_that_no_longer_compiles_is_its_own_row_and_the_others_are_chec
     assert "two_kernels_49.later_broken_kernel for sm_90" in uncompiled["error"]
     assert "no_such_thing" in uncompiled["error"]
     assert "did not compile: two_kernels_49.later_broken_kernel" in done.stderr
+    done = CliRunner().invoke(main, ["ptx", "--snapshot", str(tmp_path / "snap"), *code, "--kernel", "good*",
+                                     "--json", "-"])
+    assert done.exit_code == 0 and json.loads(done.stdout)["uncompiled"] == [], done.output  # filtered out
     done = CliRunner().invoke(main, ["trace", str(tmp_path / "snap"), "--resources", "sm_90", *code, "--json", "-"])
     assert done.exit_code == 0, done.output
     good, broken = [call["launches"][0] for call in json.loads(done.stdout)["calls"]]
@@ -148,15 +151,17 @@ def test_ptx_from_a_record_is_specialised_as_the_launch_was(tmp_path: Path, devi
         k.strided_copy_kernel[(1,)](x, torch.empty(1024, device=device), 1, 1024, BLOCK=1024)
         k.strided_copy_kernel[(1,)](x, torch.empty(1024, device=device), 2, 1024, BLOCK=1024)
         k.unspecialised_copy_kernel[(1,)](x, torch.empty(1024, device=device), 1, 1024, BLOCK=1024)
+        k.annotated_copy_kernel[(1,)](x, torch.empty(1024, device=device), 1, 1024, BLOCK=1024)
     from replay.ptx.sources import snapshot_ptx
 
-    contiguous, strided, unspecialised = snapshot_ptx(tmp_path / "snap", [90], ["door_kernels"])
+    contiguous, strided, unspecialised, annotated = snapshot_ptx(tmp_path / "snap", [90], ["door_kernels"])
     assert ".param .u32 strided_copy_kernel_param_2" in contiguous.text  # n: stride compiled in as 1
     assert list(contiguous.param_names.values())[:3] == ["x_ptr", "out_ptr", "n"]
     assert "ld.global.v4" in contiguous.text and "ld.global.v4" not in strided.text
     assert list(strided.param_names.values())[:4] == ["x_ptr", "out_ptr", "stride", "n"]
     assert list(unspecialised.param_names.values())[:4] == ["x_ptr", "out_ptr", "stride", "n"]
     assert "ld.global.v4" not in unspecialised.text
+    assert list(annotated.param_names.values())[:4] == ["x_ptr", "out_ptr", "stride", "n"]
     if device == "cuda":  # the binary that ran reported its registers: the record's compile is that binary
         ran = [call.triton["compiled"]["registers"] for call in Snapshot(tmp_path / "snap")]
-        assert [contiguous.registers, strided.registers, unspecialised.registers] == ran
+        assert [contiguous.registers, strided.registers, unspecialised.registers, annotated.registers] == ran
