@@ -61,7 +61,8 @@ def start(door: str = "REPLAY_CAPTURE", from_site: bool = False) -> None:
             return
     os.environ.pop("REPLAY_CAPTURE", None)
     if from_site and not existed and not _under_replay_record():
-        atexit.register(_take_back_if_empty, target)  # after replay's own: atexit runs it first
+        # after replay's own: atexit runs it first; where it was made (a program may change directory)
+        atexit.register(_take_back_if_empty, os.path.abspath(target))
 
 
 def _under_replay_record() -> bool:
@@ -74,12 +75,12 @@ def _under_replay_record() -> bool:
 
 
 def _take_back_if_empty(target: str) -> None:
-    """Stop the recording this process started into `target`, a new directory, and remove it where
-    it holds no call and no capture error (a flight recording's and a rank's stay)."""
+    """Stop the recording this process started into `target` (absolute), a new directory, and
+    remove it where it holds no call and no capture error (a flight recording's and a rank's stay)."""
     from replay.recorder import lifecycle
 
     rec = lifecycle.active()
-    if rec is None or rec.ring is not None or os.path.abspath(rec.path) != os.path.abspath(target):
+    if rec is None or rec.ring is not None or os.path.abspath(rec.path) != target:
         return
     lifecycle.stop()
     try:
