@@ -18,7 +18,6 @@ meant for still finds the directory free.
 """
 import atexit
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -83,12 +82,7 @@ def _take_back_if_empty(target: str) -> None:
     if rec is None or rec.ring is not None or os.path.abspath(rec.path) != target:
         return
     lifecycle.stop()
-    try:
-        with open(os.path.join(target, "manifest.json")) as f:
-            errors = json.load(f).get("capture_errors")
-    except (OSError, ValueError):
-        return
-    if rec.calls_written == 0 and not errors:
+    if rec.calls_written == 0 and not rec.writer.manifest.get("capture_errors"):  # as written at close
         shutil.rmtree(target, ignore_errors=True)
 
 
